@@ -1,0 +1,28 @@
+# Cluster signals: thin wrappers over python/kerasdist/cluster.py.
+
+#' Validate a TF_CONFIG and describe its cluster
+#'
+#' @param tf_config JSON text or a nested list such as
+#'   `list(cluster = list(worker = c("host1:2222", "host2:2222")), task = list(type = "worker", index = 0))`.
+#' @returns A list: `source`, `cluster`, `task_type`, `task_index`,
+#'   `num_workers`, `num_ps`, `is_chief`.
+#' @family strategy
+#' @seealso Python: `kerasdist.parse_tf_config()`.
+#' @examples
+#' \dontrun{
+#' parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}')
+#' }
+#' @export
+parse_tf_config <- function(tf_config) {
+  cluster_to_r(call_python(kerasdist_module()$parse_tf_config, tf_config))
+}
+
+cluster_to_r <- function(info) {
+  list(
+    source = info$source, cluster = lapply(info$cluster, as.character),
+    task_type = info$task_type,
+    task_index = if (is.null(info$task_index)) NULL else as.integer(info$task_index),
+    num_workers = as.integer(info$num_workers), num_ps = as.integer(info$num_ps),
+    is_chief = info$is_chief
+  )
+}

@@ -1,0 +1,122 @@
+# Finding the Python that holds kerasdist, and turning Python errors into readable R conditions.
+
+.kerasdist <- new.env(parent = emptyenv())
+
+#' The Python interpreter kerasdist uses
+#'
+#' kerasdist runs on a Python environment with TensorFlow, Keras 3 and the
+#' `kerasdist` module. It is found, in this order, from: the option
+#' `kerasdist.python`; the environment variable `KERASDIST_PYTHON`; a `.venv`
+#' in the working directory or one of its parents (the one `make demo` creates);
+#' `RETICULATE_PYTHON`. If reticulate has already started Python (for example
+#' because keras3 was loaded first), that Python is used.
+#'
+#' @returns The path of the Python executable, or `NULL` if none was found.
+#' @family setup
+#' @examples
+#' kerasdist_python()
+#' @export
+kerasdist_python <- function() {
+  if (reticulate::py_available(initialize = FALSE)) {
+    return(reticulate::py_config()$python)
+  }
+  candidates <- c(
+    getOption("kerasdist.python", ""),
+    Sys.getenv("KERASDIST_PYTHON"),
+    find_project_venv(getwd()),
+    Sys.getenv("RETICULATE_PYTHON")
+  )
+  found <- candidates[nzchar(candidates) & file.exists(candidates)]
+  # Not normalizePath(): it would resolve the venv's symlink to the base interpreter.
+  if (length(found) == 0) NULL else path.expand(found[[1]])
+}
+
+find_project_venv <- function(dir) {
+  dir <- normalizePath(dir, mustWork = FALSE)
+  repeat {
+    python <- file.path(dir, ".venv", "bin", "python")
+    if (file.exists(python)) return(python)
+    parent <- dirname(dir)
+    if (identical(parent, dir)) return("")
+    dir <- parent
+  }
+}
+
+# The kerasdist Python module, imported once; each missing piece gets one sentence and its fix.
+kerasdist_module <- function() {
+  if (is.null(.kerasdist$module)) {
+    activate_python()
+    require_python_module("tensorflow", "pip install tensorflow-cpu==2.21.0")
+    require_python_module("kerasdist", "pip install -e <kerasdist checkout>")
+    .kerasdist$module <- reticulate::import("kerasdist")
+  }
+  .kerasdist$module
+}
+
+activate_python <- function() {
+  if (reticulate::py_available(initialize = FALSE)) return(invisible())
+  python <- kerasdist_python()
+  if (is.null(python)) {
+    setup_error(paste0(
+      "No Python environment for kerasdist was found: run `make demo` in the kerasdist ",
+      "checkout, or set options(kerasdist.python = \"/path/to/python\")."
+    ))
+  }
+  reticulate::use_python(python, required = TRUE)
+  if (!reticulate::py_available(initialize = TRUE)) {
+    setup_error(sprintf("Python at %s could not be started: run `make demo` to rebuild .venv.", python))
+  }
+}
+
+require_python_module <- function(module, fix) {
+  if (!reticulate::py_module_available(module)) {
+    python <- reticulate::py_config()$python
+    setup_error(sprintf(
+      "The Python module '%s' is missing from %s: run `make demo` in the kerasdist checkout, or `%s -m %s`.",
+      module, python, python, fix
+    ))
+  }
+}
+
+setup_error <- function(message) {
+  stop(structure(
+    class = c("kerasdist_setup_error", "kerasdist_error", "error", "condition"),
+    list(message = message, call = NULL)
+  ))
+}
+
+# Call a Python function; a Python exception becomes an R error of class
+# `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
+# exception's own text, without the traceback.
+call_python <- function(fun, ..., call = sys.call(-1)) {
+  force(call)
+  tryCatch(fun(...), error = function(err) {
+    if (inherits(err, "kerasdist_error")) stop(err)
+    parsed <- parse_python_error(conditionMessage(err))
+    stop(structure(
+      class = c(paste0("kerasdist_", parsed$type), "kerasdist_error", "error", "condition"),
+      list(message = parsed$message, call = call, python_type = parsed$type)
+    ))
+  })
+}
+
+parse_python_error <- function(message) {
+  message <- sub("\n+(Detailed traceback|Run `reticulate::py_last_error|See `reticulate::py_last_error).*$", "", message)
+  message <- sub("\\s+$", "", message)
+  type <- "Error"
+  pattern <- "^([A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt)): "
+  if (grepl(pattern, message)) {
+    type <- sub("^.*\\.", "", sub(paste0(pattern, ".*$"), "\\1", message))
+    message <- sub(pattern, "", message)
+  }
+  list(type = type, message = message)
+}
+
+# R-to-Python argument helpers: vectors of any length become lists, whole doubles become integers.
+as_py_list <- function(x) if (is.null(x)) NULL else as.list(x)
+
+as_py_dict <- function(x) if (is.null(x)) NULL else as.list(x)
+
+as_py_int <- function(x) {
+  if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
+}

@@ -1,0 +1,26 @@
+"""kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
+
+from kerasdist.about import kerasdist_info
+from kerasdist.cluster import ClusterInfo, parse_tf_config
+from kerasdist.strategy import (
+    StrategyDescription,
+    StrategyPlan,
+    describe_strategy,
+    plan_strategy,
+    select_strategy,
+    simulate_devices,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterInfo",
+    "StrategyDescription",
+    "StrategyPlan",
+    "describe_strategy",
+    "kerasdist_info",
+    "parse_tf_config",
+    "plan_strategy",
+    "select_strategy",
+    "simulate_devices",
+]

@@ -1,0 +1,21 @@
+"""`kerasdist_info()`: versions and the strategy "auto" picks here, with the reason."""
+
+from __future__ import annotations
+
+import platform
+
+
+def kerasdist_info(kind: str = "auto") -> str:
+    """Versions of the stack and a description of the strategy `select_strategy(kind)` gives."""
+    import keras
+    import numpy
+    import tensorflow as tf
+
+    import kerasdist
+    from kerasdist.strategy import describe_strategy, select_strategy
+
+    header = (
+        f"kerasdist {kerasdist.__version__} | TensorFlow {tf.__version__} | Keras {keras.__version__}"
+        f" | NumPy {numpy.__version__} | Python {platform.python_version()}"
+    )
+    return f"{header}\n{describe_strategy(select_strategy(kind))}"

@@ -1,0 +1,435 @@
+"""Choosing a `tf.distribute` strategy from the hardware and the cluster signals, and saying why.
+
+All the "auto" rules live in `_choose_kind`, in the order they are checked, so reading that one
+function tells what "auto" does. `plan_strategy` decides without creating anything (so it can be
+asked about hardware this machine lacks); `select_strategy` decides and builds.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
+
+KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
+CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one_device")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+TPU_ENV_VARS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
+
+# Strategies kerasdist built, with the plan that chose them (weak: a dropped strategy is freed).
+_PLANS: "weakref.WeakKeyDictionary[Any, StrategyPlan]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """A decision: which strategy kind, on which devices, and the signal that chose it."""
+
+    kind: str
+    reason: str
+    devices: tuple[str, ...] = ()
+    cluster: ClusterInfo = field(default_factory=ClusterInfo)
+    tpu: str | None = None
+
+
+@dataclass(frozen=True)
+class StrategyDescription:
+    """What `describe_strategy` reports; `str()` gives a readable summary."""
+
+    kind: str
+    reason: str
+    num_replicas: int
+    devices: tuple[str, ...]
+    workers: int
+    task: str | None
+    is_chief: bool
+
+    def __str__(self) -> str:
+        lines = [
+            f"strategy:  {self.kind}",
+            f"why:       {self.reason}",
+            f"replicas:  {self.num_replicas}",
+            f"devices:   {', '.join(self.devices) or '(none listed)'}",
+            f"workers:   {self.workers}",
+            f"task:      {self.task or '(single process)'}",
+            f"chief:     {'yes' if self.is_chief else 'no'}",
+        ]
+        return "\n".join(lines)
+
+
+def plan_strategy(
+    kind: str = "auto",
+    *,
+    devices: Sequence[str] | None = None,
+    tf_config: str | Mapping[str, Any] | None = None,
+    cluster_resolver: Any = None,
+    environ: Mapping[str, str] | None = None,
+    gpus: Sequence[str] | None = None,
+    tpu: str | bool | None = None,
+) -> StrategyPlan:
+    """Decide which strategy to use and why, without creating it.
+
+    Args:
+        kind: "auto" (decide from the signals below) or one of "default", "one_device",
+            "mirrored", "multi_worker", "parameter_server", "tpu".
+        devices: devices to replicate on (mirrored) or place on (one_device), e.g. ["/gpu:0"].
+        tf_config: a TF_CONFIG dict or JSON text to use instead of the TF_CONFIG variable.
+        cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; its cluster is used
+            instead of TF_CONFIG.
+        environ: the environment to read TF_CONFIG, SLURM_* and TPU_NAME from; default the
+            process environment.
+        gpus: GPU names to plan for; default the GPUs TensorFlow sees.
+        tpu: a TPU name or address; False for none; default detected from TPU_NAME,
+            COLAB_TPU_ADDR or a local TPU device.
+
+    Returns:
+        A `StrategyPlan`.
+    """
+    _check_kind(kind)
+    env = os.environ if environ is None else environ
+    cluster = _cluster_info(tf_config, cluster_resolver, env)
+    gpu_names = tuple(_local_gpus() if gpus is None else gpus)
+    tpu_address = _detect_tpu(env) if tpu is None else (tpu or None)
+    if tpu_address is True:
+        tpu_address = ""
+    chosen, reason = (
+        _choose_kind(cluster, gpu_names, tpu_address)
+        if kind == "auto"
+        else (kind, f'kind="{kind}" was asked for')
+    )
+    _check_requirements(chosen, cluster, tpu_address)
+    chosen_devices = _devices_for(chosen, devices, gpu_names)
+    return StrategyPlan(chosen, reason, chosen_devices, cluster, tpu_address)
+
+
+def select_strategy(
+    kind: str = "auto",
+    *,
+    devices: Sequence[str] | None = None,
+    cross_device_ops: Any = None,
+    communication: str = "auto",
+    tf_config: str | Mapping[str, Any] | None = None,
+    cluster_resolver: Any = None,
+    environ: Mapping[str, str] | None = None,
+    gpus: Sequence[str] | None = None,
+    tpu: str | bool | None = None,
+) -> Any:
+    """Pick the right `tf.distribute.Strategy` and create it.
+
+    "auto" checks, in order: a reachable TPU -> "tpu"; a cluster with ps tasks ->
+    "parameter_server"; a cluster with more than one worker (TF_CONFIG, or Slurm with more than
+    one task) -> "multi_worker"; more than one GPU -> "mirrored"; one GPU -> "one_device" on it;
+    CPU split by `simulate_devices(n)` with n > 1 -> "mirrored" over those; otherwise "default".
+    `describe_strategy()` on the result tells which signal decided.
+
+    Args:
+        kind, devices, tf_config, cluster_resolver, environ, gpus, tpu: as in `plan_strategy`.
+        cross_device_ops: for "mirrored": "nccl", "hierarchical_copy", "reduce_to_one_device",
+            a `tf.distribute.CrossDeviceOps` object, or None for TensorFlow's choice.
+        communication: for "multi_worker": "auto", "ring" or "nccl".
+
+    Returns:
+        The strategy; use it as `with strategy.scope(): ...`.
+    """
+    _check_choice("cross_device_ops", cross_device_ops, CROSS_DEVICE_OPS, allow_object=True)
+    _check_choice("communication", communication, COMMUNICATIONS)
+    plan = plan_strategy(
+        kind, devices=devices, tf_config=tf_config, cluster_resolver=cluster_resolver,
+        environ=environ, gpus=gpus, tpu=tpu,
+    )
+    _check_devices_exist(plan.devices)
+    strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
+    _PLANS[strategy] = plan
+    return strategy
+
+
+def describe_strategy(strategy: Any = None) -> StrategyDescription:
+    """Describe a strategy: kind, the signal that chose it, replicas, devices, workers, chief.
+
+    Args:
+        strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; default the
+            strategy whose scope is active (the default strategy outside any scope).
+    """
+    import tensorflow as tf
+
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(
+            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}."
+        )
+    plan = _PLANS.get(strategy)
+    cluster = plan.cluster if plan else _cluster_of(strategy)
+    task = f"{cluster.task_type}:{cluster.task_index}" if cluster.task_type else None
+    return StrategyDescription(
+        kind=plan.kind if plan else _kind_of(strategy),
+        reason=plan.reason if plan else "created outside kerasdist",
+        num_replicas=int(strategy.num_replicas_in_sync),
+        devices=_worker_devices(strategy),
+        workers=cluster.num_workers,
+        task=task,
+        is_chief=cluster.is_chief,
+    )
+
+
+def simulate_devices(n: int) -> list[str]:
+    """Split the CPU into `n` logical devices so mirrored code runs on one machine.
+
+    Must run before TensorFlow initializes its devices (before any op, model or strategy; from R
+    before keras3 is loaded). Calling it again with the same `n` is a no-op.
+
+    Returns:
+        The names of the logical CPU devices.
+    """
+    import tensorflow as tf
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1 (the number of CPU devices), got {n!r}.")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu) or []
+    if len(current) != n:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+            )
+        except RuntimeError:
+            raise RuntimeError(
+                f"simulate_devices({n}) came too late: TensorFlow has already initialized its "
+                f"devices ({len(tf.config.list_logical_devices('CPU'))} CPU device(s)). Call it "
+                "first, before any model, op or strategy is created (from R: before keras3 or "
+                "tensorflow is loaded)."
+            ) from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def _choose_kind(
+    cluster: ClusterInfo, gpus: Sequence[str], tpu: str | None
+) -> tuple[str, str]:
+    """The "auto" rules, first match wins."""
+    if tpu is not None:
+        return "tpu", f"a TPU is reachable ({tpu or 'local TPU device'})"
+    if cluster.num_ps > 0:
+        return "parameter_server", (
+            f"{cluster.source} declares {cluster.num_ps} ps task(s) and "
+            f"{cluster.num_workers} worker(s)"
+        )
+    if cluster.num_workers > 1:
+        return "multi_worker", f"{cluster.source} declares {cluster.num_workers} workers"
+    if len(gpus) > 1:
+        return "mirrored", f"{len(gpus)} GPUs are visible"
+    if len(gpus) == 1:
+        return "one_device", f"one GPU is visible ({gpus[0]})"
+    simulated = _simulated_cpu_count()
+    if simulated > 1:
+        return "mirrored", f"no GPU; the CPU is split into {simulated} logical devices"
+    return "default", "no TPU, cluster or GPU found: one process on the CPU"
+
+
+def _check_kind(kind: Any) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"Unknown kind {kind!r}. Expected one of: {', '.join(KINDS)}.")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str], allow_object: bool = False) -> None:
+    if value is None or value in choices or (allow_object and not isinstance(value, str)):
+        return
+    raise ValueError(f"Unknown {name} {value!r}. Expected one of: {', '.join(choices)}.")
+
+
+def _check_requirements(kind: str, cluster: ClusterInfo, tpu: str | None) -> None:
+    if kind == "tpu" and tpu is None:
+        raise ValueError(
+            'kind="tpu" but no TPU is reachable: set TPU_NAME, pass tpu="name-or-grpc-address", '
+            "or run on a TPU VM."
+        )
+    if kind == "parameter_server" and cluster.num_ps == 0:
+        raise ValueError(
+            'kind="parameter_server" needs a cluster with "ps" tasks (TF_CONFIG, tf_config or '
+            "cluster_resolver); none was found."
+        )
+
+
+def _cluster_info(
+    tf_config: str | Mapping[str, Any] | None, resolver: Any, env: Mapping[str, str]
+) -> ClusterInfo:
+    if resolver is not None:
+        return _cluster_of_resolver(resolver)
+    if tf_config is not None:
+        return parse_tf_config(tf_config)
+    return cluster_from_environment(env)
+
+
+def _cluster_of_resolver(resolver: Any) -> ClusterInfo:
+    spec = resolver.cluster_spec().as_dict()
+    if not spec:
+        return ClusterInfo()
+    cluster = {k: list(v.values()) if isinstance(v, dict) else list(v) for k, v in spec.items()}
+    task = {"type": resolver.task_type, "index": resolver.task_id or 0}
+    if task["type"] is None:  # a coordinator-side resolver: this process is the chief
+        task = {"type": "chief", "index": 0}
+        cluster.setdefault("chief", ["localhost:0"])
+    return parse_tf_config({"cluster": cluster, "task": task})
+
+
+def _cluster_of(strategy: Any) -> ClusterInfo:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    try:
+        return _cluster_of_resolver(resolver) if resolver is not None else ClusterInfo()
+    except (ValueError, AttributeError):
+        return ClusterInfo()
+
+
+def _devices_for(kind: str, devices: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...]:
+    if devices is not None:
+        if isinstance(devices, str):
+            devices = [devices]
+        if kind not in ("one_device", "mirrored"):
+            raise ValueError(
+                f'devices can only be given for kind "one_device" or "mirrored", not "{kind}".'
+            )
+        if kind == "one_device" and len(devices) != 1:
+            raise ValueError(f'kind="one_device" takes exactly one device, got {len(devices)}.')
+        if not devices:
+            raise ValueError("devices must name at least one device, got an empty list.")
+        return tuple(devices)
+    if kind == "one_device":
+        return (_short_name(gpus[0]) if gpus else "/cpu:0",)
+    if kind == "mirrored" and gpus:
+        return tuple(_short_name(g) for g in gpus)
+    return ()
+
+
+def _check_devices_exist(devices: Sequence[str]) -> None:
+    if not devices:
+        return
+    import tensorflow as tf
+
+    available = {_device_key(d.name) for d in tf.config.list_logical_devices()}
+    for device in devices:
+        if _device_key(device) not in available:
+            names = ", ".join(sorted(_short_name(d.name) for d in tf.config.list_logical_devices()))
+            raise ValueError(
+                f"devices: {device!r} does not exist on this machine. Available: {names}."
+            )
+
+
+def _device_key(name: str) -> tuple[str, int]:
+    import tensorflow as tf
+
+    try:  # physical device names ("/physical_device:GPU:0") parse once renamed
+        spec = tf.DeviceSpec.from_string(name.replace("/physical_device:", "/device:", 1))
+    except ValueError:
+        raise ValueError(f"devices: {name!r} is not a device name like '/gpu:0' or '/cpu:1'.") from None
+    return (spec.device_type or "").upper(), spec.device_index or 0
+
+
+def _short_name(name: str) -> str:
+    device_type, index = _device_key(name)
+    return f"/{device_type.lower()}:{index}"
+
+
+def _local_gpus() -> list[str]:
+    import tensorflow as tf
+
+    return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
+def _simulated_cpu_count() -> int:
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    return len(tf.config.get_logical_device_configuration(cpus[0]) or []) if cpus else 0
+
+
+def _detect_tpu(env: Mapping[str, str]) -> str | None:
+    for name in TPU_ENV_VARS:
+        if env.get(name):
+            return env[name]
+    return "local" if os.path.exists("/dev/accel0") else None
+
+
+def _kind_of(strategy: Any) -> str:
+    name = type(strategy).__name__
+    for pattern, kind in (
+        ("MultiWorker", "multi_worker"), ("ParameterServer", "parameter_server"),
+        ("TPU", "tpu"), ("OneDevice", "one_device"), ("Mirrored", "mirrored"),
+    ):
+        if pattern in name:
+            return kind
+    return "default"
+
+
+def _worker_devices(strategy: Any) -> tuple[str, ...]:
+    try:
+        return tuple(_short_name(d) for d in strategy.extended.worker_devices)
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return ()
+
+
+def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolver: Any) -> Any:
+    import tensorflow as tf
+
+    if plan.kind == "default":
+        return tf.distribute.get_strategy()
+    if plan.kind == "one_device":
+        return tf.distribute.OneDeviceStrategy(plan.devices[0])
+    if plan.kind == "mirrored":
+        return tf.distribute.MirroredStrategy(
+            devices=list(plan.devices) or None,
+            cross_device_ops=_cross_device_ops(cross_device_ops),
+        )
+    if plan.kind == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_resolver_for(plan, resolver),
+            communication_options=_communication_options(communication),
+        )
+    if plan.kind == "parameter_server":
+        return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
+    return _build_tpu(plan.tpu)
+
+
+def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
+    import tensorflow as tf
+
+    if resolver is not None:
+        return resolver
+    if plan.cluster.source == "Slurm":
+        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+    if plan.cluster.source == "TF_CONFIG":
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(plan.cluster.cluster),
+            task_type=plan.cluster.task_type,
+            task_id=plan.cluster.task_index,
+            rpc_layer="grpc",
+        )
+    return None  # no cluster: a single local worker
+
+
+def _cross_device_ops(value: Any) -> Any:
+    import tensorflow as tf
+
+    factories = {
+        "nccl": tf.distribute.NcclAllReduce,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "reduce_to_one_device": tf.distribute.ReductionToOneDevice,
+    }
+    return factories[value]() if isinstance(value, str) else value
+
+
+def _communication_options(value: str) -> Any:
+    import tensorflow as tf
+
+    implementation = getattr(tf.distribute.experimental.CommunicationImplementation, value.upper())
+    return tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+
+
+def _build_tpu(tpu: str | None) -> Any:
+    import tensorflow as tf
+
+    address = "" if tpu in (None, "local") else tpu
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)

@@ -1,0 +1,38 @@
+"""Shared fixtures: the behaviour tables in tests/cases and fresh Python processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CASES_DIR = Path(__file__).resolve().parents[1] / "cases"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def case_rows(name: str) -> list[Any]:
+    """The rows of tests/cases/NAME.json as pytest params named by their id."""
+    rows = json.loads((CASES_DIR / f"{name}.json").read_text())["rows"]
+    return [pytest.param(row, id=row["id"]) for row in rows]
+
+
+def field_of(obj: Any, dotted: str) -> Any:
+    """`cluster.num_ps` -> obj.cluster.num_ps, with tuples as lists for comparison with JSON."""
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return list(obj) if isinstance(obj, tuple) else obj
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: int = 180):
+    """Run code in a fresh interpreter (TensorFlow device set-up can happen only once a process)."""
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout,
+    )

@@ -1,0 +1,145 @@
+"""Strategies built for real on this CPU, and the errors that need a live TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist
+from conftest import run_python
+
+
+def test_default_strategy_describes_itself():
+    description = kerasdist.describe_strategy(kerasdist.select_strategy("default", environ={}, tpu=False))
+    assert description.kind == "default"
+    assert description.num_replicas == 1
+    assert description.is_chief and description.workers == 1
+    assert "strategy:  default" in str(description)
+
+
+def test_one_device_on_cpu():
+    strategy = kerasdist.select_strategy("one_device", environ={}, gpus=[], tpu=False)
+    assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    assert kerasdist.describe_strategy(strategy).devices == ("/cpu:0",)
+
+
+def test_mirrored_with_named_cross_device_ops():
+    strategy = kerasdist.select_strategy(
+        "mirrored", devices=["/cpu:0"], cross_device_ops="reduce_to_one_device", environ={}, tpu=False
+    )
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    description = kerasdist.describe_strategy(strategy)
+    assert (description.kind, description.num_replicas) == ("mirrored", 1)
+    assert "was asked for" in description.reason
+
+
+def test_describe_strategy_created_outside_kerasdist():
+    description = kerasdist.describe_strategy(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    assert description.kind == "one_device"
+    assert description.reason == "created outside kerasdist"
+
+
+def test_describe_active_strategy_inside_scope():
+    strategy = kerasdist.select_strategy("one_device", environ={}, gpus=[], tpu=False)
+    with strategy.scope():
+        assert kerasdist.describe_strategy().kind == "one_device"
+    assert kerasdist.describe_strategy().kind == "default"
+
+
+def test_describe_strategy_rejects_non_strategy():
+    with pytest.raises(ValueError, match="strategy must be a tf.distribute.Strategy, got str"):
+        kerasdist.describe_strategy("mirrored")
+
+
+def test_simulated_devices_give_mirrored_and_a_real_fit():
+    result = run_python(
+        """
+        import json, numpy as np, keras, kerasdist
+        names = kerasdist.simulate_devices(2)
+        assert kerasdist.simulate_devices(2) == names  # same n again: a no-op
+        strategy = kerasdist.select_strategy()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        x = np.arange(48, dtype="float32").reshape(16, 3) / 48
+        history = model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+        d = kerasdist.describe_strategy(strategy)
+        print(json.dumps({"names": names, "kind": d.kind, "reason": d.reason,
+                          "replicas": d.num_replicas, "devices": list(d.devices),
+                          "steps": int(model.optimizer.iterations.numpy()),
+                          "loss": history.history["loss"][0]}))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(out["names"]) == 2
+    assert (out["kind"], out["replicas"]) == ("mirrored", 2)
+    assert "split into 2 logical devices" in out["reason"]
+    assert out["devices"] == ["/cpu:0", "/cpu:1"]
+    assert out["steps"] == 2 and np.isfinite(out["loss"])
+
+
+def test_simulate_devices_after_initialization_is_a_clear_error():
+    result = run_python(
+        """
+        import tensorflow as tf, kerasdist
+        tf.constant(1.0) + 1  # initializes the devices
+        try:
+            kerasdist.simulate_devices(2)
+        except RuntimeError as err:
+            print("ERROR:", err)
+        """
+    )
+    assert "ERROR: simulate_devices(2) came too late" in result.stdout, result.stderr[-2000:]
+
+
+def test_multi_worker_on_a_one_worker_cluster_on_localhost():
+    port = _free_port()
+    tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}}
+    result = run_python(
+        """
+        import json, sys, kerasdist, tensorflow as tf
+        strategy = kerasdist.select_strategy(
+            "multi_worker", environ={"TF_CONFIG": sys.argv[1]}, gpus=[], tpu=False
+        )
+        print(isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
+        d = kerasdist.describe_strategy(strategy)
+        print(json.dumps({"kind": d.kind, "task": d.task, "chief": d.is_chief, "workers": d.workers}))
+        """,
+        json.dumps(tf_config),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "True"
+    assert json.loads(lines[-1]) == {"kind": "multi_worker", "task": "worker:0", "chief": True, "workers": 1}
+
+
+def test_cli_info_names_strategy_and_reason():
+    result = subprocess.run(
+        [sys.executable, "-m", "kerasdist", "info", "--devices", "2"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "strategy:  mirrored" in result.stdout
+    assert "why:       no GPU; the CPU is split into 2 logical devices" in result.stdout
+
+
+def test_cli_reports_bad_input_without_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "kerasdist", "info", "--kind", "tpu"], capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 2
+    assert "kerasdist: error: kind=\"tpu\" but no TPU is reachable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
