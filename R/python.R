@@ -62,6 +62,9 @@ activate_python <- function() {
       "checkout, or set options(kerasdist.python = \"/path/to/python\")."
     ))
   }
+  # RETICULATE_PYTHON also stops reticulate 1.28 from reading this checkout's pyproject.toml as a
+  # Poetry project (it warns, then ignores it).
+  Sys.setenv(RETICULATE_PYTHON = python)
   reticulate::use_python(python, required = TRUE)
   if (!reticulate::py_available(initialize = TRUE)) {
     setup_error(sprintf("Python at %s could not be started: run `make demo` to rebuild .venv.", python))
@@ -115,7 +118,9 @@ parse_python_error <- function(message) {
 # R-to-Python argument helpers: vectors of any length become lists, whole doubles become integers.
 as_py_list <- function(x) if (is.null(x)) NULL else as.list(x)
 
-as_py_dict <- function(x) if (is.null(x)) NULL else as.list(x)
+as_py_dict <- function(x) {
+  if (is.null(x)) NULL else if (length(x) == 0) reticulate::dict() else as.list(x)
+}
 
 as_py_int <- function(x) {
   if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x

@@ -1,0 +1,23 @@
+# Two commands do everything on a fresh Debian machine: `make demo` and `make test`.
+PYTHON := .venv/bin/python
+export KERASDIST_PYTHON := $(CURDIR)/.venv/bin/python
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: demo test setup docs
+
+setup:
+	@tools/setup.sh
+
+demo: setup
+	@echo "== Python: python -m kerasdist info --devices 2"
+	@$(PYTHON) -m kerasdist info --devices 2
+	@echo
+	@echo "== R: simulate_devices(2); kerasdist_info()"
+	@Rscript -e 'kerasdist::simulate_devices(2); kerasdist::kerasdist_info()'
+
+test: setup
+	@tools/test.sh
+
+# Regenerate NAMESPACE and man/ from the roxygen comments in R/.
+docs: setup
+	@Rscript -e 'roxygen2::roxygenise()'

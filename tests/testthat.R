@@ -1,0 +1,4 @@
+library(testthat)
+library(kerasdist)
+
+test_check("kerasdist")

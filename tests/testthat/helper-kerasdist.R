@@ -1,0 +1,31 @@
+# Shared helpers: the behaviour tables in tests/cases, and a guard for machines without Python.
+
+cases_dir <- function() {
+  candidates <- c(test_path("..", "cases"), test_path("..", "..", "tests", "cases"))
+  found <- candidates[dir.exists(candidates)]
+  if (length(found) == 0) stop("tests/cases not found next to tests/testthat")
+  found[[1]]
+}
+
+case_rows <- function(name) {
+  path <- file.path(cases_dir(), paste0(name, ".json"))
+  jsonlite::fromJSON(path, simplifyVector = FALSE)$rows
+}
+
+# `cluster.num_ps` -> x$cluster$num_ps
+field_of <- function(x, dotted) {
+  for (part in strsplit(dotted, ".", fixed = TRUE)[[1]]) x <- x[[part]]
+  x
+}
+
+# Skip only where the Python side cannot exist; `make test` sets KERASDIST_REQUIRE_PYTHON=1 so
+# that a missing environment fails instead of skipping.
+skip_if_no_kerasdist <- function() {
+  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1")) return(invisible())
+  if (is.null(kerasdist_python())) skip("no Python environment for kerasdist")
+}
+
+# Run an R function in a fresh R process (TensorFlow can set up devices once per process).
+in_fresh_r <- function(fun, ...) {
+  callr::r(fun, args = list(...), libpath = .libPaths(), env = c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2"))
+}

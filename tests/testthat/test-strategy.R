@@ -1,0 +1,87 @@
+test_that("the default strategy prints what it is and why", {
+  skip_if_no_kerasdist()
+  strategy <- select_strategy("default", environ = list(), tpu = FALSE)
+  expect_s3_class(strategy, "kerasdist_strategy")
+  description <- describe_strategy(strategy)
+  expect_identical(description$kind, "default")
+  expect_identical(description$num_replicas, 1L)
+  expect_true(description$is_chief)
+  expect_output(print(strategy), "strategy:  default")
+  expect_output(print(strategy), 'why:       kind="default" was asked for', fixed = TRUE)
+})
+
+test_that("describe_strategy refuses something that is not a strategy", {
+  skip_if_no_kerasdist()
+  expect_error(describe_strategy("mirrored"), "strategy must be a tf.distribute.Strategy, got str",
+               class = "kerasdist_ValueError")
+})
+
+test_that("parse_tf_config accepts an R list with a single worker address", {
+  skip_if_no_kerasdist()
+  info <- parse_tf_config(list(cluster = list(worker = "a:1"), task = list(type = "worker", index = 0)))
+  expect_identical(info$cluster$worker, "a:1")
+  expect_identical(info$task_index, 0L)
+  expect_true(info$is_chief)
+})
+
+test_that("simulated devices give mirrored, with() keeps objects, and fit runs", {
+  skip_if_no_kerasdist()
+  result <- in_fresh_r(function() {
+    library(kerasdist)
+    simulate_devices(2)
+    strategy <- select_strategy()
+    with(strategy$scope(), {
+      keras <- reticulate::import("keras")
+      model <- keras$Sequential(list(keras$layers$Input(shape = list(3L)), keras$layers$Dense(1L)))
+      model$compile(optimizer = "sgd", loss = "mse")
+    })
+    x <- matrix(seq_len(48) / 48, ncol = 3)
+    history <- model$fit(x, x[, 1, drop = FALSE], batch_size = 8L, epochs = 1L, verbose = 0L)
+    description <- describe_strategy(strategy)
+    list(
+      kind = description$kind, replicas = description$num_replicas, reason = description$reason,
+      devices = description$devices, steps = model$optimizer$iterations$numpy(),
+      loss = history$history$loss[[1]],
+      variable_replicas = length(model$weights[[1]]$value$values)
+    )
+  })
+  expect_identical(result$kind, "mirrored")
+  expect_identical(result$replicas, 2L)
+  expect_match(result$reason, "split into 2 logical devices")
+  expect_identical(result$devices, c("/cpu:0", "/cpu:1"))
+  expect_equal(as.integer(result$steps), 2L)
+  expect_true(is.finite(result$loss))
+  expect_identical(result$variable_replicas, 2L)
+})
+
+test_that("simulate_devices after TensorFlow started is a readable R error", {
+  skip_if_no_kerasdist()
+  message <- in_fresh_r(function() {
+    library(kerasdist)
+    select_strategy("one_device", tpu = FALSE)$extended  # initializes the devices
+    tryCatch(simulate_devices(2), kerasdist_error = function(e) conditionMessage(e))
+  })
+  expect_match(message, "^simulate_devices\\(2\\) came too late")
+})
+
+test_that("no Python environment gives one sentence with the fix", {
+  result <- in_fresh_r(function() {
+    Sys.unsetenv(c("KERASDIST_PYTHON", "RETICULATE_PYTHON"))
+    options(kerasdist.python = NULL)
+    setwd(tempdir())
+    tryCatch(kerasdist::select_strategy(), kerasdist_setup_error = function(e) conditionMessage(e))
+  })
+  expect_match(result, "^No Python environment for kerasdist was found: run `make demo`")
+})
+
+test_that("a Python without TensorFlow is named, with the command that fixes it", {
+  skip_if_no_kerasdist()
+  bare <- file.path(tempfile("bare-venv-"))
+  on.exit(unlink(bare, recursive = TRUE))
+  system2(kerasdist_python(), c("-m", "venv", "--without-pip", bare))
+  result <- in_fresh_r(function(python) {
+    options(kerasdist.python = python)
+    tryCatch(kerasdist::select_strategy(), kerasdist_setup_error = function(e) conditionMessage(e))
+  }, python = file.path(bare, "bin", "python"))
+  expect_match(result, "The Python module 'tensorflow' is missing from .*: run `make demo`")
+})

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs pytest, then R CMD check (which runs testthat and builds the vignettes), prints each one's
+# counts and a total, and exits non-zero if anything failed or R CMD check warned.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CPP_MIN_LOG_LEVEL=2
+CHECK_DIR=.check
+rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
+
+echo "== pytest"
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+py_status=${PIPESTATUS[0]}
+
+echo "== R CMD build + R CMD check (testthat runs inside)"
+(
+  cd "$CHECK_DIR" &&
+  R CMD build .. >build.log 2>&1 || { cat build.log; exit 1; }
+  R CMD check --no-manual kerasdist_*.tar.gz 2>&1 | tee check.log
+)
+r_build_status=$?
+rout=$(ls "$CHECK_DIR"/kerasdist.Rcheck/tests/testthat.Rout* 2>/dev/null | head -n 1)
+r_counts=$( [ -n "$rout" ] && grep -E '^\[ FAIL [0-9]+ \| WARN [0-9]+ \| SKIP [0-9]+ \| PASS [0-9]+ \]' "$rout" | tail -n 1)
+check_status=$(grep -E '^Status: ' "$CHECK_DIR/check.log" 2>/dev/null | tail -n 1)
+[ -n "$rout" ] && grep -q 'FAIL [1-9]' "$rout" && sed -n '/══ Failed/,$p' "$rout" | head -n 80
+
+count() { local n; n=$(grep -oE "[0-9]+ $1" <<<"$2" | grep -oE '^[0-9]+' | head -n 1); echo "${n:-0}"; }
+py_summary=$(tail -n 1 "$CHECK_DIR/pytest.log")
+py_pass=$(count passed "$py_summary"); py_fail=$(( $(count failed "$py_summary") + $(count error "$py_summary") ))
+py_skip=$(count skipped "$py_summary")
+r_pass=$(sed -E 's/.*PASS ([0-9]+).*/\1/' <<<"$r_counts"); r_fail=$(sed -E 's/.*FAIL ([0-9]+).*/\1/' <<<"$r_counts")
+r_skip=$(sed -E 's/.*SKIP ([0-9]+).*/\1/' <<<"$r_counts")
+
+echo
+echo "pytest:        ${py_summary}"
+echo "testthat:      ${r_counts:-no result (see $CHECK_DIR/kerasdist.Rcheck)}"
+echo "R CMD check:   ${check_status:-no status}"
+failed=$(( ${py_fail:-0} + ${r_fail:-1} ))
+status=0
+[ "$py_status" -eq 0 ] || status=1
+[ "$r_build_status" -eq 0 ] && [ -n "$r_counts" ] || status=1
+grep -qE 'ERROR|WARNING' <<<"${check_status:-ERROR}" && status=1
+[ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
+echo "total: $(( ${py_pass:-0} + ${r_pass:-0} )) passed, $failed failed, $(( ${py_skip:-0} + ${r_skip:-0} )) skipped"
+exit "$status"
