@@ -1,7 +1,18 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
 from kerasdist.about import kerasdist_info
+from kerasdist.checkpoint import (
+    PREEMPTED_EXIT_CODE,
+    CheckpointCallback,
+    CheckpointInfo,
+    CheckpointWarning,
+    checkpoint_callback,
+    latest_checkpoint,
+    list_checkpoints,
+    make_or_restore_model,
+)
 from kerasdist.cluster import ClusterInfo, parse_tf_config
+from kerasdist.fit import resume_fit
 from kerasdist.strategy import (
     StrategyDescription,
     StrategyPlan,
@@ -14,6 +25,15 @@ from kerasdist.strategy import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "CheckpointCallback",
+    "CheckpointInfo",
+    "CheckpointWarning",
+    "checkpoint_callback",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "make_or_restore_model",
+    "resume_fit",
     "ClusterInfo",
     "StrategyDescription",
     "StrategyPlan",

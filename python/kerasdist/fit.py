@@ -1,0 +1,112 @@
+"""`resume_fit`: Keras `fit` that continues from the newest checkpoint, mid-epoch included."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from kerasdist.checkpoint import CheckpointCallback, checkpoint_callback, latest_checkpoint
+
+EpochData = Callable[[int], tf.data.Dataset]
+
+
+def resume_fit(
+    model: Any,
+    data: tf.data.Dataset | EpochData,
+    epochs: int,
+    checkpoint: CheckpointCallback | str | os.PathLike[str],
+    *,
+    steps_per_epoch: int | None = None,
+    callbacks: Sequence[Any] | None = None,
+    validation_data: Any = None,
+    verbose: Any = "auto",
+) -> keras.callbacks.History:
+    """Fit to `epochs` in total, continuing where the newest checkpoint left off.
+
+    A run restarted after a crash continues at the next unseen batch of the interrupted epoch
+    (not at the epoch start), so with seeded data and TensorFlow op determinism it ends with the
+    same weights, bit for bit, as a run that was never interrupted.
+
+    Args:
+        model: a compiled Keras model, usually from `make_or_restore_model`.
+        data: a `tf.data.Dataset` of batches that is the same every epoch, or a function
+            `data(epoch)` returning the batches of that epoch (e.g. shuffled as a pure function of
+            a seed and the epoch).
+        epochs: total number of epochs, counting those done by earlier runs.
+        checkpoint: a `checkpoint_callback(...)`, or a directory for one with the defaults.
+        steps_per_epoch: batches per epoch, when the dataset cannot tell (unknown cardinality).
+        callbacks: more Keras callbacks.
+        validation_data: passed to `fit`.
+        verbose: passed to `fit`.
+
+    Returns:
+        A `History` whose `history` and `epoch` cover all epochs, earlier runs included.
+    """
+    _check_epochs(epochs)
+    if not isinstance(checkpoint, CheckpointCallback):
+        checkpoint = checkpoint_callback(checkpoint)
+    epoch_data = data if callable(data) else (lambda epoch: data)
+    if not callable(data) and not isinstance(data, tf.data.Dataset):
+        raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
+    latest = latest_checkpoint(checkpoint.checkpoint_dir)
+    epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
+    prior = list(latest.history) if latest else []
+    all_callbacks = [checkpoint, *(callbacks or [])]
+    fit_args = dict(callbacks=all_callbacks, validation_data=validation_data, verbose=verbose)
+    histories = []
+
+    if epoch < epochs and skip > 0:
+        rest_of_epoch = epoch_data(epoch).skip(skip)
+        checkpoint.step_offset = skip
+        try:
+            histories.append(model.fit(rest_of_epoch, initial_epoch=epoch, epochs=epoch + 1, **fit_args))
+        finally:
+            checkpoint.step_offset = 0
+        epoch += 1
+    if epoch < epochs:
+        if callable(data):
+            steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data(epoch)")
+            stream = _concatenate(epoch_data(e) for e in range(epoch, epochs))
+            histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
+        else:
+            histories.append(model.fit(data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch, **fit_args))
+    return _merged_history(model, prior, histories)
+
+
+def _check_epochs(epochs: Any) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an integer >= 1 (the total, earlier runs included), got {epochs!r}.")
+
+
+def _cardinality(dataset: tf.data.Dataset, name: str) -> int:
+    count = int(dataset.cardinality())
+    if count < 0:
+        raise ValueError(
+            f"{name} has an unknown or infinite number of batches: pass steps_per_epoch."
+        )
+    return count
+
+
+def _concatenate(datasets: Any) -> tf.data.Dataset:
+    stream = None
+    for dataset in datasets:
+        stream = dataset if stream is None else stream.concatenate(dataset)
+    return stream
+
+
+def _merged_history(model: Any, prior: list[dict[str, float]], histories: list[Any]) -> keras.callbacks.History:
+    merged = keras.callbacks.History()
+    merged.set_model(model)
+    merged.epoch = list(range(len(prior)))
+    merged.history = {}
+    for logs in prior:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    for history in histories:
+        merged.epoch.extend(history.epoch)
+        for key, values in history.history.items():
+            merged.history.setdefault(key, []).extend(float(v) for v in values)
+    return merged

@@ -1,0 +1,72 @@
+"""A seeded training run that can be killed at any point and restarted (fault-injection tests).
+
+usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E]
+Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
+and writes the final weights to OUT.npz when training completes.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import kerasdist  # noqa: E402
+
+SEED = 1234
+SAMPLES, FEATURES, BATCH = 192, 8, 16
+
+
+def build_model():
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dropout(0.3),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def epoch_data(x, y):
+    def data(epoch):
+        order = np.random.default_rng([SEED, epoch]).permutation(len(x))
+        return tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(BATCH)
+    return data
+
+
+class PrintSteps(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint_dir")
+    parser.add_argument("out")
+    parser.add_argument("--every-steps", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+
+    keras.utils.set_random_seed(SEED)
+    tf.config.experimental.enable_op_determinism()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(SAMPLES, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
+
+    model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model)
+    checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2)
+    history = kerasdist.resume_fit(
+        model, epoch_data(x, y), args.epochs, checkpoint, callbacks=[PrintSteps()], verbose=0
+    )
+    np.savez(args.out, *model.get_weights())
+    print(f"done epochs={len(history.epoch)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
