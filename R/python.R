@@ -49,6 +49,7 @@ kerasdist_module <- function() {
     require_python_module("tensorflow", "pip install tensorflow-cpu==2.21.0")
     require_python_module("kerasdist", "pip install -e <kerasdist checkout>")
     .kerasdist$module <- reticulate::import("kerasdist")
+    .kerasdist$bridge <- reticulate::import("kerasdist._bridge")
   }
   .kerasdist$module
 }
@@ -90,10 +91,12 @@ setup_error <- function(message) {
 
 # Call a Python function; a Python exception becomes an R error of class
 # `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
-# exception's own text, without the traceback.
+# exception's own text, without the traceback, and kerasdist's Python warnings
+# become R warnings.
 call_python <- function(fun, ..., call = sys.call(-1)) {
   force(call)
-  tryCatch(fun(...), error = function(err) {
+  force(fun)  # imports kerasdist (and the bridge) on first use
+  result <- tryCatch(.kerasdist$bridge$call_capturing_warnings(fun, ...), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
     parsed <- parse_python_error(conditionMessage(err))
     stop(structure(
@@ -101,6 +104,8 @@ call_python <- function(fun, ..., call = sys.call(-1)) {
       list(message = parsed$message, call = call, python_type = parsed$type)
     ))
   })
+  for (message in unlist(result[[2]])) warning(warningCondition(message, call = call, class = "kerasdist_warning"))
+  result[[1]]
 }
 
 parse_python_error <- function(message) {

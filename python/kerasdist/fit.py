@@ -55,7 +55,8 @@ def resume_fit(
     epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
     prior = list(latest.history) if latest else []
     all_callbacks = [checkpoint, *(callbacks or [])]
-    fit_args = dict(callbacks=all_callbacks, validation_data=validation_data, verbose=verbose)
+    # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
+    fit_args = dict(callbacks=all_callbacks, validation_data=validation_data, verbose=verbose, shuffle=False)
     histories = []
 
     if epoch < epochs and skip > 0:

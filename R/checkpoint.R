@@ -1,0 +1,114 @@
+# Crash-safe checkpoints: thin wrappers over python/kerasdist/checkpoint.py.
+
+#' Build a model, or restore it from the newest valid checkpoint
+#'
+#' Builds the model with `build_fn()` inside the strategy's scope. When
+#' `checkpoint_dir` holds checkpoints, the newest valid one (by the epoch and
+#' step recorded in it, never by file name or time) is loaded into it: weights,
+#' optimizer state and random-generator states. Damaged or partial checkpoints
+#' are skipped with a warning naming the file. [latest_checkpoint()] tells the
+#' epoch and step to resume from; [resume_fit()] uses it so that `epochs = N`
+#' means N in total.
+#'
+#' @param checkpoint_dir Directory of checkpoints; created if missing.
+#' @param build_fn An R (or Python) function with no arguments returning a
+#'   compiled Keras model (a keras3 model or one made through reticulate). If
+#'   `NULL`, the model is loaded whole from the newest checkpoint.
+#' @param strategy A strategy from [select_strategy()]; `NULL` for the active one.
+#' @param custom_objects Named list of custom classes or functions for loading.
+#' @param safe_mode Refuse to load lambdas from checkpoints (Keras safe mode).
+#' @returns The Keras model (a Python object).
+#' @family checkpoint
+#' @seealso Python: `kerasdist.make_or_restore_model()`.
+#' @examples
+#' \dontrun{
+#' strategy <- select_strategy()
+#' with(strategy$scope(), {
+#'   model <- make_or_restore_model("checkpoints", build_model)
+#' })
+#' }
+#' @export
+make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NULL,
+                                  custom_objects = NULL, safe_mode = TRUE) {
+  call_python(
+    kerasdist_module()$make_or_restore_model, checkpoint_dir, build_fn,
+    strategy = strategy, custom_objects = custom_objects, safe_mode = safe_mode
+  )
+}
+
+#' A Keras callback that writes crash-safe checkpoints
+#'
+#' Saves at the end of every epoch and/or every `every_steps` steps, writing to
+#' a temporary name, fsyncing, writing the completion record last and renaming,
+#' so a crash never leaves a torn checkpoint that gets picked. Keeps the `keep`
+#' newest (and the best by `monitor` with `keep_best`), never deleting the
+#' newest valid one. Under multi-worker strategies only the chief writes. On
+#' SIGTERM it saves at the next step and exits with status 75.
+#'
+#' @inheritParams make_or_restore_model
+#' @param every_epoch Save at each epoch end.
+#' @param every_steps Also save every this many steps; `NULL` for epoch ends only.
+#' @param keep How many of the newest checkpoints to keep (at least 1).
+#' @param keep_best Also keep the checkpoint with the best `monitor` value.
+#' @param monitor Epoch metric for `keep_best`, e.g. `"loss"` or `"val_loss"`.
+#' @param mode `"min"` or `"max"`: whether smaller or larger `monitor` is better.
+#' @param handle_sigterm Save and exit on SIGTERM (preemption).
+#' @returns The callback (a Python Keras callback), for `callbacks = list(...)`.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.checkpoint_callback()`.
+#' @examples
+#' \dontrun{
+#' model$fit(x, y, epochs = 10L, callbacks = list(checkpoint_callback("checkpoints")))
+#' }
+#' @export
+checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
+                                keep_best = FALSE, monitor = "loss", mode = "min",
+                                handle_sigterm = TRUE) {
+  call_python(
+    kerasdist_module()$checkpoint_callback, checkpoint_dir,
+    every_epoch = every_epoch, every_steps = as_py_int(every_steps), keep = as_py_int(keep),
+    keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm
+  )
+}
+
+#' The newest valid checkpoint and where training resumes
+#'
+#' @inheritParams make_or_restore_model
+#' @returns `NULL` when there is none, else a list: `path`, `epoch` (the epoch
+#'   to run next, 0-based, i.e. the number of completed epochs when
+#'   `step_in_epoch` is 0), `step_in_epoch`, `global_step`, `history` and
+#'   `metrics`. Damaged checkpoints are skipped with a warning.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.latest_checkpoint()`.
+#' @examples
+#' \dontrun{
+#' latest_checkpoint("checkpoints")$epoch
+#' }
+#' @export
+latest_checkpoint <- function(checkpoint_dir) {
+  info <- call_python(kerasdist_module()$latest_checkpoint, checkpoint_dir)
+  if (is.null(info)) NULL else checkpoint_info_to_r(info)
+}
+
+#' All valid checkpoints, oldest first
+#'
+#' @inheritParams make_or_restore_model
+#' @returns A list of checkpoints as described in [latest_checkpoint()],
+#'   ordered by the epoch and step recorded in each.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.list_checkpoints()`.
+#' @examples
+#' \dontrun{
+#' length(list_checkpoints("checkpoints"))
+#' }
+#' @export
+list_checkpoints <- function(checkpoint_dir) {
+  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir), checkpoint_info_to_r)
+}
+
+checkpoint_info_to_r <- function(info) {
+  list(
+    path = info$path, epoch = as.integer(info$epoch), step_in_epoch = as.integer(info$step_in_epoch),
+    global_step = as.integer(info$global_step), history = info$history, metrics = info$metrics
+  )
+}

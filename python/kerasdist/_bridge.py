@@ -1,0 +1,18 @@
+"""Helpers for the R front end (not public API)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+
+def call_capturing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """Call fn and return (result, messages of the kerasdist warnings it raised), so R can
+    re-raise them as R warnings instead of leaving them on Python's stderr."""
+    from kerasdist.checkpoint import CheckpointWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        result = fn(*args, **kwargs)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    return result, messages

@@ -1,0 +1,230 @@
+"""Checkpoints: restore order, fallback past damage, bad input, resume, keep, kill -9 and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist
+from conftest import CASES_DIR
+
+CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
+TRAIN_SCRIPT = Path(__file__).parent / "scripts" / "train_resumable.py"
+BATCHES_PER_EPOCH = 4
+
+
+def build_model(units: int = 4) -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def dataset() -> tf.data.Dataset:
+    x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(4)
+
+
+@pytest.fixture(scope="module")
+def template_dir(tmp_path_factory) -> Path:
+    """Two epoch-end checkpoints (epochs 1 and 2) of build_model."""
+    directory = tmp_path_factory.mktemp("template") / "ckpt"
+    model = kerasdist.make_or_restore_model(directory, build_model)
+    kerasdist.resume_fit(model, dataset(), 2, kerasdist.checkpoint_callback(directory, keep=5), verbose=0)
+    return directory
+
+
+@pytest.fixture
+def ckpt_dir(template_dir, tmp_path) -> Path:
+    directory = tmp_path / "ckpt"
+    shutil.copytree(template_dir, directory)
+    return directory
+
+
+def weights_of_checkpoint(path: str) -> list[np.ndarray]:
+    model = build_model()
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(Path(path) / "model.keras")
+    return model.get_weights()
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, float]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime) for p in sorted(directory.rglob("*"))}
+
+
+def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
+    latest = kerasdist.latest_checkpoint(ckpt_dir)
+    assert (latest.epoch, latest.step_in_epoch, latest.global_step) == (2, 0, 2 * BATCHES_PER_EPOCH)
+    assert len(latest.history) == 2 and "loss" in latest.history[0]
+    model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+        np.testing.assert_array_equal(restored, saved)
+
+
+@pytest.mark.parametrize("row", CASES["damage"], ids=[row["id"] for row in CASES["damage"]])
+def test_damaged_newest_checkpoint_falls_back_to_previous(ckpt_dir, row):
+    newest = kerasdist.latest_checkpoint(ckpt_dir)
+    damage(Path(newest.path) / row["file"], row["how"])
+    with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(row["warning"])) as caught:
+        model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    assert row["file"] in str(caught[0].message)
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
+    with pytest.warns(kerasdist.CheckpointWarning):
+        assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 1
+
+
+def damage(path: Path, how: str) -> None:
+    if how == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "garble":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
+        data[0:1] = b"\xff"
+        path.write_bytes(bytes(data))
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "delete":
+        path.unlink()
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("row", CASES["errors"], ids=[row["id"] for row in CASES["errors"]])
+def test_bad_input_is_refused_and_nothing_is_touched(ckpt_dir, tmp_path, row):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    fixtures = {
+        "<dir>": ckpt_dir, "<file>": a_file, "<unwritable>": "/proc/kerasdist-test/ckpt",
+        "<build>": build_model, "<other_build>": lambda: build_model(units=5),
+        "<not_a_model>": lambda: 42, "<not_a_function>": "build_model",
+    }
+    args = {k: fixtures.get(v, v) if isinstance(v, str) else v for k, v in row["args"].items()}
+    before = snapshot(ckpt_dir)
+    with pytest.raises(ValueError, match=re.escape(row["error"])):
+        getattr(kerasdist, row["function"])(**args)
+    assert snapshot(ckpt_dir) == before
+
+
+def test_order_is_by_recorded_epoch_not_name_or_time(tmp_path):
+    model = build_model()
+    model.optimizer.build(model.trainable_variables)
+    for epoch in (10, 2):  # ckpt-10 written first, so ckpt-2 is newer by time and sorts later by name
+        model.optimizer.iterations.assign(epoch)
+        kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=epoch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-10", "ckpt-2"]
+    assert [c.epoch for c in kerasdist.list_checkpoints(tmp_path)] == [2, 10]
+    assert kerasdist.latest_checkpoint(tmp_path).epoch == 10
+
+
+def test_resumed_fit_reaches_total_and_keeps_earlier_checkpoints(ckpt_dir):
+    earlier = {p.name: (ckpt_dir / p.name / "state.json").read_text() for p in ckpt_dir.iterdir()}
+    model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    history = kerasdist.resume_fit(model, dataset(), 4, kerasdist.checkpoint_callback(ckpt_dir, keep=10), verbose=0)
+    assert history.epoch == [0, 1, 2, 3]
+    assert len(history.history["loss"]) == 4
+    assert int(model.optimizer.iterations.numpy()) == 4 * BATCHES_PER_EPOCH
+    for name, record in earlier.items():
+        assert (ckpt_dir / name / "state.json").read_text() == record
+    again = kerasdist.resume_fit(model, dataset(), 4, ckpt_dir, verbose=0)  # already done
+    assert again.epoch == [0, 1, 2, 3]
+    assert int(model.optimizer.iterations.numpy()) == 4 * BATCHES_PER_EPOCH
+
+
+def test_keep_last_k_and_best(tmp_path):
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    callback = kerasdist.checkpoint_callback(tmp_path, keep=2, keep_best=True, monitor="loss", mode="max")
+    kerasdist.resume_fit(model, dataset(), 5, callback, verbose=0)
+    # "max" loss is the first epoch's (loss falls), so epoch 1 stays beside the newest two
+    assert [c.epoch for c in kerasdist.list_checkpoints(tmp_path)] == [1, 4, 5]
+
+
+def test_step_checkpoints_resume_mid_epoch(tmp_path):
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    callback = kerasdist.checkpoint_callback(tmp_path, every_steps=3, every_epoch=False, keep=10)
+    kerasdist.resume_fit(model, dataset(), 1, callback, verbose=0)
+    steps = [(c.epoch, c.step_in_epoch) for c in kerasdist.list_checkpoints(tmp_path)]
+    assert steps == [(0, 3)]  # step 4 is the epoch end, which every_epoch=False leaves alone
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    history = kerasdist.resume_fit(model, dataset(), 2, callback, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    assert history.epoch == [0, 1]
+
+
+def test_whole_model_loads_without_build_fn(ckpt_dir):
+    model = kerasdist.make_or_restore_model(ckpt_dir)
+    latest = kerasdist.latest_checkpoint(ckpt_dir)
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+        np.testing.assert_array_equal(restored, saved)
+
+
+def test_interrupted_save_leaves_only_an_ignored_temporary(ckpt_dir):
+    partial = ckpt_dir / ".tmp-ckpt-99-1-deadbeef"
+    partial.mkdir()
+    (partial / "model.keras").write_bytes(b"PK\x03\x04 torn")
+    assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 2
+    model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    kerasdist.resume_fit(model, dataset(), 3, kerasdist.checkpoint_callback(ckpt_dir, keep=5), verbose=0)
+    assert not partial.exists()  # the chief cleans temporaries when training starts
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault injection: real processes, killed for real.
+
+
+def train(ckpt: Path, out: Path, kill_at_step: int | None = None, sig=signal.SIGKILL, delay=0.0):
+    """Run the training script; kill it once it reports `kill_at_step`. Returns (code, last step)."""
+    process = subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), str(ckpt), str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    last = 0
+    for line in process.stdout:
+        if line.startswith("step "):
+            last = int(line.split()[1])
+            if kill_at_step is not None and last >= kill_at_step:
+                if delay:
+                    import time
+                    time.sleep(delay)
+                process.send_signal(sig)
+                break
+    for line in process.stdout:  # drain: a closed pipe would kill the child with EPIPE
+        if line.startswith("step "):
+            last = int(line.split()[1])
+    return process.wait(timeout=120), last
+
+
+def test_sigkill_at_random_steps_then_resume_is_bitwise_identical(tmp_path):
+    code, _ = train(tmp_path / "reference", tmp_path / "reference.npz")
+    assert code == 0
+    rng = random.Random(2026)
+    kill_steps = sorted(rng.sample(range(1, 36), 5))  # 36 steps in all (3 epochs x 12)
+    for step in kill_steps:
+        code, _ = train(tmp_path / "killed", tmp_path / "killed.npz", step, delay=rng.uniform(0, 0.05))
+        assert code == -signal.SIGKILL
+    code, _ = train(tmp_path / "killed", tmp_path / "killed.npz")
+    assert code == 0
+    reference, resumed = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "killed.npz")
+    assert reference.files == resumed.files
+    for name in reference.files:
+        assert np.array_equal(reference[name], resumed[name]), f"{name} differs after kills at {kill_steps}"
+
+
+def test_sigterm_saves_the_next_step_and_exits_75(tmp_path):
+    code, last_step = train(tmp_path / "ckpt", tmp_path / "out.npz", kill_at_step=14, sig=signal.SIGTERM)
+    assert code == kerasdist.PREEMPTED_EXIT_CODE == 75
+    latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
+    assert 14 <= latest.global_step == last_step  # saved at the step where it stopped: none lost
+    assert (latest.epoch, latest.step_in_epoch) == divmod(latest.global_step, 12)
+    code, _ = train(tmp_path / "ckpt", tmp_path / "out.npz")
+    assert code == 0 and kerasdist.latest_checkpoint(tmp_path / "ckpt").global_step == 36
