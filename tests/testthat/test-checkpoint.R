@@ -1,0 +1,107 @@
+# Checkpoints from R: restore with an R build function, fallback past damage, bad input.
+
+checkpoint_cases <- function() jsonlite::fromJSON(file.path(cases_dir(), "checkpoint.json"), simplifyVector = FALSE)
+
+keras_module <- function() reticulate::import("keras")
+
+build_model <- function(units = 4L) {
+  keras <- keras_module()
+  model <- keras$Sequential(list(
+    keras$layers$Input(shape = list(3L)), keras$layers$Dense(as.integer(units)), keras$layers$Dense(1L)
+  ))
+  model$compile(optimizer = keras$optimizers$Adam(0.01), loss = "mse")
+  model
+}
+
+small_dataset <- function() {
+  tf <- reticulate::import("tensorflow")
+  x <- matrix(seq(0, 1, length.out = 48), ncol = 3, byrow = TRUE)
+  tf$data$Dataset$from_tensor_slices(reticulate::tuple(
+    reticulate::np_array(x, dtype = "float32"), reticulate::np_array(matrix(rowSums(x)), dtype = "float32")
+  ))$batch(4L)
+}
+
+# Two epoch-end checkpoints (epochs 1 and 2) written through the R API.
+trained_checkpoints <- function() {
+  dir <- file.path(withr::local_tempdir(.local_envir = parent.frame()), "ckpt")
+  model <- make_or_restore_model(dir, build_model)
+  resume_fit(model, small_dataset(), 2L, checkpoint_callback(dir, keep = 5L), verbose = 0L)
+  dir
+}
+
+snapshot <- function(dir) {
+  files <- list.files(dir, recursive = TRUE, all.files = TRUE, full.names = TRUE)
+  info <- file.info(files)
+  paste(files, info$size, info$mtime)
+}
+
+test_that("an R build function is restored with optimizer state, and fit resumes to the total", {
+  skip_if_no_kerasdist()
+  dir <- trained_checkpoints()
+  latest <- latest_checkpoint(dir)
+  expect_identical(c(latest$epoch, latest$step_in_epoch, latest$global_step), c(2L, 0L, 8L))
+  model <- make_or_restore_model(dir, build_model)
+  expect_identical(as.integer(model$optimizer$iterations$numpy()), 8L)
+  history <- resume_fit(model, small_dataset(), 3L, checkpoint_callback(dir, keep = 5L), verbose = 0L)
+  expect_identical(as.integer(unlist(history$epoch)), 0:2)
+  expect_length(history$history$loss, 3)
+  expect_identical(vapply(list_checkpoints(dir), function(c) c$epoch, integer(1)), 1:3)
+})
+
+test_that("resume_fit takes an R function of the epoch", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  seen <- integer()
+  data <- function(epoch) { seen <<- c(seen, epoch); small_dataset() }
+  model <- make_or_restore_model(dir, build_model)
+  resume_fit(model, data, 2L, dir, verbose = 0L)
+  expect_identical(seen[seq_len(2)], c(0L, 0L))  # cardinality check, then the stream from epoch 0
+  expect_true(1L %in% seen)
+  expect_identical(latest_checkpoint(dir)$epoch, 2L)
+})
+
+for (row in checkpoint_cases()$damage) {
+  local({
+    row <- row
+    test_that(paste("damage case:", row$id), {
+      skip_if_no_kerasdist()
+      dir <- trained_checkpoints()
+      path <- file.path(latest_checkpoint(dir)$path, row$file)
+      size <- file.size(path)
+      switch(row$how,
+        truncate = writeBin(readBin(path, "raw", size)[seq_len(size %/% 2)], path),
+        garble = { bytes <- readBin(path, "raw", size); bytes[1] <- as.raw(255); bytes[size %/% 2 + 0:15] <- as.raw(0); writeBin(bytes, path) },
+        empty = writeBin(raw(), path),
+        delete = unlink(path)
+      )
+      expect_warning(model <- make_or_restore_model(dir, build_model), row$warning, fixed = TRUE, class = "kerasdist_warning")
+      expect_identical(as.integer(model$optimizer$iterations$numpy()), 4L)
+      expect_warning(latest <- latest_checkpoint(dir), row$file, fixed = TRUE)
+      expect_identical(latest$epoch, 1L)
+    })
+  })
+}
+
+for (row in checkpoint_cases()$errors) {
+  local({
+    row <- row
+    test_that(paste("bad input case:", row$id), {
+      skip_if_no_kerasdist()
+      dir <- trained_checkpoints()
+      a_file <- withr::local_tempfile()
+      writeLines("not a directory", a_file)
+      fixtures <- list(
+        "<dir>" = dir, "<file>" = a_file, "<unwritable>" = "/proc/kerasdist-test/ckpt",
+        "<build>" = build_model, "<other_build>" = function() build_model(5L),
+        "<not_a_model>" = function() 42, "<not_a_function>" = "build_model"
+      )
+      args <- lapply(row$args, function(v) if (is.character(v) && !is.null(fixtures[[v]])) fixtures[[v]] else v)
+      before <- snapshot(dir)
+      fun <- getExportedValue("kerasdist", row[["function"]])
+      err <- expect_error(do.call(fun, args), class = "kerasdist_error")
+      expect_true(grepl(row$error, conditionMessage(err), fixed = TRUE), label = conditionMessage(err))
+      expect_false(grepl("Traceback", conditionMessage(err)))
+      expect_identical(snapshot(dir), before)
+    })
+  })
+}
