@@ -7,7 +7,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import kerasdist
 from conftest import CASES_DIR
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
-TRAIN_SCRIPT = Path(__file__).parent / "scripts" / "train_resumable.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import kill_resume  # noqa: E402  (tools/kill_resume.py: the same fault injection, 50 trials on demand)
 BATCHES_PER_EPOCH = 4
 
 
@@ -182,49 +182,21 @@ def test_interrupted_save_leaves_only_an_ignored_temporary(ckpt_dir):
 # Fault injection: real processes, killed for real.
 
 
-def train(ckpt: Path, out: Path, kill_at_step: int | None = None, sig=signal.SIGKILL, delay=0.0):
-    """Run the training script; kill it once it reports `kill_at_step`. Returns (code, last step)."""
-    process = subprocess.Popen(
-        [sys.executable, str(TRAIN_SCRIPT), str(ckpt), str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    last = 0
-    for line in process.stdout:
-        if line.startswith("step "):
-            last = int(line.split()[1])
-            if kill_at_step is not None and last >= kill_at_step:
-                if delay:
-                    import time
-                    time.sleep(delay)
-                process.send_signal(sig)
-                break
-    for line in process.stdout:  # drain: a closed pipe would kill the child with EPIPE
-        if line.startswith("step "):
-            last = int(line.split()[1])
-    return process.wait(timeout=120), last
-
-
 def test_sigkill_at_random_steps_then_resume_is_bitwise_identical(tmp_path):
-    code, _ = train(tmp_path / "reference", tmp_path / "reference.npz")
-    assert code == 0
     rng = random.Random(2026)
-    kill_steps = sorted(rng.sample(range(1, 36), 5))  # 36 steps in all (3 epochs x 12)
-    for step in kill_steps:
-        code, _ = train(tmp_path / "killed", tmp_path / "killed.npz", step, delay=rng.uniform(0, 0.05))
-        assert code == -signal.SIGKILL
-    code, _ = train(tmp_path / "killed", tmp_path / "killed.npz")
-    assert code == 0
-    reference, resumed = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "killed.npz")
-    assert reference.files == resumed.files
-    for name in reference.files:
-        assert np.array_equal(reference[name], resumed[name]), f"{name} differs after kills at {kill_steps}"
+    kill_steps = sorted(rng.sample(range(1, kill_resume.TOTAL_STEPS), 5))
+    reference = kill_resume.reference_run(tmp_path)
+    result = kill_resume.kill_and_resume(tmp_path / "killed", reference, kill_steps, rng)
+    assert result["exit_codes"] == [-signal.SIGKILL] * 5
+    assert result["final_exit_code"] == 0
+    assert result["bitwise_identical"], f"weights differ after kills at {kill_steps}"
 
 
 def test_sigterm_saves_the_next_step_and_exits_75(tmp_path):
-    code, last_step = train(tmp_path / "ckpt", tmp_path / "out.npz", kill_at_step=14, sig=signal.SIGTERM)
+    code, last_step = kill_resume.train(tmp_path / "ckpt", tmp_path / "out.npz", kill_at_step=14, sig=signal.SIGTERM)
     assert code == kerasdist.PREEMPTED_EXIT_CODE == 75
     latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
     assert 14 <= latest.global_step == last_step  # saved at the step where it stopped: none lost
     assert (latest.epoch, latest.step_in_epoch) == divmod(latest.global_step, 12)
-    code, _ = train(tmp_path / "ckpt", tmp_path / "out.npz")
+    code, _ = kill_resume.train(tmp_path / "ckpt", tmp_path / "out.npz")
     assert code == 0 and kerasdist.latest_checkpoint(tmp_path / "ckpt").global_step == 36
