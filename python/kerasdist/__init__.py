@@ -44,3 +44,7 @@ __all__ = [
     "select_strategy",
     "simulate_devices",
 ]
+
+from kerasdist.launch import LaunchResult, TaskFailure, launch  # noqa: E402
+
+__all__ += ["LaunchResult", "TaskFailure", "launch"]

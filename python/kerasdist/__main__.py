@@ -17,6 +17,101 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    import signal
+
+    from kerasdist.launch import INTERRUPTED_EXIT_CODE, launch
+
+    command = list(args.launch_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("launch: no command given: put it after --, e.g. "
+                         "`python -m kerasdist launch -n 2 -- train.py`.")
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)  # a stopped launcher stops its group
+    try:
+        result = launch(
+            command, num_workers=args.num_workers, num_ps=args.ps,
+            max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
+            grace_period=args.grace_period,
+        )
+    except KeyboardInterrupt:
+        print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return result.exit_code
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _add_launch(commands) -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="run a command as a local TF_CONFIG cluster, restarting it on failure",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="python -m kerasdist launch -n N [--ps P] [--max-restarts R] [--host HOST] "
+              "[--timeout S] -- COMMAND ...",
+        description=(
+            "Start one process per task of a cluster on this machine, each with its own\n"
+            "TF_CONFIG (and KERASDIST_TASK_TYPE, KERASDIST_TASK_INDEX, KERASDIST_RESTART).\n"
+            "Output lines are prefixed with the task: [worker 0] ...\n"
+            "If a process fails (non-zero exit, status 75 'preempted' included, or a signal),\n"
+            "the whole group is stopped and restarted on fresh ports, up to --max-restarts\n"
+            "times, so training resumes from its latest checkpoint. With --ps P > 0 the\n"
+            "cluster also has a 'chief' task: ParameterServerStrategy's coordinator.\n\n"
+            "COMMAND: a first word ending in .py runs with this Python, one ending in .R\n"
+            "with Rscript; anything else runs as given.\n\n"
+            "Security: TensorFlow's gRPC servers have no authentication. They bind to\n"
+            "127.0.0.1 by default; never expose them on an untrusted network."
+        ),
+        epilog=(
+            "exit status: 0 when the run finished; the failing process's status (128+N if\n"
+            "killed by signal N) when restarts ran out; 124 on --timeout; 2 on bad input.\n\n"
+            "example:\n  python -m kerasdist launch -n 2 --max-restarts 3 -- train.py --epochs 5"
+        ),
+    )
+    launch.add_argument("-n", "--num-workers", type=_at_least(1), required=True, metavar="N",
+                        help="number of worker tasks (at least 1)")
+    launch.add_argument("--ps", type=_at_least(0), default=0, metavar="P",
+                        help="number of parameter-server tasks; P > 0 adds a chief (default 0)")
+    launch.add_argument("--max-restarts", type=_at_least(0), default=0, metavar="R",
+                        help="restarts of the whole group allowed after failures (default 0)")
+    launch.add_argument("--host", default="127.0.0.1",
+                        help="local address the servers bind to (default 127.0.0.1)")
+    launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="wall-clock limit for the whole run, restarts included (seconds)")
+    launch.add_argument("--grace-period", type=_positive_seconds, default=10.0, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    launch.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the program to run for every task, and its arguments")
+    launch.set_defaults(run=_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kerasdist", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -27,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="split the CPU into N logical devices first (simulate_devices)",
     )
     info.set_defaults(run=_info)
+    _add_launch(commands)
     return parser
 
 

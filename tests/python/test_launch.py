@@ -1,0 +1,282 @@
+"""The local launcher, with real processes on 127.0.0.1 (tests/python/scripts/launch_probe.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kerasdist
+from kerasdist.__main__ import main
+from kerasdist.launch import launch
+
+PROBE = str(Path(__file__).parent / "scripts" / "launch_probe.py")
+R_TASK = Path(__file__).parents[1] / "testthat" / "scripts" / "launch_task.R"
+
+
+def records(directory: Path, restart: int = 0) -> dict[str, dict]:
+    """task ("worker 1") -> what that process recorded in the given attempt."""
+    found = {}
+    for path in sorted(directory.glob(f"{restart}-*.json")):
+        record = json.loads(path.read_text())
+        found[f"{record['task_type']} {record['task_index']}"] = record
+    return found
+
+
+def done(directory: Path, restart: int = 0) -> set[str]:
+    return {p.stem.split("-", 1)[1].replace("-", " ") for p in directory.glob(f"{restart}-*.done")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_each_process_gets_its_own_task_in_the_same_cluster(tmp_path, capsys):
+    result = launch([PROBE, str(tmp_path)], num_workers=3, env={"PROBE_EXTRA": "x"}, cwd=tmp_path)
+
+    assert (result.exit_code, result.restarts, result.failed) == (0, 0, None)
+    assert result.ok and result.message == "all 3 workers finished."
+    seen = records(tmp_path)
+    assert sorted(seen) == ["worker 0", "worker 1", "worker 2"]
+    clusters = [r["tf_config"]["cluster"] for r in seen.values()]
+    assert all(c == result.cluster for c in clusters)
+    assert list(result.cluster) == ["worker"]
+    addresses = result.cluster["worker"]
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert len(set(addresses)) == 3
+    for task, record in seen.items():
+        assert record["tf_config"]["task"] == {"type": "worker", "index": record["task_index"]}
+        assert task == f"worker {record['task_index']}" and record["restart"] == 0
+        assert record["extra"] == "x" and Path(record["cwd"]) == tmp_path
+    assert done(tmp_path) == {"worker 0", "worker 1", "worker 2"}
+
+
+def test_output_lines_carry_the_role_and_index(tmp_path, capsys):
+    launch([PROBE, str(tmp_path)], num_workers=2)
+
+    out, err = capsys.readouterr()
+    for i in (0, 1):
+        assert f"[worker {i}] hello from worker {i} (restart 0)\n" in out
+        assert f"[worker {i}] worker {i} done\n" in out
+        assert f"[worker {i}] note on stderr from worker {i}\n" in err
+    assert all(line.startswith("[worker ") for line in out.splitlines())
+    assert "kerasdist launch: all 2 workers finished." in err
+
+
+def test_parameter_servers_get_a_chief_and_are_stopped_when_it_finishes(tmp_path, capsys):
+    start = time.monotonic()
+    result = launch([PROBE, str(tmp_path), "--serve", "ps,worker", "--wait-all"], num_workers=2, num_ps=1,
+                    grace_period=5)
+
+    assert result.ok and result.message == "the chief finished."
+    assert time.monotonic() - start < 10
+    assert {k: len(v) for k, v in result.cluster.items()} == {"chief": 1, "worker": 2, "ps": 1}
+    seen = records(tmp_path)
+    assert sorted(seen) == ["chief 0", "ps 0", "worker 0", "worker 1"]
+    assert seen["ps 0"]["tf_config"]["task"] == {"type": "ps", "index": 0}
+    assert all(r["tf_config"]["cluster"] == result.cluster for r in seen.values())
+    assert len({a for v in result.cluster.values() for a in v}) == 4
+    assert not any(alive(r["pid"]) for r in seen.values())  # the servers were stopped
+    assert done(tmp_path) == {"chief 0"}
+
+
+@pytest.mark.parametrize(
+    "how, description",
+    [
+        (["--exit", "3"], "worker 1 exited with status 3"),
+        (["--signal", "KILL"], "worker 1 was killed by SIGKILL"),
+        (["--exit", str(kerasdist.PREEMPTED_EXIT_CODE)],
+         "worker 1 exited with status 75 (preempted, checkpoint saved)"),
+    ],
+    ids=["exit-3", "sigkill", "preempted-75"],
+)
+def test_a_failure_stops_and_restarts_the_whole_group(tmp_path, capsys, how, description):
+    start = time.monotonic()
+    result = launch([PROBE, str(tmp_path), "--fail", "worker 1", *how, "--sleep", "60"],
+                    num_workers=2, max_restarts=2, grace_period=5)
+
+    assert time.monotonic() - start < 20  # worker 0 (sleeping 60 s) was stopped, not waited for
+    assert (result.exit_code, result.restarts) == (0, 1)
+    assert [f.description for f in result.failures] == [description]
+    assert result.failures[0].restart == 0
+    assert done(tmp_path, restart=0) == set()
+    assert sorted(records(tmp_path, restart=1)) == ["worker 0", "worker 1"]
+    assert done(tmp_path, restart=1) == {"worker 0", "worker 1"}
+    assert not any(alive(r["pid"]) for r in records(tmp_path, restart=0).values())
+    err = capsys.readouterr().err
+    assert f"kerasdist launch: {description}; stopping the group." in err
+    assert "kerasdist launch: restarting the group (1 of 2) on fresh ports." in err
+    assert "kerasdist launch: all 2 workers finished after 1 restart." in err
+
+
+def test_no_restarts_left_exits_non_zero_naming_the_process(tmp_path, capsys):
+    result = launch([PROBE, str(tmp_path), "--fail", "worker 1", "--signal", "KILL",
+                     "--sleep", "60"], num_workers=2, grace_period=5)
+
+    assert result.exit_code == 128 + signal.SIGKILL
+    assert result.failed is not None and result.failed.task == "worker 1"
+    assert result.failed.returncode == -signal.SIGKILL
+    assert result.message == "worker 1 was killed by SIGKILL; no restarts left (max_restarts=0)."
+    assert result.message in capsys.readouterr().err
+    assert set(records(tmp_path, restart=1)) == set()
+
+
+def test_restarts_run_out_when_the_failure_repeats(tmp_path, capsys):
+    result = launch([PROBE, str(tmp_path), "--fail", "worker 0", "--exit", "3", "--always"],
+                    num_workers=2, max_restarts=2, grace_period=5)
+
+    assert (result.exit_code, result.restarts, len(result.failures)) == (3, 2, 3)
+    assert [f.restart for f in result.failures] == [0, 1, 2]
+    assert result.message == "worker 0 exited with status 3; no restarts left (max_restarts=2)."
+
+
+def test_timeout_stops_the_run_and_says_so(tmp_path, capsys):
+    start = time.monotonic()
+    result = launch([PROBE, str(tmp_path), "--serve", "worker"], num_workers=2, timeout=1.5,
+                    grace_period=5)
+
+    assert time.monotonic() - start < 8
+    assert result.timed_out and result.exit_code == 124 and result.failed is None
+    assert result.message.startswith("timeout of 1.5 s reached")
+    assert "timeout of 1.5 s reached" in capsys.readouterr().err
+    assert not any(alive(r["pid"]) for r in records(tmp_path).values())
+
+
+def test_a_port_taken_at_start_is_retried_without_using_a_restart(tmp_path, capsys):
+    marker = tmp_path / "clashed"
+    result = launch([PROBE, str(tmp_path), "--clash-once", str(marker)], num_workers=2)
+
+    assert (result.exit_code, result.restarts, result.port_retries) == (0, 0, 1)
+    assert marker.exists()
+    assert "a port was already in use" in capsys.readouterr().err
+
+
+def test_any_command_runs_with_the_task_variables(tmp_path, capsys):
+    result = launch(["sh", "-c", 'echo "$KERASDIST_TASK_TYPE/$KERASDIST_TASK_INDEX"'], num_workers=2)
+    assert result.ok
+    out = capsys.readouterr().out
+    assert "[worker 0] worker/0\n" in out and "[worker 1] worker/1\n" in out
+
+    result = launch(f"{sys.executable} {PROBE} {tmp_path}", num_workers=1)  # one string, split
+    assert result.ok and sorted(records(tmp_path)) == ["worker 0"]
+
+
+@pytest.mark.skipif(shutil.which("Rscript") is None, reason="no Rscript")
+def test_an_r_script_runs_with_rscript(tmp_path, capsys):
+    result = launch([str(R_TASK), str(tmp_path)], num_workers=2)
+    assert result.ok
+    tasks = {json.loads(p.read_text())["task"]["index"] for p in tmp_path.glob("0-worker-*.json")}
+    assert tasks == {0, 1}
+    assert "[worker 1] TF_CONFIG task: worker 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_workers": 0}, "num_workers must be at least 1, got 0"),
+        ({"num_workers": 2.5}, "num_workers must be an integer"),
+        ({"num_ps": -1}, "num_ps must be at least 0, got -1"),
+        ({"max_restarts": -1}, "max_restarts must be at least 0, got -1"),
+        ({"timeout": 0}, "timeout must be more than 0 seconds"),
+        ({"command": []}, "command is empty"),
+        ({"command": ""}, "command is empty"),
+        ({"command": ["kerasdist-no-such-program"]}, "command: 'kerasdist-no-such-program' was not found on PATH"),
+        ({"command": ["no_such_script.py"]}, "command: the script 'no_such_script.py' does not exist"),
+        ({"command": ["python3", "no_such_script.py"]}, "the script 'no_such_script.py' does not exist"),
+        ({"command": ["./no-such-file"]}, "command: './no-such-file' is not an executable file"),
+        ({"host": "203.0.113.9"}, "host: cannot bind to '203.0.113.9'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "-".join(v),
+)
+def test_bad_input_is_refused_before_anything_starts(tmp_path, kwargs, message):
+    arguments = {"command": [PROBE, str(tmp_path)], "num_workers": 2, **kwargs}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        launch(**arguments)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_help_names_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("-n N", "--ps P", "--max-restarts R", "--host", "--timeout S", "-- COMMAND",
+                   "no authentication", "chief"):
+        assert option in out
+
+
+def test_cli_exits_with_the_failing_status_and_names_the_process(tmp_path, capsys):
+    code = main(["launch", "-n", "2", "--max-restarts", "0", "--grace-period", "5", "--",
+                 PROBE, str(tmp_path), "--fail", "worker 1", "--exit", "3", "--sleep", "60"])
+    assert code == 3
+    out, err = capsys.readouterr()
+    assert "[worker 0] hello from worker 0 (restart 0)" in out
+    assert "worker 1 exited with status 3; no restarts left (max_restarts=0)." in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "0", "--", PROBE], "-n/--num-workers: must be at least 1, got 0"),
+        (["-n", "2", "--ps", "-1", "--", PROBE], "--ps: must be at least 0, got -1"),
+        (["-n", "2", "--max-restarts", "-1", "--", PROBE], "--max-restarts: must be at least 0"),
+        (["-n", "2", "--timeout", "0", "--", PROBE], "--timeout: must be more than 0 seconds"),
+    ],
+    ids=["n", "ps", "max-restarts", "timeout"],
+)
+def test_cli_bad_options_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "2", "--"], "launch: no command given"),
+        (["-n", "2"], "launch: no command given"),
+        (["-n", "2", "--", "no_such_script.py"], "command: the script 'no_such_script.py'"),
+    ],
+    ids=["empty-after-dashes", "no-command", "missing-script"],
+)
+def test_cli_bad_command_is_named(argv, message, capsys):
+    assert main(["launch", *argv]) == 2
+    assert f"kerasdist: error: {message}" in capsys.readouterr().err
+
+
+def test_a_stopped_launcher_stops_its_group(tmp_path, capsys):
+    """SIGTERM to `python -m kerasdist launch` stops its processes and exits 130."""
+
+    def stop_launcher_once_started() -> None:
+        deadline = time.monotonic() + 20
+        while len(records(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stopper = threading.Thread(target=stop_launcher_once_started)
+    stopper.start()
+    code = main(["launch", "-n", "2", "--grace-period", "5", "--",
+                 PROBE, str(tmp_path), "--serve", "worker"])
+    stopper.join()
+
+    assert code == 130
+    assert signal.getsignal(signal.SIGTERM) is previous
+    seen = records(tmp_path)
+    assert sorted(seen) == ["worker 0", "worker 1"]
+    assert not any(alive(r["pid"]) for r in seen.values())
+    out, err = capsys.readouterr()
+    assert "[worker 1] hello from worker 1 (restart 0)" in out
+    assert "interrupted; the group was stopped" in err
