@@ -1,0 +1,103 @@
+# The local launcher: thin wrapper over python/kerasdist/launch.py.
+
+#' Run a command as a multi-worker cluster on this machine, restarting it on failure
+#'
+#' Starts one process per task of a local cluster, each with its own
+#' `TF_CONFIG` (plus `KERASDIST_TASK_TYPE`, `KERASDIST_TASK_INDEX` and
+#' `KERASDIST_RESTART`, 0 on the first attempt), on free ports of `host`. Each
+#' line the processes print is echoed prefixed with the task, e.g.
+#' `[worker 1] Epoch 2/5`.
+#'
+#' When a process fails (a non-zero exit status, status 75 "preempted,
+#' checkpoint saved" included, or killed by a signal), the whole group is
+#' stopped (SIGTERM, then SIGKILL after `grace_period` seconds) and started
+#' again on fresh ports, up to `max_restarts` times, so that training resumes
+#' from its latest checkpoint. The run succeeds when every worker exits with
+#' status 0; with parameter servers (`num_ps > 0`) the cluster also has a
+#' `"chief"` task, ParameterServerStrategy's coordinator, and the run succeeds
+#' when the chief exits with status 0 (the servers, which never exit on their
+#' own, are then stopped).
+#'
+#' TensorFlow's gRPC runtime has no authentication: anyone who can reach the
+#' ports can run code in the training processes. The servers bind to
+#' 127.0.0.1 by default; never expose them on an untrusted network.
+#'
+#' Bad input is refused before anything starts, with an error of class
+#' `kerasdist_ValueError` naming the argument.
+#'
+#' @param command Character vector: the program and its arguments. A first
+#'   element ending in `.R` runs with `Rscript`, one ending in `.py` with
+#'   kerasdist's Python; anything else must be an executable file or on the
+#'   `PATH`.
+#' @param num_workers Number of `"worker"` tasks, at least 1.
+#' @param num_ps Number of `"ps"` (parameter server) tasks; with 1 or more, a
+#'   `"chief"` task (the coordinator) is added.
+#' @param max_restarts How many times the whole group may be restarted after
+#'   a failure.
+#' @param host The local address the servers bind to and `TF_CONFIG` names.
+#' @param timeout Wall-clock limit in seconds for the whole run, restarts
+#'   included, or `NULL` for none; when reached the group is stopped and
+#'   `exit_code` is 124.
+#' @param grace_period Seconds between SIGTERM and SIGKILL when a group is
+#'   stopped (time for checkpoints to save on SIGTERM).
+#' @param env Named list or character vector of extra environment variables
+#'   for every process.
+#' @param cwd Working directory of the processes, or `NULL` for the current
+#'   one.
+#' @returns A list of class `kerasdist_launch_result`, invisibly:
+#'   `exit_code` (0 on success; the failing process's status, 128 + N if
+#'   signal N killed it, 124 on timeout), `ok`, `restarts`, `failed` (e.g.
+#'   `"worker 1 was killed by SIGKILL"`, or `NULL`), `failures` (every failure
+#'   that stopped a group, oldest first), `timed_out`, `message`, `cluster`
+#'   and `port_retries`.
+#' @family launch
+#' @seealso Python: `kerasdist.launch()`; command line:
+#'   `python -m kerasdist launch -n N -- COMMAND ...`.
+#' @examples
+#' \dontrun{
+#' # train.R reads TF_CONFIG through select_strategy() and resumes from its checkpoints
+#' result <- launch(c("train.R", "--epochs", "5"), num_workers = 2, max_restarts = 3)
+#' if (!result$ok) stop(result$message)
+#' }
+#' @export
+launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
+                   host = "127.0.0.1", timeout = NULL, grace_period = 10,
+                   env = NULL, cwd = NULL) {
+  if (!is.character(command)) {
+    stop(structure(
+      class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
+      list(message = "command must be a character vector: the program and its arguments.",
+           call = sys.call())
+    ))
+  }
+  result <- call_python(
+    kerasdist_module()$launch, as.list(command),
+    num_workers = as_py_int(num_workers), num_ps = as_py_int(num_ps),
+    max_restarts = as_py_int(max_restarts), host = host, timeout = timeout,
+    grace_period = grace_period, env = as_py_dict(as.list(env)),
+    cwd = if (is.null(cwd)) NULL else path.expand(cwd)
+  )
+  invisible(launch_result_to_r(result))
+}
+
+launch_result_to_r <- function(result) {
+  failed <- result$failed
+  structure(
+    list(
+      exit_code = as.integer(result$exit_code), ok = result$ok,
+      restarts = as.integer(result$restarts),
+      failed = if (is.null(failed)) NULL else failed$description,
+      failures = vapply(result$failures, function(f) f$description, character(1)),
+      timed_out = result$timed_out, message = result$message,
+      cluster = lapply(result$cluster, as.character),
+      port_retries = as.integer(result$port_retries)
+    ),
+    class = "kerasdist_launch_result"
+  )
+}
+
+#' @export
+print.kerasdist_launch_result <- function(x, ...) {
+  cat(sprintf("launch: %s\nexit code: %d, restarts: %d\n", x$message, x$exit_code, x$restarts))
+  invisible(x)
+}
