@@ -19,8 +19,12 @@
 #' own, are then stopped).
 #'
 #' TensorFlow's gRPC runtime has no authentication: anyone who can reach the
-#' ports can run code in the training processes. The servers bind to
-#' 127.0.0.1 by default; never expose them on an untrusted network.
+#' ports can run code in the training processes. `TF_CONFIG` names `host`
+#' (127.0.0.1 by default), so the processes talk over loopback, but
+#' TensorFlow's servers listen on their ports on every interface (they bind
+#' `0.0.0.0:PORT` whatever `TF_CONFIG` says): never run this where an untrusted
+#' network can reach the ports; firewall them, or use a container or network
+#' namespace without outside access.
 #'
 #' Bad input is refused before anything starts, with an error of class
 #' `kerasdist_ValueError` naming the argument.
@@ -34,7 +38,8 @@
 #'   `"chief"` task (the coordinator) is added.
 #' @param max_restarts How many times the whole group may be restarted after
 #'   a failure.
-#' @param host The local address the servers bind to and `TF_CONFIG` names.
+#' @param host The local address the ports are picked on and `TF_CONFIG`
+#'   names (where the processes connect to each other).
 #' @param timeout Wall-clock limit in seconds for the whole run, restarts
 #'   included, or `NULL` for none; when reached the group is stopped and
 #'   `exit_code` is 124.

@@ -86,8 +86,9 @@ def _add_launch(commands) -> None:
             "cluster also has a 'chief' task: ParameterServerStrategy's coordinator.\n\n"
             "COMMAND: a first word ending in .py runs with this Python, one ending in .R\n"
             "with Rscript; anything else runs as given.\n\n"
-            "Security: TensorFlow's gRPC servers have no authentication. They bind to\n"
-            "127.0.0.1 by default; never expose them on an untrusted network."
+            "Security: TensorFlow's gRPC servers have no authentication. TF_CONFIG names\n"
+            "127.0.0.1 by default, but TensorFlow listens on its ports on every interface:\n"
+            "never run this where an untrusted network can reach the ports (firewall them)."
         ),
         epilog=(
             "exit status: 0 when the run finished; the failing process's status (128+N if\n"
@@ -102,7 +103,7 @@ def _add_launch(commands) -> None:
     launch.add_argument("--max-restarts", type=_at_least(0), default=0, metavar="R",
                         help="restarts of the whole group allowed after failures (default 0)")
     launch.add_argument("--host", default="127.0.0.1",
-                        help="local address the servers bind to (default 127.0.0.1)")
+                        help="local address for TF_CONFIG and the ports (default 127.0.0.1)")
     launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
                         help="wall-clock limit for the whole run, restarts included (seconds)")
     launch.add_argument("--grace-period", type=_positive_seconds, default=10.0, metavar="S",

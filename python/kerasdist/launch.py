@@ -8,8 +8,11 @@ process writes is echoed with its role and index (`[worker 1] ...`). When one pr
 whole group is stopped and started again, so training resumes from the latest checkpoint.
 
 Security: TensorFlow's gRPC runtime has no authentication or encryption. Anyone who can reach
-the ports can run operations in the training processes, so the servers bind to 127.0.0.1 by
-default; never pass a `host` that is reachable from an untrusted network.
+the ports can run operations in the training processes. The launcher picks the ports on `host`
+(127.0.0.1 by default) and TF_CONFIG names only `host`, so the processes talk over loopback; but
+TensorFlow's server listens on the port on every interface (it binds 0.0.0.0:PORT whatever host
+TF_CONFIG names; seen with TF 2.21). Never run it on a machine whose ports an untrusted network
+can reach: firewall them, or run inside a container or network namespace without outside access.
 
 POSIX only (process groups and signals).
 """
@@ -153,8 +156,9 @@ def launch(
     when the chief (the coordinator) has. Tasks still running then (parameter servers and
     parameter-server workers, which serve until stopped) are stopped.
 
-    Security: TensorFlow's gRPC runtime has no authentication. The servers bind to `host`,
-    127.0.0.1 by default; never expose their ports on an untrusted network.
+    Security: TensorFlow's gRPC runtime has no authentication. TF_CONFIG names `host`
+    (127.0.0.1 by default), but TensorFlow's servers listen on their ports on every interface;
+    never expose those ports to an untrusted network (see the module docstring).
 
     Example:
 
@@ -172,7 +176,8 @@ def launch(
         num_ps: number of "ps" (parameter server) tasks. With 1 or more, a "chief" task (the
             coordinator) is added to the cluster, so `num_workers + num_ps + 1` processes run.
         max_restarts: how many times the whole group may be restarted after a failure.
-        host: the address the servers bind to and TF_CONFIG names; must be local.
+        host: the local address the ports are picked on and TF_CONFIG names (the address
+            the processes connect to each other on).
         timeout: wall-clock limit in seconds for the whole run, restarts included; None for
             none. When reached, the group is stopped and `exit_code` is 124.
         grace_period: seconds between SIGTERM and SIGKILL when a group is stopped (time for
@@ -221,7 +226,8 @@ def launch(
             )
 
         if outcome.failure is None and not outcome.timed_out:
-            done = "the chief finished" if num_ps else f"all {_plural(num_workers, 'worker')} finished"
+            done = "the chief" if num_ps else f"all {_plural(num_workers, 'worker')}"
+            done += " finished"
             return result(0, done + (f" after {_plural(restart, 'restart')}." if restart else "."))
         if outcome.timed_out:
             return result(

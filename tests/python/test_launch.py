@@ -76,8 +76,8 @@ def test_output_lines_carry_the_role_and_index(tmp_path, capsys):
 
 def test_parameter_servers_get_a_chief_and_are_stopped_when_it_finishes(tmp_path, capsys):
     start = time.monotonic()
-    result = launch([PROBE, str(tmp_path), "--serve", "ps,worker", "--wait-all"], num_workers=2, num_ps=1,
-                    grace_period=5)
+    result = launch([PROBE, str(tmp_path), "--serve", "ps,worker", "--wait-all"],
+                    num_workers=2, num_ps=1, grace_period=5)
 
     assert result.ok and result.message == "the chief finished."
     assert time.monotonic() - start < 10
@@ -163,7 +163,8 @@ def test_a_port_taken_at_start_is_retried_without_using_a_restart(tmp_path, caps
 
 
 def test_any_command_runs_with_the_task_variables(tmp_path, capsys):
-    result = launch(["sh", "-c", 'echo "$KERASDIST_TASK_TYPE/$KERASDIST_TASK_INDEX"'], num_workers=2)
+    echo_task = 'echo "$KERASDIST_TASK_TYPE/$KERASDIST_TASK_INDEX"'
+    result = launch(["sh", "-c", echo_task], num_workers=2)
     assert result.ok
     out = capsys.readouterr().out
     assert "[worker 0] worker/0\n" in out and "[worker 1] worker/1\n" in out
@@ -191,9 +192,12 @@ def test_an_r_script_runs_with_rscript(tmp_path, capsys):
         ({"timeout": 0}, "timeout must be more than 0 seconds"),
         ({"command": []}, "command is empty"),
         ({"command": ""}, "command is empty"),
-        ({"command": ["kerasdist-no-such-program"]}, "command: 'kerasdist-no-such-program' was not found on PATH"),
-        ({"command": ["no_such_script.py"]}, "command: the script 'no_such_script.py' does not exist"),
-        ({"command": ["python3", "no_such_script.py"]}, "the script 'no_such_script.py' does not exist"),
+        ({"command": ["kerasdist-no-such-program"]},
+         "command: 'kerasdist-no-such-program' was not found on PATH"),
+        ({"command": ["no_such_script.py"]},
+         "command: the script 'no_such_script.py' does not exist"),
+        ({"command": ["python3", "no_such_script.py"]},
+         "the script 'no_such_script.py' does not exist"),
         ({"command": ["./no-such-file"]}, "command: './no-such-file' is not an executable file"),
         ({"host": "203.0.113.9"}, "host: cannot bind to '203.0.113.9'"),
     ],
