@@ -12,6 +12,14 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.cluster import ClusterInfo, parse_tf_config
+from kerasdist.data import (
+    BatchSizeInfo,
+    DatasetInfo,
+    batch_size_info,
+    dataset_info,
+    epoch_order,
+    make_dataset,
+)
 from kerasdist.fit import resume_fit
 from kerasdist.strategy import (
     StrategyDescription,
@@ -25,6 +33,12 @@ from kerasdist.strategy import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSizeInfo",
+    "DatasetInfo",
+    "batch_size_info",
+    "dataset_info",
+    "epoch_order",
+    "make_dataset",
     "PREEMPTED_EXIT_CODE",
     "CheckpointCallback",
     "CheckpointInfo",

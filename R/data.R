@@ -1,0 +1,232 @@
+# Input pipelines: thin wrappers over python/kerasdist/data.py.
+
+#' Build a dataset of batches for distributed fit
+#'
+#' Turns R matrices, arrays, data frames, lists of them (multi-input models),
+#' an existing `tf.data.Dataset` or TFRecord/CSV files into a `tf.data.Dataset`
+#' of batches for `fit()` under the active strategy.
+#'
+#' The dataset is a stream of batches over epochs: epoch `initial_epoch`
+#' first, then the following ones, for ever unless `epochs` is given. Give
+#' `fit()` the `steps_per_epoch` that [dataset_info()] reports; Keras then keeps
+#' one iterator across its epochs. Each epoch's order is a pure function of
+#' `(seed, epoch)`: the permutation [epoch_order()] returns, computed with
+#' TensorFlow's stateless `index_shuffle`, so it does not depend on the global
+#' seed, the process or the worker. A run resumed after `k` batches of epoch
+#' `e` rebuilds its stream with `initial_epoch = e, skip_batches = k`: the
+#' batches are the ones the uninterrupted run would have seen next.
+#'
+#' The first index of a matrix or array is the sample: row `i` of `x` is
+#' sample `i`, with its values in R's order (`matrix(1:12, 4)` gives a first
+#' sample `c(1, 5, 9)`). Data frames must be all numeric (factor and character
+#' columns are refused: encode them first); they become one float matrix.
+#'
+#' @param x Features: a numeric matrix or array (first index = sample), a
+#'   numeric vector, a data frame, an unnamed list (several inputs) or a named
+#'   list (inputs by name) of those, a `tf.data.Dataset` of unbatched elements,
+#'   or a file pattern (character) of TFRecord or CSV files.
+#' @param y Targets with as many samples as `x`, or for a data frame `x` the
+#'   name of its target column. `NULL` for none.
+#' @param sample_weight Optional per-sample weights (a numeric vector).
+#' @param batch_size Global batch size (all replicas together).
+#' @param per_replica_batch_size Batch size of one replica; the global size is
+#'   this times the strategy's number of replicas. Give one of the two; neither
+#'   means 32.
+#' @param strategy The strategy `fit()` runs under; `NULL` for the one whose
+#'   scope is active.
+#' @param drop_remainder Drop each epoch's last, smaller batch.
+#' @param shuffle Permute each epoch (a pure function of `seed` and the epoch).
+#' @param seed The shuffle seed, an integer.
+#' @param initial_epoch The first epoch of the stream, 0-based as in keras3's
+#'   `fit(initial_epoch = )`.
+#' @param skip_batches Batches of `initial_epoch` already consumed (a
+#'   mid-epoch resume).
+#' @param epochs Stop before this epoch (as `fit(epochs = )`); `NULL` repeats
+#'   for ever.
+#' @param validation_split Fraction in (0, 1) of the samples kept out for
+#'   validation: the last ones, as in keras3. Then a list `train`,
+#'   `validation` is returned; validation is one unshuffled pass. In-memory
+#'   data only.
+#' @param per_worker Build one pipeline per worker with
+#'   `strategy$distribute_datasets_from_function()`, each reading only its
+#'   share; otherwise the dataset carries the auto-shard policy of its source
+#'   (DATA for in-memory data, FILE for enough files, else DATA).
+#' @param cache `TRUE` or `"memory"` to cache in memory, or a file path prefix.
+#'   Caches the records of files or of a dataset before shuffling; in-memory
+#'   data needs none.
+#' @param map_fn A per-element transform, run in parallel after shuffling. It
+#'   must be a Python function (for example from [reticulate::py_run_string()]):
+#'   TensorFlow calls it from its own threads, where R code cannot run.
+#' @param check_finite Refuse `NaN` or `Inf` in the features.
+#' @param file_format `"tfrecord"` or `"csv"`; `NULL` to tell from the file
+#'   extension.
+#' @param label_column For files: the column (CSV) or feature (TFRecord) that
+#'   is `y`.
+#' @param features For TFRecord files of `tf.train.Example`: a named list of
+#'   float feature shapes, e.g. `list(x = 3L, y = integer(0))`.
+#' @param shuffle_buffer Block size of the shuffle of cached files and of
+#'   datasets.
+#' @returns A `tf.data.Dataset` (Python object), a distributed dataset with
+#'   `per_worker = TRUE`, or with `validation_split` a list `train`,
+#'   `validation`.
+#' @family data
+#' @seealso Python: `kerasdist.make_dataset()`.
+#' @examples
+#' \dontrun{
+#' x <- matrix(runif(1000 * 3), ncol = 3)
+#' y <- rowSums(x)
+#' strategy <- select_strategy()
+#' ds <- make_dataset(x, y, per_replica_batch_size = 32, strategy = strategy, seed = 1)
+#' info <- dataset_info(ds)
+#' model$fit(ds, epochs = 5L, steps_per_epoch = info$steps_per_epoch)
+#' # resumed after 7 batches of epoch 3 (0-based):
+#' ds <- make_dataset(x, y, per_replica_batch_size = 32, strategy = strategy, seed = 1,
+#'                    initial_epoch = 3, skip_batches = 7)
+#' }
+#' @export
+make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
+                         per_replica_batch_size = NULL, strategy = NULL,
+                         drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
+                         initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
+                         validation_split = NULL, per_worker = FALSE, cache = NULL,
+                         map_fn = NULL, check_finite = FALSE, file_format = NULL,
+                         label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
+  if (is.function(map_fn) && !inherits(map_fn, "python.builtin.object")) {
+    stop(structure(
+      class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
+      list(message = paste0(
+        "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
+        "function cannot run (see reticulate::py_run_string())."
+      ), call = sys.call(), python_type = "ValueError")
+    ))
+  }
+  result <- call_python(
+    kerasdist_module()$make_dataset, as_py_data(x),
+    y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
+    sample_weight = as_py_data(sample_weight), batch_size = as_py_int(batch_size),
+    per_replica_batch_size = as_py_int(per_replica_batch_size), strategy = strategy,
+    drop_remainder = drop_remainder, shuffle = shuffle, seed = as_py_int(seed),
+    initial_epoch = as_py_int(initial_epoch), skip_batches = as_py_int(skip_batches),
+    epochs = as_py_int(epochs), validation_split = validation_split,
+    per_worker = per_worker, cache = cache, map_fn = map_fn, check_finite = check_finite,
+    file_format = file_format, label_column = label_column,
+    features = if (is.null(features)) NULL else lapply(features, as_py_shape),
+    shuffle_buffer = as_py_int(shuffle_buffer)
+  )
+  if (is.null(validation_split)) return(result)
+  list(train = result[[1]], validation = result[[2]])
+}
+
+#' What make_dataset decided for a dataset
+#'
+#' Tells the source kind, the number of samples, the global and per-replica
+#' batch sizes and which of them was given, the steps per epoch to give
+#' `fit()`, the auto-shard policy (or `"per_worker"`) and the order settings.
+#'
+#' @param dataset A dataset returned by [make_dataset()].
+#' @returns A list of class `kerasdist_dataset_info`.
+#' @family data
+#' @seealso Python: `kerasdist.dataset_info()`.
+#' @examples
+#' \dontrun{
+#' ds <- make_dataset(matrix(runif(300), ncol = 3), batch_size = 16)
+#' dataset_info(ds)$steps_per_epoch
+#' }
+#' @export
+dataset_info <- function(dataset) {
+  info <- call_python(kerasdist_module()$dataset_info, dataset)
+  structure(py_fields(info), class = "kerasdist_dataset_info")
+}
+
+#' Global and per-replica batch sizes
+#'
+#' Works out the global batch size from `batch_size`, or from
+#' `per_replica_batch_size` times the number of replicas, and says which was
+#' used, without building a dataset.
+#'
+#' @inheritParams make_dataset
+#' @param num_replicas The number of replicas, instead of asking `strategy`.
+#' @param num_samples When given, `steps_per_epoch` is computed and the sizes
+#'   are checked against it.
+#' @param require_even_split The global size must split evenly over the
+#'   replicas (per-worker pipelines need it).
+#' @returns A list of class `kerasdist_batch_size_info`: `batch_size`,
+#'   `per_replica_batch_size` (`NULL` when it does not split evenly),
+#'   `num_replicas`, `sizing` (`"batch_size"`, `"per_replica_batch_size"` or
+#'   `"default"`), `num_samples`, `steps_per_epoch`, `drop_remainder`.
+#' @family data
+#' @seealso Python: `kerasdist.batch_size_info()`.
+#' @examples
+#' \dontrun{
+#' batch_size_info(per_replica_batch_size = 16, num_replicas = 2)
+#' }
+#' @export
+batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, strategy = NULL,
+                            num_replicas = NULL, num_samples = NULL, drop_remainder = FALSE,
+                            require_even_split = FALSE) {
+  info <- call_python(
+    kerasdist_module()$batch_size_info, as_py_int(batch_size), as_py_int(per_replica_batch_size),
+    strategy = strategy, num_replicas = as_py_int(num_replicas),
+    num_samples = as_py_int(num_samples), drop_remainder = drop_remainder,
+    require_even_split = require_even_split
+  )
+  structure(py_fields(info), class = "kerasdist_batch_size_info")
+}
+
+#' The sample order of one epoch
+#'
+#' The permutation [make_dataset()] uses for epoch `epoch` with `seed`: a pure
+#' function of `(n, seed, epoch)`, the same in R, in Python, on every worker
+#' and after a restart. Unlike Python's `kerasdist.epoch_order()`, which gives
+#' 0-based indices, this returns R's 1-based ones: `x[epoch_order(nrow(x)), ]`
+#' is the epoch's order.
+#'
+#' @param n Number of samples.
+#' @param seed The shuffle seed.
+#' @param epoch The epoch, 0-based as in keras3.
+#' @returns An integer vector, a permutation of `seq_len(n)`.
+#' @family data
+#' @seealso Python: `kerasdist.epoch_order()`.
+#' @examples
+#' \dontrun{
+#' epoch_order(10, seed = 1, epoch = 0)
+#' }
+#' @export
+epoch_order <- function(n, seed = 0L, epoch = 0L) {
+  order <- call_python(kerasdist_module()$epoch_order, as_py_int(n), as_py_int(seed), as_py_int(epoch))
+  as.integer(order) + 1L
+}
+
+#' @export
+print.kerasdist_dataset_info <- function(x, ...) {
+  cat(sprintf(
+    "source: %s, %d samples\nbatch:  %d (%s; %s per replica on %d replicas), %d steps per epoch\nshard:  %s\norder:  %s, seed %d, from epoch %d batch %d\n",
+    x$source, x$num_samples, x$batch_size, x$sizing,
+    if (is.null(x$per_replica_batch_size)) "uneven" else x$per_replica_batch_size,
+    x$num_replicas, x$steps_per_epoch, x$shard_policy,
+    if (isTRUE(x$shuffle)) "shuffled" else "in order", x$seed, x$initial_epoch, x$skip_batches
+  ))
+  invisible(x)
+}
+
+# R data to what the Python core reads: vectors become 1-d arrays (reticulate would make lists of
+# them, or scalars of length-1 vectors), lists keep their names, matrices, arrays, data frames,
+# file patterns and Python objects pass as they are (reticulate keeps an array's element [i, j]
+# at [i - 1, j - 1], whatever its memory order).
+as_py_data <- function(x) {
+  if (is.null(x) || inherits(x, "python.builtin.object") || is.data.frame(x)) return(x)
+  if (is.character(x)) return(as.list(x))
+  if (is.list(x)) return(lapply(x, as_py_data))
+  if (is.atomic(x) && is.null(dim(x))) return(array(x, dim = length(x)))
+  x
+}
+
+as_py_shape <- function(shape) {
+  if (inherits(shape, "python.builtin.object")) shape else as.list(as.integer(shape))
+}
+
+# A Python dataclass to a named R list; integers stay integers, None becomes NULL.
+py_fields <- function(obj) {
+  fields <- reticulate::import("dataclasses")$asdict(obj)
+  lapply(fields, function(value) if (is.numeric(value) && all(value == round(value))) as.integer(value) else value)
+}

@@ -1,0 +1,261 @@
+"""make_dataset from every source, its order guarantees, sharding, and 2 simulated devices."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+import kerasdist
+from conftest import run_python
+
+
+def labels(dataset, index=1):
+    """The label (sample id) of every element, batch by batch, as one flat list."""
+    return [v for batch in dataset for v in np.asarray(batch[index]).reshape(-1).tolist()]
+
+
+def ids_dataset(n=10, **kwargs):
+    x = np.arange(n * 2, dtype="float32").reshape(n, 2)
+    return kerasdist.make_dataset(x, np.arange(n), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """3 CSV and 3 TFRecord files of 5 records each; the label is the record's global id."""
+    root = tmp_path_factory.mktemp("files")
+    for f in range(3):
+        with open(root / f"part{f}.csv", "w") as handle:
+            handle.write("a,b,label\n")
+            handle.writelines(f"{f * 5 + r},{r / 10},{f * 5 + r}\n" for r in range(5))
+        with tf.io.TFRecordWriter(str(root / f"part{f}.tfrecord")) as writer:
+            for r in range(5):
+                feature = {
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=[f * 5 + r, r, 1])),
+                    "y": tf.train.Feature(float_list=tf.train.FloatList(value=[f * 5 + r])),
+                }
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return root
+
+
+# --- order: a pure function of (seed, epoch) -------------------------------------------------
+
+def test_same_seed_same_order_and_epochs_differ():
+    a = labels(ids_dataset(batch_size=4, seed=7, epochs=3))
+    b = labels(ids_dataset(batch_size=4, seed=7, epochs=3))
+    assert a == b
+    epochs = [a[0:10], a[10:20], a[20:30]]
+    assert all(sorted(e) == list(range(10)) for e in epochs)  # each epoch is a permutation
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert epochs[0] == kerasdist.epoch_order(10, 7, 0).tolist()
+    assert labels(ids_dataset(batch_size=4, seed=8, epochs=1)) != epochs[0]
+
+
+def test_order_ignores_the_global_seed_and_the_process():
+    code = """
+        import json, sys, numpy as np, tensorflow as tf, kerasdist
+        tf.random.set_seed(int(sys.argv[1]))
+        ds = kerasdist.make_dataset(np.zeros((10, 1)), np.arange(10), batch_size=4, seed=7, epochs=2)
+        print(json.dumps([v for b in ds for v in b[1].numpy().tolist()]))
+    """
+    runs = [run_python(code, str(global_seed)) for global_seed in (1, 99)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    orders = [json.loads(r.stdout.strip().splitlines()[-1]) for r in runs]
+    assert orders[0] == orders[1] == labels(ids_dataset(batch_size=4, seed=7, epochs=2))
+
+
+@pytest.mark.parametrize("epoch,skip", [(0, 1), (1, 0), (1, 2), (2, 1)])
+def test_resume_is_the_tail_of_the_uninterrupted_stream(epoch, skip):
+    full = [b[1].numpy().tolist() for b in ids_dataset(batch_size=4, seed=5, epochs=4)]
+    steps = 3
+    resumed = ids_dataset(batch_size=4, seed=5, initial_epoch=epoch, skip_batches=skip, epochs=4)
+    assert [b[1].numpy().tolist() for b in resumed] == full[epoch * steps + skip:]
+    assert kerasdist.dataset_info(resumed).num_batches == len(full) - epoch * steps - skip
+
+
+def test_endless_stream_runs_epochs_in_order():
+    stream = ids_dataset(batch_size=5, seed=2, initial_epoch=3).take(6)
+    expected = [kerasdist.epoch_order(10, 2, e).tolist() for e in (3, 4, 5)]
+    assert labels(stream) == [i for order in expected for i in order]
+
+
+def test_fit_resumed_mid_epoch_ends_with_the_same_weights():
+    import keras
+
+    x = np.linspace(-1, 1, 30, dtype="float32").reshape(10, 3)
+    y = x @ np.array([[1.0], [-2.0], [0.5]], dtype="float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    start = model.get_weights()
+
+    def trained(*parts):
+        model.set_weights(start)
+        for kwargs, fit_kwargs in parts:
+            ds = kerasdist.make_dataset(x, y, batch_size=4, seed=6, **kwargs)
+            model.fit(ds, verbose=0, shuffle=False, **fit_kwargs)
+        return np.concatenate([w.ravel() for w in model.get_weights()])
+
+    steps = 3
+    whole = trained(({}, {"epochs": 2, "steps_per_epoch": steps}))
+    resumed = trained(
+        ({"epochs": 1}, {"epochs": 1, "steps_per_epoch": 1}),  # stopped after 1 batch of epoch 0
+        ({"skip_batches": 1, "epochs": 1}, {"epochs": 1, "steps_per_epoch": steps - 1}),
+        ({"initial_epoch": 1}, {"initial_epoch": 1, "epochs": 2, "steps_per_epoch": steps}),
+    )
+    not_skipped = trained(
+        ({"epochs": 1}, {"epochs": 1, "steps_per_epoch": 1}),
+        ({"epochs": 1}, {"epochs": 1, "steps_per_epoch": steps - 1}),  # replays batch 0
+        ({"initial_epoch": 1}, {"initial_epoch": 1, "epochs": 2, "steps_per_epoch": steps}),
+    )
+    assert np.array_equal(whole, resumed)
+    assert not np.array_equal(whole, not_skipped)
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+def test_multi_input_dict_list_and_sample_weight():
+    a, b = np.ones((6, 2)), np.zeros((6, 3))
+    (x, y, w), = kerasdist.make_dataset({"a": a, "b": b}, np.arange(6), sample_weight=np.full(6, 0.5),
+                                         batch_size=6, epochs=1)
+    assert set(x) == {"a", "b"} and x["b"].shape == (6, 3) and x["a"].dtype == tf.float32
+    assert w.numpy().tolist() == [0.5] * 6
+    (inputs,), = kerasdist.make_dataset([a, b], batch_size=6, epochs=1, shuffle=False)
+    assert [t.shape.as_list() for t in inputs] == [[6, 2], [6, 3]]
+
+
+def test_data_frame_and_series():
+    frame = pd.DataFrame({"a": [1, 2, 3, 4], "b": [0.5, 1.0, 1.5, 2.0], "t": [0, 1, 0, 1]})
+    (x, y), = kerasdist.make_dataset(frame, "t", batch_size=4, shuffle=False, epochs=1)
+    assert x.numpy().tolist() == [[1, 0.5], [2, 1.0], [3, 1.5], [4, 2.0]]
+    assert y.numpy().tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="non-numeric columns: c"):
+        kerasdist.make_dataset(frame.assign(c=pd.Categorical(["u", "v", "u", "v"])))
+
+
+def test_existing_dataset_source_is_block_shuffled_and_cached():
+    source = tf.data.Dataset.range(10).map(lambda i: (tf.cast(i, tf.float32)[None], i))
+    ds = kerasdist.make_dataset(source, batch_size=5, seed=1, shuffle_buffer=5, epochs=2, cache=True)
+    seen = labels(ds)
+    assert sorted(seen[:10]) == list(range(10)) and seen[:10] != list(range(10))
+    assert sorted(seen[:5]) == list(range(5))  # blocks of shuffle_buffer stay together
+    assert seen[:10] != seen[10:]  # each pass is shuffled differently
+    assert seen == labels(kerasdist.make_dataset(source, batch_size=5, seed=1, shuffle_buffer=5, epochs=2))
+    assert kerasdist.dataset_info(ds).source == "dataset"
+
+
+@pytest.mark.parametrize("pattern,kwargs", [
+    ("*.csv", {"label_column": "label"}),
+    ("*.tfrecord", {"label_column": "y", "features": {"x": [3], "y": []}}),
+])
+def test_file_sources(files, pattern, kwargs):
+    ds = kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, epochs=3, **kwargs)
+    info = kerasdist.dataset_info(ds)
+    assert (info.source, info.num_samples, info.steps_per_epoch, info.shard_policy) == ("files", 15, 3, "FILE")
+    seen = [int(v) for v in labels(ds)]
+    epochs = [seen[0:15], seen[15:30], seen[30:45]]
+    assert all(sorted(e) == list(range(15)) for e in epochs) and epochs[0] != epochs[1]
+    assert seen == [int(v) for v in labels(kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, epochs=3, **kwargs))]
+    resumed = kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, initial_epoch=1, skip_batches=1, epochs=3, **kwargs)
+    assert [int(v) for v in labels(resumed)] == seen[20:]
+    first = next(iter(kerasdist.make_dataset(str(files / pattern), batch_size=5, shuffle=False, epochs=1, **kwargs)))
+    assert first[0].shape[1] == (2 if pattern == "*.csv" else 3)
+
+
+def test_file_cache_on_disk(files, tmp_path):
+    ds = kerasdist.make_dataset(str(files / "*.csv"), label_column="label", batch_size=5, seed=3,
+                                epochs=2, cache=str(tmp_path / "cache"))
+    seen = labels(ds)
+    assert sorted(seen[:15]) == list(range(15))
+    assert any(p.name.startswith("cache") for p in tmp_path.iterdir())
+
+
+def test_file_errors(files):
+    with pytest.raises(ValueError, match="label_column 'nope' is not a column"):
+        kerasdist.make_dataset(str(files / "*.csv"), label_column="nope")
+    with pytest.raises(ValueError, match="features: TFRecord files need"):
+        kerasdist.make_dataset(str(files / "*.tfrecord"))
+    with pytest.raises(ValueError, match="validation_split needs in-memory data"):
+        kerasdist.make_dataset(str(files / "*.csv"), validation_split=0.2)
+
+
+# --- options, transforms, validation ---------------------------------------------------------
+
+def test_options_and_map_fn_in_parallel_keep_order():
+    ds = ids_dataset(batch_size=4, seed=1, epochs=1, map_fn=lambda x, y: (x * 2, y + 100))
+    options = ds.options()
+    assert options.deterministic is True
+    assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
+    assert labels(ds) == [i + 100 for i in kerasdist.epoch_order(10, 1, 0)]
+    x, y = next(iter(ds))
+    assert np.allclose(x.numpy()[:, 0], (y.numpy() - 100) * 4)  # x[:, 0] = 2 * id, doubled
+
+
+def test_validation_split_never_overlaps_training():
+    train, validation = ids_dataset(n=20, batch_size=3, seed=9, validation_split=0.25, epochs=5)
+    seen, held = set(labels(train)), labels(validation)
+    assert held == [15, 16, 17, 18, 19]
+    assert seen == set(range(15)) and not seen & set(held)
+    info = kerasdist.dataset_info(validation)
+    assert (info.role, info.num_samples, info.steps_per_epoch) == ("validation", 5, 2)
+
+
+def test_check_finite_also_catches_inf_in_other_inputs():
+    bad = np.ones((4, 2))
+    bad[2, 0] = np.inf
+    with pytest.raises(ValueError, match="sample 2 of input 1"):
+        kerasdist.make_dataset([np.ones((4, 1)), bad], check_finite=True)
+    kerasdist.make_dataset([np.ones((4, 1)), bad])  # not asked: accepted
+
+
+def test_dataset_info_refuses_other_datasets():
+    with pytest.raises(ValueError, match="was not made by make_dataset"):
+        kerasdist.dataset_info(tf.data.Dataset.range(3))
+
+
+# --- 2 simulated devices (fresh process) -----------------------------------------------------
+
+def test_two_devices_global_per_replica_and_per_worker():
+    result = run_python(
+        """
+        import json, numpy as np, keras, kerasdist
+        kerasdist.simulate_devices(2)
+        strategy = kerasdist.select_strategy()
+        x = np.arange(24, dtype="float32").reshape(12, 2); y = np.arange(12, dtype="float32")
+        out = {}
+        for name, kw in [("global", {"batch_size": 4}), ("per_replica", {"per_replica_batch_size": 4})]:
+            ds = kerasdist.make_dataset(x, y, strategy=strategy, shuffle=False, epochs=1, **kw)
+            info = kerasdist.dataset_info(ds)
+            out[name] = [info.batch_size, info.per_replica_batch_size, info.num_replicas, info.sizing,
+                         info.steps_per_epoch, [int(b[1].shape[0]) for b in ds]]
+            dist = strategy.experimental_distribute_dataset(ds)
+            out[name + "_replicas"] = [[v.numpy().tolist() for v in b[1].values] for b in dist]
+        pw = kerasdist.make_dataset(x, y, batch_size=4, strategy=strategy, shuffle=False, epochs=1, per_worker=True)
+        out["per_worker"] = [[v.numpy().tolist() for v in b[1].values] for b in pw]
+        out["per_worker_policy"] = kerasdist.dataset_info(pw).shard_policy
+        try:
+            kerasdist.make_dataset(x, y, batch_size=5, strategy=strategy, per_worker=True)
+        except ValueError as e:
+            out["uneven"] = str(e)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        ds = kerasdist.make_dataset(x, y, per_replica_batch_size=2, strategy=strategy, seed=1)
+        model.fit(ds, epochs=2, steps_per_epoch=kerasdist.dataset_info(ds).steps_per_epoch, verbose=0)
+        out["steps"] = int(model.optimizer.iterations.numpy())
+        print(json.dumps(out))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["global"][:5] == [4, 2, 2, "batch_size", 3] and out["global"][5] == [4, 4, 4]
+    assert out["per_replica"][:5] == [8, 4, 2, "per_replica_batch_size", 2] and out["per_replica"][5] == [8, 4]
+    assert out["global_replicas"][0] == [[0.0, 1.0], [2.0, 3.0]]
+    assert out["per_replica_replicas"][0] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    assert out["per_worker"] == out["global_replicas"]  # each replica gets the same share either way
+    assert out["per_worker_policy"] == "per_worker"
+    assert "batch_size 5 is not divisible by the 2 replicas" in out["uneven"]
+    assert out["steps"] == 6
