@@ -494,7 +494,7 @@ def _arrays(name: str, value: Any) -> Any:
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
         raise ValueError(f"{name} is not numeric (dtype {array.dtype}).")
     if np.issubdtype(array.dtype, np.floating):
-        array = array.astype("float32", copy=False)
+        return np.ascontiguousarray(array, dtype=np.float32)  # one copy, also for R's column order
     return np.ascontiguousarray(array)
 
 
