@@ -381,6 +381,9 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
             cross_device_ops=_cross_device_ops(cross_device_ops),
         )
     if plan.kind == "multi_worker":
+        from kerasdist.compat import apply_multi_worker_fixes
+
+        apply_multi_worker_fixes()
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_resolver_for(plan, resolver),
             communication_options=_communication_options(communication),

@@ -1,0 +1,89 @@
+"""Workarounds for upstream bugs, each small, gated on the versions that need it, and tested.
+
+Keras 3 `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow#72388):
+  1. `TensorFlowTrainer._maybe_symbolic_build` reduces the first input batch with
+     `strategy.reduce("MEAN", batch)`, which fails on a multi-worker PerReplica structure. The
+     symbolic build needs only shapes and dtypes, so one local replica's batch is enough.
+  2. `reduce_per_replica` reduces scalar losses and metrics with `axis=0` on multi-worker, which
+     fails ("Invalid reduction dimension 0 for input with 0 dimensions"); scalars are reduced
+     across replicas with `axis=None`.
+Both patches change behaviour only when the strategy is multi-worker, and are applied only when
+one is in use (`apply_multi_worker_fixes`). tests/python/test_compat.py runs an unpatched
+2-worker fit and fails once upstream fit works, so the shim can be dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as tf_trainer
+
+# Keras releases whose multi-worker fit needs the patches (3.15.1 checked; 3.16 unknown yet).
+MULTI_WORKER_FIX_VERSIONS = ((3, 0), (3, 16))
+
+_applied = False
+_original_reduce_per_replica = tf_trainer.reduce_per_replica
+_original_symbolic_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+
+
+def keras_needs_multi_worker_fixes(version: str = keras.__version__) -> bool:
+    """Whether this Keras version's multi-worker fit is known to need the patches."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    low, high = MULTI_WORKER_FIX_VERSIONS
+    return low <= major_minor < high
+
+
+def apply_multi_worker_fixes() -> bool:
+    """Patch Keras's multi-worker fit if this Keras needs it; idempotent. Returns whether the
+    patches are in place."""
+    global _applied
+    if _applied or not keras_needs_multi_worker_fixes():
+        return _applied
+    tf_trainer.reduce_per_replica = _reduce_per_replica
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    _applied = True
+    return True
+
+
+def remove_multi_worker_fixes() -> None:
+    """Undo `apply_multi_worker_fixes` (for tests that check upstream behaviour)."""
+    global _applied
+    tf_trainer.reduce_per_replica = _original_reduce_per_replica
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _original_symbolic_build
+    _applied = False
+
+
+def is_multi_worker(strategy: Any) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
+        getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)()
+    )
+
+
+def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+    if not is_multi_worker(strategy) or reduction not in ("auto", "mean"):
+        return _original_reduce_per_replica(values, strategy, reduction)
+
+    def reduce_one(value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues) or tf.is_tensor(value):
+            rank = value.values[0].shape.rank if hasattr(value, "values") else value.shape.rank
+            return strategy.reduce("MEAN", value, axis=None if rank == 0 else 0)
+        return value
+
+    return tf.nest.map_structure(reduce_one, values)
+
+
+def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+    strategy = self._distribute_strategy
+    if strategy is None or iterator is None or not is_multi_worker(strategy):
+        return _original_symbolic_build(self, iterator=iterator, data_batch=data_batch)
+    for _, _, batches in iterator:
+        data_batch = tf.nest.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0]
+            if isinstance(value, tf.distribute.DistributedValues) else value,
+            next(batches),
+        )
+        break
+    with strategy.scope():
+        self._symbolic_build(data_batch=data_batch)

@@ -1,0 +1,85 @@
+"""One worker of a multi-worker run (TF_CONFIG set by the caller or the launcher).
+
+usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
+                             [--epochs E] [--die-at-step S]
+Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
+patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
+worker 1 kills itself with SIGKILL after that step on the launcher's first attempt.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import kerasdist  # noqa: E402
+from kerasdist import compat  # noqa: E402
+
+GLOBAL_BATCH = 16
+
+
+def build_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32")).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+
+
+class DieAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_prefix")
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--no-fixes", action="store_true")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--every-steps", type=int)
+    parser.add_argument("--die-at-step", type=int)
+    args = parser.parse_args()
+    keras.utils.set_random_seed(7)
+    strategy = kerasdist.select_strategy()
+    if args.no_fixes:
+        compat.remove_multi_worker_fixes()
+    description = kerasdist.describe_strategy(strategy)
+    print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief}), flush=True)
+    if args.checkpoint_dir:
+        model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model, strategy=strategy)
+        print(json.dumps({"restored_step": int(model.optimizer.iterations.numpy())}), flush=True)
+        callbacks = []
+        first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
+        if args.die_at_step and first_attempt and description.task == "worker:1":
+            callbacks.append(DieAtStep(args.die_at_step))
+        checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=100)
+        history = kerasdist.resume_fit(model, data(), args.epochs, checkpoint, callbacks=callbacks, verbose=0)
+    else:
+        with strategy.scope():
+            model = build_model()
+        history = model.fit(data(), epochs=args.epochs, verbose=0)
+    index = description.task.split(":")[1] if description.task else "0"
+    np.savez(f"{args.out_prefix}-{index}.npz", *model.get_weights())
+    print(json.dumps({"loss": [float(v) for v in history.history["loss"]]}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
