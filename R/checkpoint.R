@@ -76,8 +76,9 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #' @inheritParams make_or_restore_model
 #' @returns `NULL` when there is none, else a list: `path`, `epoch` (the epoch
 #'   to run next, 0-based, i.e. the number of completed epochs when
-#'   `step_in_epoch` is 0), `step_in_epoch`, `global_step`, `history` and
-#'   `metrics`. Damaged checkpoints are skipped with a warning.
+#'   `step_in_epoch` is 0), `step_in_epoch`, `global_step`, `history`,
+#'   `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
+#'   `NULL` outside a cluster). Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
 #' @examples
@@ -109,6 +110,7 @@ list_checkpoints <- function(checkpoint_dir) {
 checkpoint_info_to_r <- function(info) {
   list(
     path = info$path, epoch = as.integer(info$epoch), step_in_epoch = as.integer(info$step_in_epoch),
-    global_step = as.integer(info$global_step), history = info$history, metrics = info$metrics
+    global_step = as.integer(info$global_step), history = info$history, metrics = info$metrics,
+    writer = info$writer
   )
 }

@@ -51,6 +51,7 @@ class CheckpointInfo:
         global_step: optimizer steps taken in total.
         history: per-epoch logs of all completed epochs, earlier runs included.
         metrics: the logs at save time (epoch metrics for epoch-end checkpoints).
+        writer: the task that wrote it ("worker:0", "chief:0"), or None outside a cluster.
     """
 
     path: str
@@ -59,6 +60,7 @@ class CheckpointInfo:
     global_step: int
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    writer: str | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -116,6 +118,7 @@ def _validate(path: Path) -> tuple[str | None, CheckpointInfo | None]:
         global_step=int(record["global_step"]),
         history=list(record.get("history", [])),
         metrics=dict(record.get("metrics", {})),
+        writer=record.get("writer"),
     )
 
 
@@ -150,6 +153,7 @@ def save_checkpoint(
     step_in_epoch: int = 0,
     history: list[dict[str, float]] | None = None,
     metrics: dict[str, float] | None = None,
+    writer: str | None = None,
 ) -> CheckpointInfo:
     """Write one checkpoint atomically and return it. Callers decide who writes (the chief)."""
     directory = Path(checkpoint_dir)
@@ -165,6 +169,7 @@ def save_checkpoint(
             "step_in_epoch": int(step_in_epoch),
             "global_step": global_step,
             "saved_at": time.time(),
+            "writer": writer,
             "signature": _signature(model),
             "history": _plain(history or []),
             "metrics": _plain(metrics or {}),
@@ -178,7 +183,7 @@ def save_checkpoint(
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return CheckpointInfo(str(final), int(epoch), int(step_in_epoch), global_step,
-                          record["history"], record["metrics"])
+                          record["history"], record["metrics"], writer)
 
 
 def _commit(temp: Path, final: Path) -> None:
@@ -499,10 +504,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._best: CheckpointInfo | None = None
         self._previous_handler: Any = None
         self._is_chief = True
+        self._task: str | None = None
 
     # -- Keras hooks ------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
-        self._is_chief = self._this_worker_is_chief()
+        self._is_chief, self._task = self._role()
         latest = latest_checkpoint(self.checkpoint_dir)
         self._history = list(latest.history) if latest else []
         self._best = self._best_of(list_checkpoints(self.checkpoint_dir)) if self.keep_best else None
@@ -548,7 +554,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         info = save_checkpoint(
             self.model, self.checkpoint_dir, epoch=epoch, step_in_epoch=step,
-            history=self._history, metrics=_plain(logs or {}),
+            history=self._history, metrics=_plain(logs or {}), writer=self._task,
         )
         self.saved.append(info)
         if self.keep_best and step == 0 and self._better(info, self._best):
@@ -570,11 +576,12 @@ class CheckpointCallback(keras.callbacks.Callback):
                 best = info
         return best
 
-    def _this_worker_is_chief(self) -> bool:
+    def _role(self) -> tuple[bool, str | None]:
+        """(is this process the chief, its task name)."""
         from kerasdist.strategy import describe_strategy
 
-        strategy = getattr(self.model, "distribute_strategy", None)
-        return describe_strategy(strategy).is_chief
+        description = describe_strategy(getattr(self.model, "distribute_strategy", None))
+        return description.is_chief, description.task
 
     def _install_sigterm_handler(self) -> None:
         self.preempted = False

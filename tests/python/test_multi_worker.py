@@ -65,6 +65,7 @@ def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path,
     capfd.readouterr()
     names = sorted(p.name for p in ckpt.iterdir())
     assert names == [f"ckpt-{STEPS_PER_EPOCH}"]  # one writer: no temporaries, no second copy
+    assert kerasdist.latest_checkpoint(ckpt).writer == "worker:0"
     result = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "2")
     out = capfd.readouterr().out
     assert result.ok, out[-3000:]
@@ -72,6 +73,7 @@ def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path,
     for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz")):
         np.testing.assert_array_equal(a, b)
     assert kerasdist.latest_checkpoint(ckpt).global_step == 2 * STEPS_PER_EPOCH
+    assert {c.writer for c in kerasdist.list_checkpoints(ckpt)} == {"worker:0"}
 
 
 def test_worker_killed_mid_epoch_is_restarted_from_the_latest_checkpoint(tmp_path, capfd):

@@ -1,0 +1,37 @@
+# One worker of a multi-worker run from R (TF_CONFIG set by launch()).
+# usage: Rscript train_worker.R CHECKPOINT_DIR OUT_PREFIX
+library(kerasdist)
+args <- commandArgs(trailingOnly = TRUE)
+checkpoint_dir <- args[[1]]
+out_prefix <- args[[2]]
+
+strategy <- select_strategy()
+description <- describe_strategy(strategy)
+keras <- reticulate::import("keras")
+tf <- reticulate::import("tensorflow")
+
+build_model <- function() {
+  model <- keras$Sequential(list(
+    keras$layers$Input(shape = list(4L)),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$Dense(1L)
+  ))
+  model$compile(optimizer = keras$optimizers$SGD(0.05), loss = "mse")
+  model
+}
+
+set.seed(1)
+x <- matrix(rnorm(64 * 4), ncol = 4)
+y <- x %*% c(1, -2, 0.5, 3)
+dataset <- tf$data$Dataset$from_tensor_slices(reticulate::tuple(
+  reticulate::np_array(x, dtype = "float32"), reticulate::np_array(y, dtype = "float32")
+))$batch(16L)
+
+with(strategy$scope(), {
+  model <- make_or_restore_model(checkpoint_dir, build_model)
+})
+history <- resume_fit(model, dataset, 2L, checkpoint_callback(checkpoint_dir), verbose = 0L)
+weights <- unlist(lapply(model$get_weights(), as.numeric))
+task <- gsub(":", "-", description$task)
+writeLines(format(weights, digits = 17), paste0(out_prefix, "-", task, ".txt"))
+cat(sprintf("%s trained %d epochs, chief: %s\n", description$task, length(history$epoch), description$is_chief))

@@ -1,0 +1,16 @@
+test_that("an R script launched as 2 workers trains, and only the chief writes checkpoints", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  checkpoint_dir <- file.path(dir, "ckpt")
+  script <- normalizePath(test_path("scripts", "train_worker.R"))
+  result <- launch(c(script, checkpoint_dir, file.path(dir, "weights")), num_workers = 2L,
+                   grace_period = 2, timeout = 240)
+  expect_true(result$ok)
+  weights0 <- readLines(file.path(dir, "weights-worker-0.txt"))
+  weights1 <- readLines(file.path(dir, "weights-worker-1.txt"))
+  expect_identical(weights0, weights1)
+  checkpoints <- list_checkpoints(checkpoint_dir)
+  expect_identical(vapply(checkpoints, function(c) c$epoch, integer(1)), 1:2)
+  expect_identical(unique(vapply(checkpoints, function(c) c$writer, character(1))), "worker:0")
+  expect_length(list.files(checkpoint_dir, all.files = TRUE, no.. = TRUE), 2)
+})
