@@ -16,7 +16,8 @@ In-memory sources (arrays, data frames, lists and dicts of arrays) get an exact 
 epoch and batches that never straddle two epochs. Stream sources (files, an existing dataset) cannot
 be indexed: their per-epoch order is a permutation of the files plus a permutation of the records
 inside each file (or, with `cache`, a permutation inside each block of `shuffle_buffer` records),
-and batches run on across epoch ends, so epoch `e` of the stream means Keras epoch `e`: batches
+and batches run on across epoch ends (files are read 4 at a time, so records of neighbouring
+epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `e`: batches
 `e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records.
 """
 
@@ -563,7 +564,10 @@ def _csv_reader(files, label_column, check_finite):
     feature_idx = [i for i in range(len(header)) if i != label]
 
     def read(path):
-        records = tf.data.experimental.CsvDataset(path, [tf.float32] * len(header), header=True)
+        # TextLineDataset + decode_csv rather than CsvDataset: FILE auto-shard knows only the
+        # line/record readers (TextLine, TFRecord, FixedLengthRecord) as file sources.
+        lines = tf.data.TextLineDataset(path).skip(1)
+        records = lines.map(lambda line: tf.io.decode_csv(line, [[0.0]] * len(header)))
 
         def to_element(*columns):
             xs = tf.stack([columns[i] for i in feature_idx])

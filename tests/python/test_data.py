@@ -259,3 +259,26 @@ def test_two_devices_global_per_replica_and_per_worker():
     assert out["per_worker_policy"] == "per_worker"
     assert "batch_size 5 is not divisible by the 2 replicas" in out["uneven"]
     assert out["steps"] == 6
+
+
+@pytest.mark.parametrize("source", ["memory", "files"])
+def test_auto_shard_gives_each_worker_a_disjoint_share(files, source):
+    """TensorFlow's own auto-shard rewrite, as a 2-worker cluster would apply it."""
+    from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
+
+    if source == "memory":
+        ds = ids_dataset(n=15, batch_size=5, seed=3, epochs=1)
+    else:
+        ds = kerasdist.make_dataset(str(files / "*.csv"), label_column="label", batch_size=5, seed=3, epochs=1)
+    policy = ds.options().experimental_distribute.auto_shard_policy
+    assert policy == getattr(tf.data.experimental.AutoShardPolicy, "DATA" if source == "memory" else "FILE")
+    shares = [labels(_AutoShardDataset(ds, 2, worker)) for worker in range(2)]
+    if source == "memory":  # the epoch's batches, dealt out to the workers
+        assert shares[0] and shares[1] and not set(shares[0]) & set(shares[1])
+        assert sorted(shares[0] + shares[1]) == list(range(15))
+    else:  # whole files dealt out from the stream of file names: epoch 0's order, epoch 1's, ...
+        names = np.concatenate([kerasdist.epoch_order(3, 3, e) for e in (0, 1)])
+        for worker, share in enumerate(shares):
+            assert len(share) == 15  # each worker's own stream of 3 batches
+            files_read = sorted(int(v) // 5 for v in share)  # file f holds ids 5f .. 5f+4
+            assert files_read == sorted(f for f in names[worker::2] for _ in range(5))
