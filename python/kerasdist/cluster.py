@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 WORKER_TYPES = ("chief", "worker")
+SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default: task k on a node listens on base + k
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 
 
@@ -76,11 +77,30 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
     if slurm_tasks > 1:
         return ClusterInfo(
             source="Slurm",
+            cluster=slurm_cluster(env),
             task_type="worker",
             task_index=_int_env(env, "SLURM_PROCID", 0),
             num_workers=slurm_tasks,
         )
     return ClusterInfo()
+
+
+def slurm_cluster(env: Mapping[str, str], port_base: int = SLURM_PORT_BASE) -> dict[str, list[str]]:
+    """The worker addresses of a Slurm job step, laid out as TensorFlow's SlurmClusterResolver
+    does (hosts sorted, task k of a node on port_base + k), parsed with TensorFlow's own helpers.
+    Empty when the step's node list is not in the environment."""
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
+
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not nodes or not tasks:
+        return {}
+    per_node = dict(zip(expand_hostlist(nodes), expand_tasks_per_node(tasks)))
+    workers = [f"{host}:{port_base + k}" for host, count in sorted(per_node.items()) for k in range(count)]
+    return {"worker": workers}
 
 
 def _load_tf_config(tf_config: str | Mapping[str, Any]) -> dict[str, Any]:

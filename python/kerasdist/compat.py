@@ -8,8 +8,13 @@ Keras 3 `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorf
      fails ("Invalid reduction dimension 0 for input with 0 dimensions"); scalars are reduced
      across replicas with `axis=None`.
 Both patches change behaviour only when the strategy is multi-worker, and are applied only when
-one is in use (`apply_multi_worker_fixes`). tests/python/test_compat.py runs an unpatched
+one is in use (`apply_multi_worker_fixes`). tests/python/test_multi_worker.py runs an unpatched
 2-worker fit and fails once upstream fit works, so the shim can be dropped.
+
+TensorFlow's SlurmClusterResolver fails on CPU-only nodes (it asks nvidia-smi for GPUs, and with
+gpus_per_node=0 divides the GPUs into steps of 0: "range() arg 3 must not be zero"). On such nodes
+`slurm_resolver` gives the same layout through a SimpleClusterResolver;
+tests/python/test_strategy.py fails once upstream works without GPUs.
 """
 
 from __future__ import annotations
@@ -87,3 +92,20 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+
+
+def slurm_resolver(cluster: Any, gpus: list[str]) -> Any:
+    """A cluster resolver for a Slurm job step: TensorFlow's own where it works (GPU nodes, where
+    it also sets CUDA_VISIBLE_DEVICES to this task's share), else the same layout, read by
+    `kerasdist.cluster.slurm_cluster`, in a SimpleClusterResolver."""
+    if gpus:
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=len(gpus))
+    if not cluster.cluster:
+        raise ValueError(
+            "Slurm declares several tasks but SLURM_STEP_NODELIST / SLURM_STEP_TASKS_PER_NODE are "
+            "not set: start the script with srun."
+        )
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.cluster), task_type="worker", task_id=cluster.task_index,
+        rpc_layer="grpc",
+    )

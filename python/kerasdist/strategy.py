@@ -399,7 +399,9 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
     if resolver is not None:
         return resolver
     if plan.cluster.source == "Slurm":
-        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+        from kerasdist.compat import slurm_resolver
+
+        return slurm_resolver(plan.cluster, _local_gpus())
     if plan.cluster.source == "TF_CONFIG":
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(plan.cluster.cluster),

@@ -25,7 +25,7 @@ def case_rows(name: str) -> list[Any]:
 def field_of(obj: Any, dotted: str) -> Any:
     """`cluster.num_ps` -> obj.cluster.num_ps, with tuples as lists for comparison with JSON."""
     for part in dotted.split("."):
-        obj = getattr(obj, part)
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return list(obj) if isinstance(obj, tuple) else obj
 
 

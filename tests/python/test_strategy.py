@@ -143,3 +143,25 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_upstream_slurm_resolver_still_fails_on_cpu_only_nodes(monkeypatch):
+    """Fails once TensorFlow's SlurmClusterResolver works without GPUs; then kerasdist can use it
+    on CPU nodes too instead of cluster.slurm_cluster + SimpleClusterResolver."""
+    for name, value in {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]",
+                        "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}.items():
+        monkeypatch.setenv(name, value)
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=0, auto_set_gpu=False)
+    with pytest.raises(ValueError, match="must not be zero"):
+        resolver.cluster_spec()
+
+
+def test_slurm_cpu_cluster_builds_a_resolver_with_slurm_layout():
+    from kerasdist.strategy import _resolver_for
+
+    env = {"SLURM_JOB_ID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
+           "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    plan = kerasdist.plan_strategy(environ=env, gpus=[], tpu=False)
+    resolver = _resolver_for(plan, None)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["n1:8888", "n2:8888"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
