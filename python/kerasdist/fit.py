@@ -48,32 +48,34 @@ def resume_fit(
     _check_epochs(epochs)
     if not isinstance(checkpoint, CheckpointCallback):
         checkpoint = checkpoint_callback(checkpoint)
-    epoch_data = data if callable(data) else (lambda epoch: data)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
+    epoch_data = data if callable(data) else (lambda epoch: data)
     latest = latest_checkpoint(checkpoint.checkpoint_dir)
     epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
     prior = list(latest.history) if latest else []
-    all_callbacks = [checkpoint, *(callbacks or [])]
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
-    fit_args = dict(callbacks=all_callbacks, validation_data=validation_data, verbose=verbose, shuffle=False)
+    fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
+                    verbose=verbose, shuffle=False)
     histories = []
-
-    if epoch < epochs and skip > 0:
-        rest_of_epoch = epoch_data(epoch).skip(skip)
+    if epoch >= epochs:
+        return _merged_history(model, prior, histories)
+    # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
+    # optimizer iteration more than the batches it trained on, which would shift every later step.
+    steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
+    if skip > 0:
         checkpoint.step_offset = skip
         try:
-            histories.append(model.fit(rest_of_epoch, initial_epoch=epoch, epochs=epoch + 1, **fit_args))
+            histories.append(model.fit(epoch_data(epoch).skip(skip), initial_epoch=epoch, epochs=epoch + 1,
+                                       steps_per_epoch=steps - skip, **fit_args))
         finally:
             checkpoint.step_offset = 0
         epoch += 1
     if epoch < epochs:
-        if callable(data):
-            steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data(epoch)")
-            stream = _concatenate(epoch_data(e) for e in range(epoch, epochs))
-            histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
-        else:
-            histories.append(model.fit(data, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps_per_epoch, **fit_args))
+        # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
+        # across epochs, so epoch e gets exactly data(e).
+        stream = _concatenate(epoch_data(e) for e in range(epoch, epochs))
+        histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
     return _merged_history(model, prior, histories)
 
 
@@ -83,7 +85,14 @@ def _check_epochs(epochs: Any) -> None:
 
 
 def _cardinality(dataset: tf.data.Dataset, name: str) -> int:
+    from kerasdist.data import dataset_info
+
     count = int(dataset.cardinality())
+    if count < 0:  # make_dataset's pipelines know their steps even when tf.data does not
+        try:
+            count = int(dataset_info(dataset).steps_per_epoch or -1)
+        except ValueError:
+            pass
     if count < 0:
         raise ValueError(
             f"{name} has an unknown or infinite number of batches: pass steps_per_epoch."

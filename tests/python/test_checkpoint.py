@@ -200,3 +200,12 @@ def test_sigterm_saves_the_next_step_and_exits_75(tmp_path):
     assert (latest.epoch, latest.step_in_epoch) == divmod(latest.global_step, 12)
     code, _ = kill_resume.train(tmp_path / "ckpt", tmp_path / "out.npz")
     assert code == 0 and kerasdist.latest_checkpoint(tmp_path / "ckpt").global_step == 36
+
+
+def test_upstream_fit_on_unknown_cardinality_counts_an_extra_iteration():
+    """Why resume_fit always passes steps_per_epoch. Fails once Keras counts right; then
+    resume_fit could leave unknown-cardinality datasets to Keras."""
+    model = build_model()
+    unknown = dataset().filter(lambda x, y: True)  # 4 batches, cardinality unknown to tf.data
+    model.fit(unknown, epochs=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH + 1

@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf  # noqa: E402,F401
 
 import kerasdist  # noqa: E402
 
@@ -33,9 +33,9 @@ def build_model():
 
 
 def epoch_data(x, y):
+    """Each epoch's batches, shuffled as a pure function of (seed, epoch) by make_dataset."""
     def data(epoch):
-        order = np.random.default_rng([SEED, epoch]).permutation(len(x))
-        return tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(BATCH)
+        return kerasdist.make_dataset(x, y, batch_size=BATCH, seed=SEED, initial_epoch=epoch, epochs=epoch + 1)
     return data
 
 
