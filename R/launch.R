@@ -58,6 +58,9 @@
 #' @family launch
 #' @seealso Python: `kerasdist.launch()`; command line:
 #'   `python -m kerasdist launch -n N -- COMMAND ...`.
+#' @param startup_timeout Seconds within which every worker and ps task must
+#'   come up (its TensorFlow server accepting connections); a task that does
+#'   not is named and counts as a failure. `NULL` waits as long as TensorFlow.
 #' @examples
 #' \dontrun{
 #' # train.R reads TF_CONFIG through select_strategy() and resumes from its checkpoints
@@ -67,7 +70,7 @@
 #' @export
 launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
                    host = "127.0.0.1", timeout = NULL, grace_period = 10,
-                   env = NULL, cwd = NULL) {
+                   env = NULL, cwd = NULL, startup_timeout = NULL) {
   if (!is.character(command)) {
     stop(structure(
       class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
@@ -80,7 +83,7 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
     num_workers = as_py_int(num_workers), num_ps = as_py_int(num_ps),
     max_restarts = as_py_int(max_restarts), host = host, timeout = timeout,
     grace_period = grace_period, env = as_py_dict(as.list(env)),
-    cwd = if (is.null(cwd)) NULL else path.expand(cwd)
+    cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout
   )
   invisible(launch_result_to_r(result))
 }

@@ -37,7 +37,7 @@ def _launch(args: argparse.Namespace) -> int:
         result = launch(
             command, num_workers=args.num_workers, num_ps=args.ps,
             max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
-            grace_period=args.grace_period,
+            grace_period=args.grace_period, startup_timeout=args.startup_timeout,
         )
     except KeyboardInterrupt:
         print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
@@ -106,6 +106,8 @@ def _add_launch(commands) -> None:
                         help="local address for TF_CONFIG and the ports (default 127.0.0.1)")
     launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
                         help="wall-clock limit for the whole run, restarts included (seconds)")
+    launch.add_argument("--startup-timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="fail, naming it, a worker or ps task whose server is not up after S s")
     launch.add_argument("--grace-period", type=_positive_seconds, default=10.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     launch.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",

@@ -60,6 +60,7 @@ class TaskFailure:
     task_index: int
     returncode: int
     restart: int = 0
+    never_up: str = ""  # "did not come up within S s ..." when startup_timeout ran out
 
     @property
     def task(self) -> str:
@@ -68,6 +69,8 @@ class TaskFailure:
     @property
     def description(self) -> str:
         """E.g. "worker 1 was killed by SIGKILL" or "worker 1 exited with status 3"."""
+        if self.never_up:
+            return f"{self.task} {self.never_up}"
         if self.returncode < 0:
             return f"{self.task} was killed by {_signal_name(-self.returncode)}"
         if self.returncode == PREEMPTED_EXIT_CODE:
@@ -80,6 +83,8 @@ class TaskFailure:
     @property
     def exit_code(self) -> int:
         """The status a shell reports for this process: 128 + the signal number if killed."""
+        if self.never_up:
+            return TIMEOUT_EXIT_CODE
         return 128 - self.returncode if self.returncode < 0 else self.returncode
 
     def __str__(self) -> str:
@@ -136,6 +141,7 @@ def launch(
     grace_period: float = 10.0,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    startup_timeout: float | None = None,
 ) -> LaunchResult:
     """Run `command` once per task of a local cluster; restart the whole group when one fails.
 
@@ -184,6 +190,10 @@ def launch(
             `kerasdist` checkpoints to save on SIGTERM).
         env: extra environment variables for every process.
         cwd: working directory of the processes (and of a relative script path).
+        startup_timeout: seconds within which every worker and ps task must come up (its
+            TensorFlow server accepting connections on its port); a task that does not is named
+            ("worker 1 did not come up within 60 s ...") and counts as a failure. None (the
+            default) waits as long as TensorFlow does, which is forever.
 
     Returns:
         A `LaunchResult`: `exit_code`, `restarts`, `failures`, `failed`, `timed_out`, `message`.
@@ -199,6 +209,7 @@ def launch(
     max_restarts = _count("max_restarts", max_restarts, 0)
     timeout = _seconds("timeout", timeout, allow_none=True)
     grace_period = _seconds("grace_period", grace_period, allow_zero=True)
+    startup_timeout = _seconds("startup_timeout", startup_timeout, allow_none=True)
     argv = resolve_command(command, cwd)
     _check_host(host)
     tasks = _task_list(num_workers, num_ps)
@@ -212,7 +223,7 @@ def launch(
         cluster = _build_cluster(tasks, host)
         group = _Group(argv, tasks, cluster, restart, base_env, cwd)
         try:
-            outcome = group.run(deadline)
+            outcome = group.run(deadline, startup_timeout, host)
             if outcome.failure is not None:
                 group.finish_output_of(outcome.failure)
                 _say(f"{outcome.failure.description}; stopping the group.")
@@ -440,6 +451,7 @@ class _Group:
         cwd: str | os.PathLike[str] | None,
     ):
         self.restart = restart
+        self.cluster = cluster
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.port_clash = False
         self.tasks: list[_Task] = []
@@ -481,12 +493,17 @@ class _Group:
                     self.port_clash = True
                 self.lines.put((stream, f"{prefix} {line}\n"))
 
-    def run(self, deadline: float | None) -> _Outcome:
+    def run(self, deadline: float | None, startup_timeout: float | None = None,
+            host: str = "127.0.0.1") -> _Outcome:
         """Echo output until the group succeeds, a process fails, or the deadline passes."""
         has_chief = any(t.task_type == "chief" for t in self.tasks)
         finishers = [t for t in self.tasks if t.task_type == ("chief" if has_chief else "worker")]
+        startup = _StartupWatch(self.tasks, self.cluster, startup_timeout)
         while True:
             self._echo(wait=_POLL_SECONDS)
+            late = startup.late_task()
+            if late is not None:
+                return _Outcome(failure=late.failure(self.restart))
             for task in self.tasks:
                 code = task.process.poll()
                 if code is not None and code != 0:
@@ -541,6 +558,56 @@ class _Group:
                 break
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+class _StartupWatch:
+    """Which worker/ps tasks have their server up (port accepting connections), and which one is
+    late once `timeout` has passed. Chief tasks are not watched: a coordinator need not serve."""
+
+    _PROBE_SECONDS = 0.5
+
+    def __init__(self, tasks: list[_Task], cluster: dict[str, list[str]], timeout: float | None):
+        self.pending = {} if timeout is None else {
+            task: cluster[task.task_type][task.index]
+            for task in tasks if task.task_type in ("worker", "ps")
+        }
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.next_probe = 0.0
+
+    def late_task(self) -> "_LateTask | None":
+        if not self.pending or time.monotonic() < self.next_probe:
+            return None
+        self.next_probe = time.monotonic() + self._PROBE_SECONDS
+        for task, address in list(self.pending.items()):
+            if _accepts_connections(address):
+                del self.pending[task]
+        if self.pending and self.deadline is not None and time.monotonic() >= self.deadline:
+            task, address = next(iter(self.pending.items()))
+            return _LateTask(task, address, self.timeout or 0)
+        return None
+
+
+@dataclass
+class _LateTask:
+    task: _Task
+    address: str
+    timeout: float
+
+    def failure(self, restart: int) -> TaskFailure:
+        return TaskFailure(
+            self.task.task_type, self.task.index, TIMEOUT_EXIT_CODE, restart,
+            never_up=f"did not come up within {self.timeout:g} s (nothing listens on {self.address})",
+        )
+
+
+def _accepts_connections(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------------

@@ -284,3 +284,21 @@ def test_a_stopped_launcher_stops_its_group(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "[worker 1] hello from worker 1 (restart 0)" in out
     assert "interrupted; the group was stopped" in err
+
+
+def test_a_worker_that_never_comes_up_is_named_after_the_startup_timeout(tmp_path):
+    serve_one = tmp_path / "serve_one.py"
+    serve_one.write_text(
+        "import json, os, socket, time\n"
+        "config = json.loads(os.environ['TF_CONFIG'])\n"
+        "if config['task']['index'] == 0:  # worker 0 listens like a TF server; worker 1 never does\n"
+        "    host, port = config['cluster']['worker'][0].rsplit(':', 1)\n"
+        "    server = socket.socket(); server.bind((host, int(port))); server.listen()\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    result = kerasdist.launch([str(serve_one)], num_workers=2, startup_timeout=2, grace_period=1)
+    assert time.monotonic() - started < 30
+    assert result.exit_code == 124 and not result.timed_out
+    assert result.failed.task == "worker 1"
+    assert result.failed.description.startswith("worker 1 did not come up within 2 s (nothing listens on 127.0.0.1:")
