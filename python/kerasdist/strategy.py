@@ -141,6 +141,8 @@ def select_strategy(
     )
     _check_devices_exist(plan.devices)
     strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
+    if plan.kind == "multi_worker" and plan.cluster.num_workers > 1:
+        _check_cluster_agreement(strategy, plan.cluster)
     _PLANS[strategy] = plan
     return strategy
 
@@ -410,6 +412,27 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
             rpc_layer="grpc",
         )
     return None  # no cluster: a single local worker
+
+
+def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo) -> None:
+    """Every worker must have been given the same cluster: gather a fingerprint of each one's."""
+    import hashlib
+    import json
+
+    import tensorflow as tf
+
+    text = json.dumps(cluster.cluster, sort_keys=True)
+    fingerprint = int(hashlib.sha256(text.encode()).hexdigest()[:7], 16)
+    mine = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([fingerprint], dtype=tf.int32)
+    )
+    everyone = strategy.gather(mine, axis=0).numpy().tolist()
+    if len(set(everyone)) > 1:
+        raise ValueError(
+            f"TF_CONFIG disagrees between processes: the {cluster.task_type} {cluster.task_index} "
+            f"was given the cluster {text}, and some other worker a different one. Give every "
+            "process the same \"cluster\" (only \"task\" differs)."
+        )
 
 
 def _cross_device_ops(value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,26 @@ def test_worker_killed_mid_epoch_is_restarted_from_the_latest_checkpoint(tmp_pat
     assert restored[0] == 0 and restored[1] == die_at  # every completed step was checkpointed
     assert json_lines(out, "restored_step", "worker 1")[1] == die_at
     assert kerasdist.latest_checkpoint(ckpt).global_step == 3 * STEPS_PER_EPOCH
+
+
+def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(tmp_path):
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    configs = [  # the same workers, so they connect; but worker 0 was also told of an evaluator
+        {"cluster": {"worker": workers, "evaluator": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}},
+    ]
+    code = "import kerasdist; kerasdist.select_strategy(); print('agreed')"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(c)})
+        for c in configs
+    ]
+    for index, process in enumerate(processes):
+        out, err = process.communicate(timeout=180)
+        assert process.returncode == 1 and "agreed" not in out
+        assert f"TF_CONFIG disagrees between processes: the worker {index} was given the cluster" in err
