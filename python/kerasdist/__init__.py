@@ -62,3 +62,12 @@ __all__ = [
 from kerasdist.launch import LaunchResult, TaskFailure, launch  # noqa: E402
 
 __all__ += ["LaunchResult", "TaskFailure", "launch"]
+
+from kerasdist.ps import ps_fit, run_server  # noqa: E402
+
+__all__ += ["ps_fit", "run_server"]
+
+from kerasdist.datasets import load_digits  # noqa: E402
+from kerasdist.train import check_step_functions, distributed_fit  # noqa: E402
+
+__all__ += ["check_step_functions", "distributed_fit", "load_digits"]

@@ -1,0 +1,302 @@
+"""`distributed_fit`: strategy, model, input pipeline, checkpoints and resume in one call.
+
+It strings together the pieces the other modules provide, in the order a fault-tolerant run
+needs them: check every argument, pick (or take) the strategy, build the first epoch's dataset
+(which checks the data), then make or restore the model inside the strategy's scope, refuse R
+functions that TensorFlow would run on its replica threads, and fit to the total number of epochs
+from the newest checkpoint (`resume_fit`, mid-epoch resume included).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from kerasdist.checkpoint import (
+    CheckpointCallback,
+    _check_callback_args,
+    check_checkpoint_dir,
+    checkpoint_callback,
+    make_or_restore_model,
+)
+from kerasdist.data import make_dataset
+from kerasdist.fit import _check_epochs, resume_fit
+from kerasdist.strategy import KINDS, select_strategy
+
+# Arguments distributed_fit sets itself; dataset_args may not override them.
+_OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
+                     "seed", "shuffle", "initial_epoch", "skip_batches", "epochs",
+                     "validation_split", "per_worker")
+
+
+def distributed_fit(
+    build_fn: Callable[[], Any],
+    x: Any,
+    y: Any = None,
+    *,
+    epochs: int,
+    checkpoint_dir: str | os.PathLike[str],
+    strategy: Any = "auto",
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    sample_weight: Any = None,
+    validation_split: float | None = None,
+    validation_data: Any = None,
+    every_steps: int | None = None,
+    keep: int = 3,
+    callbacks: Sequence[Any] | None = None,
+    dataset_args: Mapping[str, Any] | None = None,
+    verbose: Any = "auto",
+) -> keras.callbacks.History:
+    """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
+
+    One call does what a fault-tolerant distributed run needs: selects the strategy ("auto" by
+    default), builds the model inside its scope or restores it from the newest valid checkpoint
+    in `checkpoint_dir`, feeds `make_dataset(x, y, ...)` rebuilt for each epoch (its order a pure
+    function of `seed` and the epoch), saves crash-safe checkpoints at every epoch end (and every
+    `every_steps` steps), and fits until `epochs` epochs are done in total. Run the same call
+    again after a crash, a kill or a preemption and it continues at the next unseen batch.
+
+    ```python
+    kerasdist.simulate_devices(2)          # optional: 2 CPU replicas on one machine
+    history = kerasdist.distributed_fit(build_model, x, y, epochs=5, checkpoint_dir="ckpt",
+                                        batch_size=64, every_steps=20, validation_split=0.1)
+    model = history.model
+    ```
+
+    Args:
+        build_fn: function with no arguments returning a compiled, built Keras model; called
+            inside the strategy's scope.
+        x, y: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
+            unbatched elements, file patterns).
+        epochs: total number of epochs, counting those done by earlier (interrupted) runs.
+        checkpoint_dir: directory of checkpoints; created if missing.
+        strategy: a `tf.distribute.Strategy` (from `select_strategy` or not), or a kind for
+            `select_strategy`: "auto" (default), "default", "mirrored", ...
+        batch_size: global batch size; or give `per_replica_batch_size`; neither means 32.
+        per_replica_batch_size: batch size of one replica (multiplied by the replicas).
+        seed: seed of the per-epoch shuffle.
+        shuffle: shuffle each epoch (as a function of `seed` and the epoch).
+        sample_weight: optional per-sample weights (arrays).
+        validation_split: fraction in (0, 1) of the samples (the last ones, as in Keras) held
+            out for validation; in-memory data only.
+        validation_data: `(x_val, y_val)` (batched like the training data, unshuffled) or a
+            batched `tf.data.Dataset`.
+        every_steps: also checkpoint every this many steps (mid-epoch); None: epoch ends only.
+        keep: how many of the newest checkpoints to keep.
+        callbacks: more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own);
+            checkpoints are added by distributed_fit itself.
+        dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
+        verbose: passed to `fit`.
+
+    Returns:
+        The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
+        model.
+
+    Raises:
+        ValueError: a bad argument (named in the message), before any checkpoint is read or
+            written; or, under more than one replica, a loss, metric or layer that is an R
+            function (see `check_step_functions`).
+    """
+    if not callable(build_fn) or isinstance(build_fn, keras.Model):
+        raise ValueError(
+            "build_fn must be a function with no arguments that returns a compiled Keras model, "
+            f"got {type(build_fn).__name__}."
+        )
+    _check_epochs(epochs)
+    _check_strategy_arg(strategy)
+    _check_fraction(validation_split)
+    if validation_split is not None and validation_data is not None:
+        raise ValueError("validation_split and validation_data: give one of them, not both.")
+    callbacks = _check_callbacks(callbacks)
+    extra = _check_dataset_args(dataset_args)
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"shuffle must be True or False, got {shuffle!r}.")
+    _check_callback_args(True, every_steps, keep, "min", "loss")
+    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
+        raise ValueError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}.")
+    if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file, not a directory.")
+
+    strategy = select_strategy(strategy) if isinstance(strategy, str) else strategy
+    common = dict(sample_weight=sample_weight, batch_size=batch_size,
+                  per_replica_batch_size=per_replica_batch_size, strategy=strategy, seed=seed,
+                  shuffle=shuffle, **extra)
+
+    def epoch_data(epoch: int) -> tf.data.Dataset:
+        dataset = make_dataset(x, y, initial_epoch=epoch, epochs=epoch + 1,
+                               validation_split=validation_split, **common)
+        return dataset[0] if validation_split is not None else dataset
+
+    first = make_dataset(x, y, initial_epoch=0, epochs=1, validation_split=validation_split, **common)
+    if validation_split is not None:
+        validation_data = first[1]
+    elif isinstance(validation_data, (tuple, list)):
+        validation_data = _validation_dataset(validation_data, common)
+
+    check_checkpoint_dir(checkpoint_dir)
+    model = make_or_restore_model(checkpoint_dir, build_fn, strategy=strategy)
+    check_step_functions(model, strategy)
+    checkpoint = checkpoint_callback(checkpoint_dir, every_steps=every_steps, keep=keep)
+    with strategy.scope():
+        return resume_fit(model, epoch_data, epochs, checkpoint, callbacks=callbacks,
+                          validation_data=validation_data, verbose=verbose)
+
+
+def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
+    """Find R functions that TensorFlow would call inside the training step; refuse them if the
+    strategy has more than one replica.
+
+    Under a multi-replica strategy TensorFlow traces the training step once per replica, each on
+    its own thread. An R function used there (a loss, a metric, a Lambda layer's function, a
+    layer's or the model's `call`) is then called off R's main thread and R aborts the whole
+    process ("C stack usage ... is too close to the limit"). reticulate hands R functions to
+    Python as functions made by `rpytools.call.make_python_function`; this looks for those,
+    also inside wrappers (closures, `functools.wraps`, Keras loss and metric wrappers).
+
+    Args:
+        model: a compiled Keras model.
+        strategy: the strategy training will run under; default the active one.
+
+    Returns:
+        Where R functions were found (e.g. ["loss", "metrics[1]"]); empty if none. With one
+        replica they are allowed (they run on the calling thread) and only reported.
+
+    Raises:
+        ValueError: under more than one replica, naming each place and what to use instead.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    found = [where for where, value in _step_functions(model) if _is_r_function(value)]
+    replicas = int(strategy.num_replicas_in_sync)
+    if found and replicas > 1:
+        raise ValueError(
+            f"{', '.join(found)} {'is an R function' if len(found) == 1 else 'are R functions'}, "
+            f"and the strategy has {replicas} replicas: TensorFlow would call "
+            f"{'it' if len(found) == 1 else 'them'} on its replica threads, where R cannot run "
+            "(R would abort with 'C stack usage is too close to the limit'). Use a built-in Keras "
+            'loss or metric by name (loss = "mse", "sparse_categorical_crossentropy", metrics = '
+            'list("accuracy")), or define the function in Python, e.g. with '
+            'reticulate::py_run_string("def my_loss(y_true, y_pred): ...") and pass '
+            "py$my_loss (or reticulate::source_python()). R callbacks are fine."
+        )
+    return found
+
+
+def _step_functions(model: Any) -> list[tuple[str, Any]]:
+    """(where, value) for everything compile() and the layers put in the training step."""
+    places: list[tuple[str, Any]] = []
+    _flatten("loss", getattr(model, "loss", None), places)
+    compiled = getattr(model, "_compile_metrics", None)
+    _flatten("metrics", getattr(compiled, "_user_metrics", None), places)
+    _flatten("weighted_metrics", getattr(compiled, "_user_weighted_metrics", None), places)
+    layers = [model] + list(getattr(model, "_flatten_layers", lambda: [])(include_self=False))
+    for layer in layers:
+        name = "the model" if layer is model else f"layer {layer.name!r}"
+        if isinstance(layer, keras.layers.Lambda):
+            places.append((f"{name} (Lambda function)", layer.function))
+        for method in ("call", "train_step", "compute_loss"):
+            for klass in type(layer).__mro__:
+                if klass.__module__.startswith("keras."):
+                    break
+                if method in vars(klass):
+                    places.append((f"{name} ({method})", vars(klass)[method]))
+                    break
+    return places
+
+
+def _flatten(where: str, value: Any, places: list[tuple[str, Any]]) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _flatten(f"{where}[{key!r}]", item, places)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _flatten(f"{where}[{index}]", item, places)
+    elif value is not None and not isinstance(value, str):
+        places.append((where, value))
+
+
+def _is_r_function(value: Any, depth: int = 0) -> bool:
+    """True for a function reticulate made from an R function, or a wrapper holding one."""
+    if depth > 4 or value is None:
+        return False
+    module = getattr(value, "__module__", None) or ""
+    if module.startswith("rpytools") or module == "rpycall":
+        return True
+    if "make_python_function" in (getattr(value, "__qualname__", None) or ""):
+        return True
+    inner = [getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
+    for attribute in ("fn", "_fn"):  # Keras LossFunctionWrapper / MeanMetricWrapper
+        inner.append(getattr(value, attribute, None) if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)) else None)
+    for cell in getattr(value, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return any(callable(item) and _is_r_function(item, depth + 1) for item in inner if item is not value)
+
+
+def _check_strategy_arg(strategy: Any) -> None:
+    if isinstance(strategy, tf.distribute.Strategy):
+        return
+    if isinstance(strategy, str) and strategy in KINDS:
+        return
+    raise ValueError(
+        f"strategy must be a tf.distribute.Strategy or one of {', '.join(KINDS)}, got {strategy!r}."
+    )
+
+
+def _check_fraction(validation_split: Any) -> None:
+    if validation_split is None:
+        return
+    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+            or not 0 < validation_split < 1:
+        raise ValueError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}.")
+
+
+def _check_callbacks(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
+        raise ValueError(f"callbacks must be a list of Keras callbacks, got {type(callbacks).__name__}.")
+    for index, callback in enumerate(callbacks):
+        if isinstance(callback, CheckpointCallback):
+            raise ValueError(
+                f"callbacks[{index}] is a kerasdist checkpoint callback: distributed_fit adds its "
+                "own; set checkpoint_dir, every_steps and keep instead."
+            )
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ValueError(
+                f"callbacks[{index}] must be a Keras callback (keras.callbacks.Callback), got "
+                f"{type(callback).__name__}."
+            )
+    return list(callbacks)
+
+
+def _check_dataset_args(dataset_args: Any) -> dict[str, Any]:
+    if dataset_args is None:
+        return {}
+    if not isinstance(dataset_args, Mapping):
+        raise ValueError(f"dataset_args must be a dict of make_dataset arguments, got {type(dataset_args).__name__}.")
+    taken = sorted(set(dataset_args) & set(_OWN_DATASET_ARGS))
+    if taken:
+        raise ValueError(
+            f"dataset_args may not set {', '.join(taken)}: distributed_fit sets "
+            f"{'it' if len(taken) == 1 else 'them'} (use its own arguments)."
+        )
+    return dict(dataset_args)
+
+
+def _validation_dataset(validation_data: Sequence[Any], common: Mapping[str, Any]) -> tf.data.Dataset:
+    if len(validation_data) not in (2, 3):
+        raise ValueError(
+            f"validation_data must be (x_val, y_val) or (x_val, y_val, weights), got {len(validation_data)} items."
+        )
+    args = {**common, "shuffle": False, "sample_weight": validation_data[2] if len(validation_data) == 3 else None}
+    return make_dataset(validation_data[0], validation_data[1], epochs=1, **args)
