@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, checkpoint_callback, latest_checkpoint
+from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
 
 EpochData = Callable[[int], tf.data.Dataset]
 
@@ -22,6 +23,7 @@ def resume_fit(
     steps_per_epoch: int | None = None,
     callbacks: Sequence[Any] | None = None,
     validation_data: Any = None,
+    validation_steps: int | None = None,
     verbose: Any = "auto",
 ) -> keras.callbacks.History:
     """Fit to `epochs` in total, continuing where the newest checkpoint left off.
@@ -29,6 +31,13 @@ def resume_fit(
     A run restarted after a crash continues at the next unseen batch of the interrupted epoch
     (not at the epoch start), so with seeded data and TensorFlow op determinism it ends with the
     same weights, bit for bit, as a run that was never interrupted.
+
+    Under a `tf.distribute.ParameterServerStrategy` (the model built in its scope, on the chief)
+    training runs through `ps_fit`, since Keras 3 `fit` cannot: `steps_per_epoch` is then
+    required, `data` (and `validation_data`) is a dataset or a function of a
+    `tf.distribute.InputContext` as `ps_fit` takes, checkpoints are written at epoch ends by the
+    coordinator (`every_steps` is refused: steps run asynchronously on the workers), and a run
+    stopped mid-epoch by SIGTERM resumes with the steps that epoch had left.
 
     Args:
         model: a compiled Keras model, usually from `make_or_restore_model`.
@@ -40,6 +49,8 @@ def resume_fit(
         steps_per_epoch: batches per epoch, when the dataset cannot tell (unknown cardinality).
         callbacks: more Keras callbacks.
         validation_data: passed to `fit`.
+        validation_steps: passed to `fit`; required with `validation_data` under a
+            parameter-server strategy.
         verbose: passed to `fit`.
 
     Returns:
@@ -48,6 +59,9 @@ def resume_fit(
     _check_epochs(epochs)
     if not isinstance(checkpoint, CheckpointCallback):
         checkpoint = checkpoint_callback(checkpoint)
+    if is_parameter_server_strategy(getattr(model, "distribute_strategy", None)):
+        return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
+                              validation_data, validation_steps, verbose)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     epoch_data = data if callable(data) else (lambda epoch: data)
@@ -76,6 +90,37 @@ def resume_fit(
         # across epochs, so epoch e gets exactly data(e).
         stream = _concatenate(epoch_data(e) for e in range(epoch, epochs))
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
+    return _merged_history(model, prior, histories)
+
+
+def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, validation_data,
+                   validation_steps, verbose) -> keras.callbacks.History:
+    """resume_fit under a parameter-server strategy: ps_fit, resumed at the checkpoint's epoch."""
+    if checkpoint.every_steps is not None:
+        raise ValueError(
+            "checkpoint: every_steps is not supported with parameter-server training (steps run "
+            "asynchronously on the workers, so there is no consistent state between epoch ends); "
+            "use checkpoint_callback(..., every_steps=None) and a smaller steps_per_epoch to save "
+            "more often."
+        )
+    steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
+    latest = latest_checkpoint(checkpoint.checkpoint_dir)
+    epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
+    prior = list(latest.history) if latest else []
+    fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
+                    validation_steps=validation_steps, verbose=verbose)
+    histories = []
+    if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
+        checkpoint.step_offset = skip
+        try:
+            histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
+                                    steps_per_epoch=steps_per_epoch - skip, **fit_args))
+        finally:
+            checkpoint.step_offset = 0
+        epoch += 1
+    if epoch < epochs:
+        histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
+                                steps_per_epoch=steps_per_epoch, **fit_args))
     return _merged_history(model, prior, histories)
 
 

@@ -1,0 +1,106 @@
+"""Every task of a parameter-server cluster (TF_CONFIG set by the launcher, with num_ps > 0).
+
+usage: train_ps.py OUT_JSON [--checkpoint-dir DIR] [--epochs E] [--steps S] [--validation]
+                   [--direct] [--check-errors] [--die-after-epoch E]
+Worker and ps tasks serve (kerasdist.run_server) until the launcher stops them. The chief (the
+coordinator) trains a small Keras 3 model with resume_fit (ps_fit with --direct) and writes
+OUT_JSON: the strategy description, the history, the optimizer step and, with --check-errors,
+the messages of calls that must fail on a real parameter-server model. With --die-after-epoch,
+the chief kills itself with SIGKILL after that epoch (its checkpoint saved) on the first attempt.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import kerasdist  # noqa: E402
+
+kerasdist.run_server()  # worker and ps tasks stop here
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+BATCH = 16
+
+
+def build_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def dataset_fn(input_context):
+    rng = np.random.default_rng(input_context.input_pipeline_id)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32")).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(128, seed=1).batch(BATCH)
+
+
+class DieAfterEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.epoch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def error_of(call):
+    try:
+        call()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_json")
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--validation", action="store_true")
+    parser.add_argument("--direct", action="store_true")
+    parser.add_argument("--check-errors", action="store_true")
+    parser.add_argument("--die-after-epoch", type=int)
+    args = parser.parse_args()
+    keras.utils.set_random_seed(7)
+    strategy = kerasdist.select_strategy()
+    description = kerasdist.describe_strategy(strategy)
+    validation = dict(validation_data=dataset_fn, validation_steps=4) if args.validation else {}
+    errors = {}
+    if args.direct:
+        with strategy.scope():
+            model = build_model()
+        if args.check_errors:
+            errors["no_steps"] = error_of(lambda: kerasdist.ps_fit(model, dataset_fn, 1))
+            errors["no_validation_steps"] = error_of(
+                lambda: kerasdist.ps_fit(model, dataset_fn, 1, steps_per_epoch=2, validation_data=dataset_fn))
+            errors["every_steps"] = error_of(lambda: kerasdist.resume_fit(
+                model, dataset_fn, 1, kerasdist.checkpoint_callback(args.out_json + ".ckpt", every_steps=5),
+                steps_per_epoch=2))
+        history = kerasdist.ps_fit(model, dataset_fn, args.epochs, steps_per_epoch=args.steps, verbose=0, **validation)
+    else:
+        model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model, strategy=strategy)
+        print(json.dumps({"restored_step": int(model.optimizer.iterations.numpy())}), flush=True)
+        callbacks = []
+        if args.die_after_epoch and os.environ.get("KERASDIST_RESTART", "0") == "0":
+            callbacks.append(DieAfterEpoch(args.die_after_epoch))
+        history = kerasdist.resume_fit(model, dataset_fn, args.epochs, args.checkpoint_dir, callbacks=callbacks,
+                                       steps_per_epoch=args.steps, verbose=2, **validation)
+    with open(args.out_json, "w") as out:
+        json.dump({
+            "kind": description.kind, "task": description.task, "chief": description.is_chief,
+            "epoch": history.epoch, "history": history.history,
+            "step": int(model.optimizer.iterations.numpy()), "errors": errors,
+        }, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
