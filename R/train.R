@@ -1,0 +1,128 @@
+# One-call distributed training: thin wrapper over python/kerasdist/train.py.
+
+#' Train a model under a distribution strategy, surviving restarts, in one call
+#'
+#' Selects the strategy (`"auto"` by default), builds the model with
+#' `build_fn()` inside its scope or restores it from the newest valid
+#' checkpoint in `checkpoint_dir`, feeds [make_dataset()] rebuilt for each
+#' epoch (its order a pure function of `seed` and the epoch), writes crash-safe
+#' checkpoints at every epoch end (and every `every_steps` steps), and fits
+#' until `epochs` epochs are done in total. Run the same call again after a
+#' crash, a kill or a preemption and it continues at the next unseen batch.
+#'
+#' Under a strategy with more than one replica, TensorFlow runs the loss, the
+#' metrics and the layers on one thread per replica, where R cannot run: an R
+#' function there would make R abort ("C stack usage is too close to the
+#' limit"). `distributed_fit()` checks the compiled model first and stops with
+#' an error of class `kerasdist_error` naming what to change: use a built-in
+#' loss or metric by name (`loss = "mse"`, `metrics = list("accuracy")`), or a
+#' Python function defined with [reticulate::py_run_string()] or
+#' [reticulate::source_python()]. R callbacks are fine: they run on R's thread.
+#'
+#' @param build_fn An R (or Python) function with no arguments returning a
+#'   compiled, built Keras model (a keras3 model or one made through
+#'   reticulate); called inside the strategy's scope.
+#' @param x The features: anything [make_dataset()] takes (R matrices and
+#'   arrays, data frames, a `tf.data.Dataset` of unbatched elements, file
+#'   patterns).
+#' @param y The targets, same number of rows as `x` (or a column name).
+#' @param epochs Total number of epochs, counting those of earlier runs.
+#' @param checkpoint_dir Directory of checkpoints; created if missing.
+#' @param strategy A strategy from [select_strategy()] (or any
+#'   `tf.distribute.Strategy`), or a kind for [select_strategy()]: `"auto"`,
+#'   `"default"`, `"mirrored"`, ...
+#' @param batch_size Global batch size; or give `per_replica_batch_size`;
+#'   neither means 32.
+#' @param per_replica_batch_size Batch size of one replica (multiplied by the
+#'   number of replicas).
+#' @param seed Seed of the per-epoch shuffle.
+#' @param shuffle Shuffle each epoch (as a function of `seed` and the epoch).
+#' @param sample_weight Optional per-sample weights.
+#' @param validation_split Fraction in (0, 1) of the rows (the last ones, as in
+#'   Keras) held out for validation; in-memory data only.
+#' @param validation_data `list(x_val, y_val)` (batched like the training data,
+#'   in order) or a batched `tf.data.Dataset`.
+#' @param every_steps Also checkpoint every this many steps (mid-epoch); `NULL`
+#'   for epoch ends only.
+#' @param keep How many of the newest checkpoints to keep.
+#' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping,
+#'   CSVLogger, your own, R ones included); checkpoints are added by
+#'   `distributed_fit()` itself.
+#' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
+#'   `list(drop_remainder = TRUE)`.
+#' @param verbose Passed to `fit`.
+#' @returns The Keras `History` (a Python object) of all epochs, earlier runs
+#'   included: `history$history$loss`, `history$epoch`; `history$model` is the
+#'   trained model.
+#' @family training
+#' @seealso Python: `kerasdist.distributed_fit()`; the pieces it combines:
+#'   [select_strategy()], [make_or_restore_model()], [make_dataset()],
+#'   [checkpoint_callback()], [resume_fit()].
+#' @examples
+#' \dontrun{
+#' simulate_devices(2)
+#' digits <- load_digits(flatten = TRUE)
+#' build_model <- function() {
+#'   keras <- reticulate::import("keras")
+#'   model <- keras$Sequential(list(
+#'     keras$Input(shape = list(64L)),
+#'     keras$layers$Dense(32L, activation = "relu"),
+#'     keras$layers$Dense(10L, activation = "softmax")
+#'   ))
+#'   model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy",
+#'                 metrics = list("accuracy"))
+#'   model
+#' }
+#' history <- distributed_fit(build_model, digits$x, digits$y, epochs = 5,
+#'                            checkpoint_dir = "ckpt", batch_size = 64,
+#'                            every_steps = 10, validation_split = 0.2)
+#' history$history$val_accuracy
+#' }
+#' @export
+distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strategy = "auto",
+                            batch_size = NULL, per_replica_batch_size = NULL, seed = 0L,
+                            shuffle = TRUE, sample_weight = NULL, validation_split = NULL,
+                            validation_data = NULL, every_steps = NULL, keep = 3L,
+                            callbacks = NULL, dataset_args = NULL, verbose = "auto") {
+  if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
+    validation_data <- lapply(validation_data, as_py_data)
+  }
+  if (!is.null(callbacks) && !is.list(callbacks)) callbacks <- list(callbacks)
+  call_python(
+    kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
+    y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
+    epochs = as_py_int(epochs), checkpoint_dir = checkpoint_dir, strategy = strategy,
+    batch_size = as_py_int(batch_size), per_replica_batch_size = as_py_int(per_replica_batch_size),
+    seed = as_py_int(seed), shuffle = shuffle, sample_weight = as_py_data(sample_weight),
+    validation_split = validation_split, validation_data = validation_data,
+    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = callbacks,
+    dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
+    verbose = as_py_int(verbose)
+  )
+}
+
+#' Find R functions that TensorFlow would run inside the training step
+#'
+#' Looks at a compiled model's loss, metrics and layers for R functions
+#' (reticulate hands them to Python as functions made by
+#' `rpytools.call.make_python_function`). Under a strategy with more than one
+#' replica they would be called on TensorFlow's replica threads, where R
+#' aborts, so this stops with an error of class `kerasdist_error` that says
+#' what to use instead; with one replica it only reports them.
+#' [distributed_fit()] runs it before training.
+#'
+#' @param model A compiled Keras model.
+#' @param strategy The strategy training will run under; `NULL` for the active one.
+#' @returns A character vector of the places holding R functions (e.g.
+#'   `"loss"`, `"metrics[1]"`), invisibly; empty if none.
+#' @family training
+#' @seealso Python: `kerasdist.check_step_functions()`.
+#' @examples
+#' \dontrun{
+#' check_step_functions(model, select_strategy())
+#' }
+#' @export
+check_step_functions <- function(model, strategy = NULL) {
+  found <- call_python(kerasdist_module()$check_step_functions, model, strategy)
+  invisible(as.character(unlist(found)))
+}
