@@ -1,0 +1,88 @@
+# Parameter-server training: thin wrapper over python/kerasdist/ps.py.
+
+#' Train a Keras 3 model under a parameter-server strategy, like `fit`
+#'
+#' Keras 3 `fit` does not support `ParameterServerStrategy`. `ps_fit()` is a
+#' `fit`-like loop that does: run it on the chief (the coordinator), with a
+#' compiled model built inside the scope of [select_strategy()]'s
+#' `"parameter_server"` strategy (what `"auto"` picks when `TF_CONFIG` has
+#' `"ps"` tasks). Each epoch schedules `steps_per_epoch` train steps
+#' (`model$train_step` on one batch) on the workers, which run them
+#' asynchronously as they become free, then waits for them all; the epoch's
+#' logs are the compiled loss and metrics. Callbacks run on the chief: epoch
+#' hooks see the epoch's logs; batch hooks run as steps are scheduled, with
+#' empty logs.
+#'
+#' Every worker reads its own copy of the data, repeated without end, so an
+#' epoch is a number of steps: `steps_per_epoch` is required. The worker and
+#' ps tasks run no training code: start them with [run_server()] (one script
+#' can call it first and then train; [launch()] with `num_ps = 1` runs it as a
+#' local cluster). [resume_fit()] uses `ps_fit()` under a parameter-server
+#' strategy, adding checkpoints and resume.
+#'
+#' @param model A compiled Keras 3 model built under a
+#'   `tf.distribute.ParameterServerStrategy` scope.
+#' @param data A `tf.data.Dataset` of batches (each worker iterates over all of
+#'   it, repeated), or a function of a `tf.distribute.InputContext` returning
+#'   one worker's dataset (shard or seed it with
+#'   `input_context$input_pipeline_id`).
+#' @param epochs Index of the last epoch to train (as in `fit`: with
+#'   `initial_epoch`, the total including earlier epochs).
+#' @param steps_per_epoch Train steps per epoch; required.
+#' @param callbacks A list of Keras callbacks.
+#' @param validation_data As `data`; evaluated for `validation_steps` batches
+#'   at each epoch end and logged with the prefix `"val_"`.
+#' @param validation_steps Batches per validation; required with
+#'   `validation_data`.
+#' @param initial_epoch The (0-based) epoch to start at.
+#' @param verbose 0 for silence, 1 or `"auto"` for a progress bar, 2 for one
+#'   line per epoch.
+#' @returns The Keras `History` (a Python object) of the epochs trained:
+#'   `history$history$loss`, `history$epoch`.
+#' @family training
+#' @seealso Python: `kerasdist.ps_fit()`; [run_server()], [launch()],
+#'   [resume_fit()], [select_strategy()].
+#' @examples
+#' \dontrun{
+#' # train.R, run by launch("train.R", num_workers = 2, num_ps = 1)
+#' library(kerasdist)
+#' run_server()                      # worker and ps tasks serve here until stopped
+#' strategy <- select_strategy()     # the chief: "parameter_server" from TF_CONFIG
+#' with(strategy$scope(), model <- build_model())
+#' history <- ps_fit(model, dataset, epochs = 5L, steps_per_epoch = 100L)
+#' }
+#' @export
+ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL,
+                   validation_data = NULL, validation_steps = NULL, initial_epoch = 0L,
+                   verbose = "auto") {
+  call_python(
+    kerasdist_module()$ps_fit, model, data, as_py_int(epochs),
+    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_list(callbacks),
+    validation_data = validation_data, validation_steps = as_py_int(validation_steps),
+    initial_epoch = as_py_int(initial_epoch), verbose = as_py_int(verbose)
+  )
+}
+
+#' Serve a worker or ps task of a parameter-server cluster
+#'
+#' Call it first in a script run on every task of a parameter-server cluster
+#' (for example by [launch()] with `num_ps = 1`): on a `"worker"` or `"ps"`
+#' task it starts TensorFlow's server for that task and never returns (the
+#' launcher stops it once the chief is done); on the chief, or outside a
+#' parameter-server cluster, it returns at once so the script goes on to train
+#' with [ps_fit()] or [resume_fit()].
+#'
+#' @param tf_config A `TF_CONFIG` (JSON text or a list) to use instead of the
+#'   `TF_CONFIG` environment variable, or `NULL`.
+#' @returns `NULL`, invisibly, on the chief; on a worker or ps task it does
+#'   not return.
+#' @family training
+#' @seealso Python: `kerasdist.run_server()`; [ps_fit()], [launch()].
+#' @examples
+#' \dontrun{
+#' run_server()  # first line of a script launched with launch(..., num_ps = 1)
+#' }
+#' @export
+run_server <- function(tf_config = NULL) {
+  invisible(call_python(kerasdist_module()$run_server, tf_config))
+}
