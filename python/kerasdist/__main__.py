@@ -47,6 +47,35 @@ def _launch(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from kerasdist import demo
+
+    if args.kill_at:  # the demo's own child process, the run that gets killed
+        return demo.run_child(args.run_dir, args.epochs, args.kill_at)
+    demo.demo(args.run_dir, args.epochs)
+    return 0
+
+
+def _add_demo(commands) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="train a CNN on the bundled digits on 2 CPU replicas, kill it mid-epoch, resume, plot",
+        description=(
+            "The main job: simulate 2 CPU devices, select_strategy('auto') -> MirroredStrategy,\n"
+            "distributed_fit a small CNN on the bundled UCI digits with checkpoints every epoch\n"
+            "and every 5 steps, SIGKILL the training process mid-epoch, resume from the newest\n"
+            "checkpoint, print the test accuracy and write RUN_DIR/curves.png."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--run-dir", default="runs/demo", metavar="DIR",
+                      help="where checkpoints, log.csv, curves.png and result.json go (default runs/demo)")
+    demo.add_argument("--epochs", type=_at_least(1), default=6, metavar="N",
+                      help="total epochs; the kill happens in the middle one (default 6)")
+    demo.add_argument("--kill-at", default=None, help=argparse.SUPPRESS)
+    demo.set_defaults(run=_demo)
+
+
 def _at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -126,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.set_defaults(run=_info)
     _add_launch(commands)
+    _add_demo(commands)
     return parser
 
 
