@@ -60,6 +60,20 @@ def test_resume_fit_checkpoints_on_the_chief_and_resumes_after_it_is_killed(tmp_
     assert [round(h["loss"], 6) for h in latest.history] == [round(v, 6) for v in loss]
 
 
+def test_a_preempted_chief_saves_the_settled_state_mid_epoch_and_the_next_run_finishes_the_epoch(tmp_path, capfd):
+    ckpt = tmp_path / "ckpt"
+    result, report = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "2",
+                            "--term-at", "1", "3", max_restarts=1)
+    out = capfd.readouterr().out
+    assert result.ok and result.restarts == 1, out[-3000:]
+    assert [f.description for f in result.failures] == ["chief 0 exited with status 75 (preempted, checkpoint saved)"]
+    saved = [(c.epoch, c.step_in_epoch, c.global_step) for c in kerasdist.list_checkpoints(ckpt)]
+    # SIGTERM after batch 3 was scheduled: the next batch end waits for the steps in flight and
+    # saves 5 steps into epoch 2 with exactly 15 optimizer steps; the restart runs the other 5.
+    assert saved == [(1, 0, STEPS), (1, 5, STEPS + 5), (2, 0, 2 * STEPS)]
+    assert report["epoch"] == [0, 1] and report["step"] == 2 * STEPS
+
+
 def small_model():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")

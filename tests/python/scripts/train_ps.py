@@ -1,12 +1,13 @@
 """Every task of a parameter-server cluster (TF_CONFIG set by the launcher, with num_ps > 0).
 
 usage: train_ps.py OUT_JSON [--checkpoint-dir DIR] [--epochs E] [--steps S] [--validation]
-                   [--direct] [--check-errors] [--die-after-epoch E]
+                   [--direct] [--check-errors] [--die-after-epoch E] [--term-at EPOCH BATCH]
 Worker and ps tasks serve (kerasdist.run_server) until the launcher stops them. The chief (the
 coordinator) trains a small Keras 3 model with resume_fit (ps_fit with --direct) and writes
 OUT_JSON: the strategy description, the history, the optimizer step and, with --check-errors,
 the messages of calls that must fail on a real parameter-server model. With --die-after-epoch,
-the chief kills itself with SIGKILL after that epoch (its checkpoint saved) on the first attempt.
+the chief kills itself with SIGKILL after that epoch (its checkpoint saved) on the first attempt;
+with --term-at, it sends itself SIGTERM (preemption) after that batch is scheduled.
 """
 
 import argparse
@@ -51,6 +52,21 @@ class DieAfterEpoch(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class TermAtBatch(keras.callbacks.Callback):
+    """SIGTERM to this process after batch `batch` of epoch `epoch` has been scheduled."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.epoch, self.batch, self.current = epoch, batch, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.current == self.epoch and batch == self.batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def error_of(call):
     try:
         call()
@@ -69,6 +85,7 @@ def main():
     parser.add_argument("--direct", action="store_true")
     parser.add_argument("--check-errors", action="store_true")
     parser.add_argument("--die-after-epoch", type=int)
+    parser.add_argument("--term-at", type=int, nargs=2, metavar=("EPOCH", "BATCH"))
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
@@ -92,6 +109,8 @@ def main():
         callbacks = []
         if args.die_after_epoch and os.environ.get("KERASDIST_RESTART", "0") == "0":
             callbacks.append(DieAfterEpoch(args.die_after_epoch))
+        if args.term_at and os.environ.get("KERASDIST_RESTART", "0") == "0":
+            callbacks.append(TermAtBatch(*args.term_at))
         history = kerasdist.resume_fit(model, dataset_fn, args.epochs, args.checkpoint_dir, callbacks=callbacks,
                                        steps_per_epoch=args.steps, verbose=2, **validation)
     with open(args.out_json, "w") as out:
