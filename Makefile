@@ -12,8 +12,11 @@ demo: setup
 	@echo "== Python: python -m kerasdist info --devices 2"
 	@$(PYTHON) -m kerasdist info --devices 2
 	@echo
-	@echo "== R: simulate_devices(2); kerasdist_info()"
-	@Rscript -e 'kerasdist::simulate_devices(2); kerasdist::kerasdist_info()'
+	@echo "== Python: python -m kerasdist demo (CNN on the bundled digits, 2 CPU replicas, killed and resumed)"
+	@$(PYTHON) -m kerasdist demo --run-dir runs/demo
+	@echo
+	@echo "== R: kerasdist::demo() (the same run from the R API)"
+	@Rscript -e 'kerasdist::demo("runs/demo-r")'
 
 test: setup
 	@tools/test.sh
