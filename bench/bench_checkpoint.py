@@ -1,0 +1,99 @@
+"""Checkpoint overhead: fit with per-epoch checkpoints against the same fit without, side by side.
+
+Prints one JSON line and writes bench/results/checkpoint.json. The variants are interleaved
+(plain, checkpointed, plain, ...) so machine noise hits both; the ratio is the median of the
+per-repetition ratios. Also times one save and one restore of the checkpoint.
+
+usage: python bench/bench_checkpoint.py [--repeats 3] [--epochs 2] [--samples 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import kerasdist  # noqa: E402
+from kerasdist.checkpoint import save_checkpoint  # noqa: E402
+
+FEATURES, HIDDEN, CLASSES, BATCH = 512, 2048, 10, 128
+
+
+def build_model() -> keras.Model:
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def timed_fit(model, data, epochs, callbacks) -> float:
+    start = time.perf_counter()
+    model.fit(data, epochs=epochs, callbacks=callbacks, verbose=0)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=16384)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.samples, FEATURES)).astype("float32")
+    y = rng.integers(0, CLASSES, size=args.samples)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
+    model = build_model()
+    model.fit(data.take(2), epochs=1, verbose=0)  # trace and build before timing
+
+    plain, checkpointed = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            plain.append(timed_fit(model, data, args.epochs, []))
+            callback = kerasdist.checkpoint_callback(Path(tmp) / f"r{repeat}", keep=1)
+            checkpointed.append(timed_fit(model, data, args.epochs, [callback]))
+        save_seconds = []
+        for i in range(3):
+            start = time.perf_counter()
+            save_checkpoint(model, Path(tmp) / "timing", epoch=i)
+            save_seconds.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        kerasdist.make_or_restore_model(Path(tmp) / "timing", build_model)
+        restore_seconds = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in Path(kerasdist.latest_checkpoint(Path(tmp) / "timing").path).iterdir())
+
+    ratios = [c / p for p, c in zip(plain, checkpointed)]
+    result = {
+        "benchmark": "checkpoint_overhead",
+        "parameters": int(model.count_params()),
+        "epoch_seconds_median": round(statistics.median(plain) / args.epochs, 3),
+        "ratio_checkpointed_over_plain_median": round(statistics.median(ratios), 4),
+        "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+        "target": "< 1.05",
+        "save_seconds_median": round(statistics.median(save_seconds), 3),
+        "restore_seconds": round(restore_seconds, 3),
+        "checkpoint_megabytes": round(size / 1e6, 1),
+        "repeats": args.repeats, "epochs_per_fit": args.epochs, "samples": args.samples,
+    }
+    print(json.dumps(result))
+    out = Path(__file__).parent / "results" / "checkpoint.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
