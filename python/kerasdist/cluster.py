@@ -26,7 +26,8 @@ class ClusterInfo:
             TensorFlow's SlurmClusterResolver works out).
         task_type: this process's role, or None outside a cluster.
         task_index: this process's index within its role, or None.
-        num_workers: tasks that train (chief + workers).
+        num_workers: tasks that train: workers, plus the chief except in parameter-server
+            clusters, where the chief is the coordinator.
         num_ps: parameter-server tasks.
     """
 
@@ -63,9 +64,16 @@ def parse_tf_config(tf_config: str | Mapping[str, Any]) -> ClusterInfo:
         cluster=cluster,
         task_type=task_type,
         task_index=task_index,
-        num_workers=sum(len(cluster.get(t, [])) for t in WORKER_TYPES),
+        num_workers=_trainers(cluster),
         num_ps=len(cluster.get("ps", [])),
     )
+
+
+def _trainers(cluster: Mapping[str, list[str]]) -> int:
+    """Tasks that run training steps: workers, and the chief unless it is a parameter-server
+    coordinator (which only schedules)."""
+    chief = 0 if cluster.get("ps") else len(cluster.get("chief", []))
+    return len(cluster.get("worker", [])) + chief
 
 
 def cluster_from_environment(environ: Mapping[str, str] | None = None) -> ClusterInfo:
