@@ -65,9 +65,7 @@ def resume_fit(
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     epoch_data = data if callable(data) else (lambda epoch: data)
-    latest = latest_checkpoint(checkpoint.checkpoint_dir)
-    epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
-    prior = list(latest.history) if latest else []
+    epoch, skip, prior = _resume_point(checkpoint)
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
@@ -104,9 +102,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             "more often."
         )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    latest = latest_checkpoint(checkpoint.checkpoint_dir)
-    epoch, skip = (latest.epoch, latest.step_in_epoch) if latest else (0, 0)
-    prior = list(latest.history) if latest else []
+    epoch, skip, prior = _resume_point(checkpoint)
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     validation_steps=validation_steps, verbose=verbose)
     histories = []
@@ -122,6 +118,14 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
         histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
                                 steps_per_epoch=steps_per_epoch, **fit_args))
     return _merged_history(model, prior, histories)
+
+
+def _resume_point(checkpoint: CheckpointCallback) -> tuple[int, int, list[dict[str, float]]]:
+    """(epoch, batches of it already trained, history so far) from the newest checkpoint."""
+    latest = latest_checkpoint(checkpoint.checkpoint_dir)
+    if latest is None:
+        return 0, 0, []
+    return latest.epoch, latest.step_in_epoch, list(latest.history)
 
 
 def _check_epochs(epochs: Any) -> None:
