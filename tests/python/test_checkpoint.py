@@ -209,3 +209,21 @@ def test_upstream_fit_on_unknown_cardinality_counts_an_extra_iteration():
     unknown = dataset().filter(lambda x, y: True)  # 4 batches, cardinality unknown to tf.data
     model.fit(unknown, epochs=1, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH + 1
+
+
+def test_whole_model_load_is_safe_mode_by_default_and_takes_custom_objects(tmp_path):
+    @keras.saving.register_keras_serializable(package="kerasdist_test")
+    class Doubled(keras.layers.Layer):
+        def call(self, x):
+            return 2 * x
+
+    def build_with_lambda():
+        model = keras.Sequential([keras.Input((3,)), Doubled(), keras.layers.Lambda(lambda x: x + 1), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    kerasdist.resume_fit(kerasdist.make_or_restore_model(tmp_path, build_with_lambda), dataset(), 1, tmp_path, verbose=0)
+    with pytest.raises(ValueError, match="unsafe|Lambda"):
+        kerasdist.make_or_restore_model(tmp_path)
+    model = kerasdist.make_or_restore_model(tmp_path, safe_mode=False, custom_objects={"Doubled": Doubled})
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
