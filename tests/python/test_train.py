@@ -1,0 +1,150 @@
+"""distributed_fit, the R-function guardrail, the bundled digits and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kerasdist
+from kerasdist.train import check_step_functions
+
+
+def digits(n: int = 256):
+    x, y = kerasdist.load_digits(flatten=True)
+    return x[:n], y[:n]
+
+
+def build_model():
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_load_digits_shapes_labels_and_range():
+    x, y = kerasdist.load_digits()
+    assert x.shape == (1797, 8, 8, 1) and x.dtype == np.float32
+    assert y.shape == (1797,) and y.dtype == np.int32
+    assert 0.0 == x.min() and x.max() == 1.0
+    assert np.bincount(y).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    flat, y2 = kerasdist.load_digits(flatten=True)
+    assert flat.shape == (1797, 64) and np.array_equal(flat.reshape(-1, 8, 8, 1), x)
+    assert np.array_equal(y, y2)
+    with pytest.raises(ValueError, match="flatten"):
+        kerasdist.load_digits(flatten="yes")
+
+
+def test_distributed_fit_trains_then_resumes_to_the_total(tmp_path):
+    x, y = digits()
+    seen = []
+    logger = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(epoch))
+    args = dict(checkpoint_dir=tmp_path / "ckpt", strategy="default", batch_size=64, seed=3,
+                validation_split=0.25, every_steps=2, verbose=0)
+    first = kerasdist.distributed_fit(build_model, x, y, epochs=1, callbacks=[logger], **args)
+    assert first.epoch == [0] and set(first.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert int(first.model.optimizer.iterations.numpy()) == 3  # 192 training rows / 64
+    second = kerasdist.distributed_fit(build_model, x, y, epochs=2, callbacks=[logger],
+                                       **{**args, "validation_split": None, "validation_data": (x[-64:], y[-64:])})
+    assert second.epoch == [0, 1] and len(second.history["loss"]) == 2
+    assert second.history["loss"][0] == first.history["loss"][0]  # epoch 1 comes from the checkpoint
+    assert int(second.model.optimizer.iterations.numpy()) == 3 + 4  # continued, not restarted
+    assert seen == [0, 1]
+    assert kerasdist.latest_checkpoint(tmp_path / "ckpt").epoch == 2
+    again = kerasdist.distributed_fit(build_model, x, y, epochs=2, **args)  # already done: no training
+    assert again.epoch == [0, 1] and int(again.model.optimizer.iterations.numpy()) == 7
+
+
+def test_distributed_fit_takes_a_strategy_object_and_early_stopping(tmp_path):
+    x, y = digits(128)
+    strategy = kerasdist.select_strategy("default")
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
+    history = kerasdist.distributed_fit(build_model, x, y, epochs=5, checkpoint_dir=tmp_path,
+                                        strategy=strategy, batch_size=32, verbose=0, callbacks=[stop])
+    assert history.epoch == [0, 1]  # stopped after the first epoch without a 100-point improvement
+
+
+def _bad(tmp_path):
+    x, y = digits(64)
+    file = tmp_path / "a-file"
+    file.write_text("")
+    ckpt = kerasdist.checkpoint_callback(tmp_path / "other")
+    return [
+        ("build_fn", dict(build_fn=build_model())),
+        ("epochs", dict(epochs=0)),
+        ("epochs", dict(epochs=1.5)),
+        ("strategy", dict(strategy="bogus")),
+        ("validation_split", dict(validation_split=1.5)),
+        ("give one of them", dict(validation_split=0.2, validation_data=(x, y))),
+        (r"callbacks\[0\] must be a Keras callback", dict(callbacks=["tensorboard"])),
+        ("distributed_fit adds its own", dict(callbacks=[ckpt])),
+        ("dataset_args may not set batch_size", dict(dataset_args={"batch_size": 8})),
+        ("keep", dict(keep=0)),
+        ("every_steps", dict(every_steps=0)),
+        ("is a file", dict(checkpoint_dir=file)),
+        ("batch_size", dict(batch_size=-1)),
+        ("x", dict(x=x[:10])),  # length differs from y
+    ]
+
+
+def test_distributed_fit_refuses_bad_input_before_touching_checkpoints(tmp_path):
+    x, y = digits(64)
+    for message, override in _bad(tmp_path):
+        target = tmp_path / "ckpt"
+        args = {**dict(build_fn=build_model, x=x, y=y, epochs=1, checkpoint_dir=target, strategy="default",
+                       batch_size=32, verbose=0), **override}
+        with pytest.raises(ValueError, match=message):
+            kerasdist.distributed_fit(**args)
+        assert not target.exists(), f"{message}: the checkpoint directory was created"
+
+
+class _TwoReplicas:
+    num_replicas_in_sync = 2
+
+
+def _r_function():
+    """A stand-in for what reticulate makes of an R function (rpytools.call.make_python_function)."""
+    def make_python_function(f):
+        def python_function(*args, **kwargs):
+            return f(*args, **kwargs)
+        return python_function
+    fn = make_python_function(keras.losses.mean_squared_error)
+    fn.__module__ = "rpytools.call"
+    return fn
+
+
+def test_check_step_functions_finds_r_losses_metrics_and_wrapped_ones():
+    r_fn = _r_function()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss=r_fn, metrics=["mae", r_fn])
+    assert check_step_functions(model, kerasdist.select_strategy("default")) == ["loss", "metrics[1]"]
+    with pytest.raises(ValueError, match=r"loss, metrics\[1\] are R functions.*2 replicas.*built-in.*py_run_string"):
+        check_step_functions(model, _TwoReplicas())
+    wrapped = lambda y_true, y_pred: r_fn(y_true, y_pred)  # noqa: E731 - a closure holding one
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss=wrapped, metrics=[keras.metrics.MeanMetricWrapper(r_fn, name="r")])
+    assert check_step_functions(model, kerasdist.select_strategy("default")) == ["loss", "metrics[0]"]
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", metrics=["accuracy"])
+    assert check_step_functions(model, _TwoReplicas()) == []
+
+
+def test_demo_runs_end_to_end_in_a_fresh_process(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "kerasdist", "demo", "--run-dir", str(tmp_path), "--epochs", "1"],
+                         capture_output=True, text=True, timeout=150,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "[run 1] epoch 1 step 13  SIGKILL" in run.stdout
+    assert "killed by SIGKILL" in run.stdout and "test accuracy" in run.stdout
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["strategy"] == "mirrored" and result["replicas"] == 2
+    assert result["resumed_from"] == {"epoch": 0, "step_in_epoch": 10, "global_step": 10}
+    assert result["epochs"] == 1 and result["optimizer_steps"] == 22
+    png = Path(result["png"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
