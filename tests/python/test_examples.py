@@ -1,0 +1,33 @@
+"""The example scripts in examples/ run to the end and print their key result."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("script", "key_line"),
+    [
+        ("distributed_training.py", "distributed_fit: test accuracy 0."),
+        ("fault_tolerance.py", "resuming from epoch 1, step "),
+        ("input_pipelines.py", "resumed stream matches the uninterrupted one: True"),
+    ],
+)
+def test_example_runs(script: str, key_line: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert key_line in result.stdout, result.stdout[-2000:]
+    if script == "fault_tolerance.py":
+        assert "killed the job: status -9" in result.stdout
+        assert "fallback: ckpt-72 is damaged, restored ckpt-70" in result.stdout
