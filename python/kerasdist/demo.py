@@ -211,6 +211,8 @@ def plot_curves(history: dict[str, list[float]], path: Path, *, steps: int,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # From R a one-epoch history arrives with scalars instead of lists.
+    history = {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in dict(history).items()}
     epochs = list(range(1, len(history.get("loss", [])) + 1))
     kill_x = kill[0] + kill[1] / steps
     resume_x = resume[0] + resume[1] / steps

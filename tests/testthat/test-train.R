@@ -1,0 +1,116 @@
+# distributed_fit from R, the R-function guardrail under 2 replicas, load_digits and demo().
+
+train_build_model <- function() {
+  keras <- reticulate::import("keras")
+  model <- keras$Sequential(list(
+    keras$Input(shape = list(64L)), keras$layers$Dense(16L, activation = "relu"),
+    keras$layers$Dense(10L, activation = "softmax")
+  ))
+  model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy", metrics = list("accuracy"))
+  model
+}
+
+test_that("load_digits gives the bundled digits as R arrays", {
+  skip_if_no_kerasdist()
+  digits <- load_digits()
+  expect_identical(dim(digits$x), c(1797L, 8L, 8L, 1L))
+  expect_true(is.integer(digits$y))
+  expect_identical(as.vector(table(digits$y)), c(178L, 182L, 177L, 183L, 181L, 182L, 181L, 179L, 174L, 180L))
+  expect_identical(range(digits$x), c(0, 1))
+  flat <- load_digits(flatten = TRUE)
+  expect_identical(dim(flat$x), c(1797L, 64L))
+  expect_equal(flat$x[2, 1:8], as.vector(digits$x[2, 1, , 1]))  # row-major pixels, as in Python
+})
+
+test_that("distributed_fit trains with an R build function, then resumes to the total", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  digits <- load_digits(flatten = TRUE)
+  x <- digits$x[1:256, ]
+  y <- digits$y[1:256]
+  epochs_seen <- integer()
+  keras <- reticulate::import("keras")
+  r_callback <- keras$callbacks$LambdaCallback(on_epoch_end = function(epoch, logs) epochs_seen <<- c(epochs_seen, as.integer(epoch)))
+  first <- distributed_fit(train_build_model, x, y, epochs = 1, checkpoint_dir = dir, strategy = "default",
+                           batch_size = 64, validation_split = 0.25, every_steps = 2, verbose = 0,
+                           callbacks = list(r_callback))
+  expect_identical(as.integer(unlist(first$epoch)), 0L)
+  expect_identical(as.integer(first$model$optimizer$iterations$numpy()), 3L)
+  second <- distributed_fit(train_build_model, x, y, epochs = 2, checkpoint_dir = dir, strategy = "default",
+                            batch_size = 64, validation_data = list(x[193:256, ], y[193:256]), verbose = 0,
+                            callbacks = r_callback)
+  expect_identical(as.integer(unlist(second$epoch)), 0:1)
+  expect_length(second$history$loss, 2)
+  expect_identical(as.integer(second$model$optimizer$iterations$numpy()), 7L)
+  expect_identical(epochs_seen, 0:1)
+  expect_identical(latest_checkpoint(dir)$epoch, 2L)
+})
+
+test_that("distributed_fit refuses bad input with a kerasdist_error before creating the checkpoint dir", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  digits <- load_digits(flatten = TRUE)
+  x <- digits$x[1:64, ]
+  y <- digits$y[1:64]
+  fit <- function(...) {
+    args <- modifyList(list(build_fn = train_build_model, x = x, y = y, epochs = 1, checkpoint_dir = dir,
+                            strategy = "default", verbose = 0), list(...))
+    do.call(distributed_fit, args)
+  }
+  expect_error(fit(epochs = 0), "epochs must be an integer >= 1", class = "kerasdist_ValueError")
+  expect_error(fit(strategy = "bogus"), "strategy must be", class = "kerasdist_error")
+  expect_error(fit(build_fn = "model"), "build_fn must be a function", class = "kerasdist_error")
+  expect_error(fit(validation_split = 2), "validation_split", class = "kerasdist_error")
+  expect_error(fit(callbacks = list("tensorboard")), "callbacks\\[0\\] must be a Keras callback", class = "kerasdist_error")
+  expect_error(fit(keep = 0), "keep must be", class = "kerasdist_error")
+  expect_false(dir.exists(dir))
+})
+
+test_that("an R loss under 2 replicas stops with a readable error, a built-in loss trains (fresh R)", {
+  skip_if_no_kerasdist()
+  result <- in_fresh_r(function() {
+    library(kerasdist)
+    simulate_devices(2L)
+    keras <- reticulate::import("keras")
+    build <- function(loss) function() {
+      model <- keras$Sequential(list(keras$Input(shape = list(64L)), keras$layers$Dense(10L, activation = "softmax")))
+      model$compile(optimizer = "adam", loss = loss, metrics = list("accuracy"))
+      model
+    }
+    r_loss <- function(y_true, y_pred) keras$losses$sparse_categorical_crossentropy(y_true, y_pred)
+    digits <- load_digits(flatten = TRUE)
+    dir <- tempfile()
+    err <- tryCatch(
+      distributed_fit(build(r_loss), digits$x[1:128, ], digits$y[1:128], epochs = 1, checkpoint_dir = dir, batch_size = 64),
+      error = function(e) e
+    )
+    history <- distributed_fit(build("sparse_categorical_crossentropy"), digits$x[1:128, ], digits$y[1:128],
+                               epochs = 1, checkpoint_dir = tempfile(), batch_size = 64, verbose = 0)
+    list(class = class(err), message = conditionMessage(err), replicas = describe_strategy(select_strategy())$num_replicas,
+         checkpoints = length(list_checkpoints(dir)), loss = history$history$loss)
+  })
+  expect_identical(result$replicas, 2L)
+  expect_true("kerasdist_error" %in% result$class)
+  expect_match(result$message, "loss is an R function, and the strategy has 2 replicas")
+  expect_match(result$message, "built-in Keras loss", fixed = TRUE)
+  expect_match(result$message, "py_run_string", fixed = TRUE)
+  expect_identical(result$checkpoints, 0L)
+  expect_length(result$loss, 1)
+})
+
+test_that("demo() runs end to end from R: killed, resumed, PNG written (fresh R)", {
+  skip_if_no_kerasdist()
+  run_dir <- withr::local_tempdir()
+  output <- in_fresh_r(function(run_dir) {
+    out <- utils::capture.output(result <- kerasdist::demo(run_dir, epochs = 1))
+    list(result = result, out = out)
+  }, run_dir = run_dir)
+  result <- output$result
+  expect_identical(result$strategy, "mirrored")
+  expect_identical(result$killed_at, list(epoch = 0L, step_in_epoch = 13L))
+  expect_identical(result$resumed_from, list(epoch = 0L, step_in_epoch = 10L, global_step = 10L))
+  expect_identical(result$optimizer_steps, 22L)
+  expect_true(any(grepl("test accuracy", output$out)))
+  png <- file.path(run_dir, "curves.png")
+  expect_identical(readBin(png, "raw", 4L), as.raw(c(0x89, 0x50, 0x4e, 0x47)))
+})
