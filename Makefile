@@ -15,8 +15,8 @@ demo: setup
 	@echo "== Python: python -m kerasdist demo (CNN on the bundled digits, 2 CPU replicas, killed and resumed)"
 	@$(PYTHON) -m kerasdist demo --run-dir runs/demo
 	@echo
-	@echo "== R: kerasdist::demo() (the same run from the R API)"
-	@Rscript -e 'kerasdist::demo("runs/demo-r")'
+	@echo "== R: kerasdist::kerasdist_demo() (the same run from the R API)"
+	@Rscript -e 'kerasdist::kerasdist_demo("runs/demo-r")'
 
 test: setup
 	@tools/test.sh

@@ -25,15 +25,15 @@
 #'   `resumed_from`, `epochs`, `optimizer_steps`, `test_loss`, `test_accuracy`,
 #'   `png` and `wall_seconds`.
 #' @family training
-#' @seealso Python: `python -m kerasdist demo` (`kerasdist.demo.demo()`);
+#' @seealso Python: `python -m kerasdist demo` (`kerasdist.kerasdist_demo()`);
 #'   [distributed_fit()], [load_digits()].
 #' @examples
 #' \dontrun{
-#' result <- demo("runs/demo-r", epochs = 6)
+#' result <- kerasdist_demo("runs/demo-r", epochs = 6)
 #' result$test_accuracy
 #' }
 #' @export
-demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
+kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   started <- Sys.time()
   if (!is.numeric(epochs) || length(epochs) != 1 || is.na(epochs) || epochs < 1 || epochs != round(epochs)) {
     stop(structure(

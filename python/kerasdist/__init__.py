@@ -20,7 +20,11 @@ from kerasdist.data import (
     epoch_order,
     make_dataset,
 )
+from kerasdist.datasets import load_digits
+from kerasdist.demo import kerasdist_demo
 from kerasdist.fit import resume_fit
+from kerasdist.launch import LaunchResult, TaskFailure, launch
+from kerasdist.ps import ps_fit, run_server
 from kerasdist.strategy import (
     StrategyDescription,
     StrategyPlan,
@@ -29,16 +33,21 @@ from kerasdist.strategy import (
     select_strategy,
     simulate_devices,
 )
+from kerasdist.train import check_step_functions, distributed_fit
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchSizeInfo",
-    "DatasetInfo",
-    "batch_size_info",
-    "dataset_info",
-    "epoch_order",
-    "make_dataset",
+    # strategy selection
+    "ClusterInfo",
+    "StrategyDescription",
+    "StrategyPlan",
+    "describe_strategy",
+    "parse_tf_config",
+    "plan_strategy",
+    "select_strategy",
+    "simulate_devices",
+    # checkpoints and resuming
     "PREEMPTED_EXIT_CODE",
     "CheckpointCallback",
     "CheckpointInfo",
@@ -48,26 +57,24 @@ __all__ = [
     "list_checkpoints",
     "make_or_restore_model",
     "resume_fit",
-    "ClusterInfo",
-    "StrategyDescription",
-    "StrategyPlan",
-    "describe_strategy",
+    # input pipelines
+    "BatchSizeInfo",
+    "DatasetInfo",
+    "batch_size_info",
+    "dataset_info",
+    "epoch_order",
+    "make_dataset",
+    # training
+    "check_step_functions",
+    "distributed_fit",
+    "ps_fit",
+    "run_server",
+    # clusters on one machine
+    "LaunchResult",
+    "TaskFailure",
+    "launch",
+    # data, demo, info
+    "load_digits",
+    "kerasdist_demo",
     "kerasdist_info",
-    "parse_tf_config",
-    "plan_strategy",
-    "select_strategy",
-    "simulate_devices",
 ]
-
-from kerasdist.launch import LaunchResult, TaskFailure, launch  # noqa: E402
-
-__all__ += ["LaunchResult", "TaskFailure", "launch"]
-
-from kerasdist.ps import ps_fit, run_server  # noqa: E402
-
-__all__ += ["ps_fit", "run_server"]
-
-from kerasdist.datasets import load_digits  # noqa: E402
-from kerasdist.train import check_step_functions, distributed_fit  # noqa: E402
-
-__all__ += ["check_step_functions", "distributed_fit", "load_digits"]

@@ -52,7 +52,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.kill_at:  # the demo's own child process, the run that gets killed
         return demo.run_child(args.run_dir, args.epochs, args.kill_at)
-    demo.demo(args.run_dir, args.epochs)
+    demo.kerasdist_demo(args.run_dir, args.epochs)
     return 0
 
 

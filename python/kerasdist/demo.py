@@ -30,7 +30,7 @@ TRAIN_SAMPLES = math.ceil((1797 - TEST_SAMPLES) * (1 - VALIDATION_SPLIT))  # as 
 LOST_STEPS = 3  # the kill comes this many steps after the last mid-epoch checkpoint
 
 
-def demo(run_dir: str | os.PathLike[str] = "runs/demo", epochs: int = 6, *, verbose: bool = True) -> dict[str, Any]:
+def kerasdist_demo(run_dir: str | os.PathLike[str] = "runs/demo", epochs: int = 6, *, verbose: bool = True) -> dict[str, Any]:
     """Run the demo: train, get killed mid-epoch, resume, evaluate, plot.
 
     Args:

@@ -1,4 +1,4 @@
-# distributed_fit from R, the R-function guardrail under 2 replicas, load_digits and demo().
+# distributed_fit from R, the R-function guardrail under 2 replicas, load_digits and kerasdist_demo().
 
 train_build_model <- function() {
   keras <- reticulate::import("keras")
@@ -98,11 +98,11 @@ test_that("an R loss under 2 replicas stops with a readable error, a built-in lo
   expect_length(result$loss, 1)
 })
 
-test_that("demo() runs end to end from R: killed, resumed, PNG written (fresh R)", {
+test_that("kerasdist_demo() runs end to end from R: killed, resumed, PNG written (fresh R)", {
   skip_if_no_kerasdist()
   run_dir <- withr::local_tempdir()
   output <- in_fresh_r(function(run_dir) {
-    out <- utils::capture.output(result <- kerasdist::demo(run_dir, epochs = 1))
+    out <- utils::capture.output(result <- kerasdist::kerasdist_demo(run_dir, epochs = 1))
     list(result = result, out = out)
   }, run_dir = run_dir)
   result <- output$result
