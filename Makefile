@@ -12,6 +12,9 @@ demo: setup
 	@echo "== Python: python -m kerasdist info --devices 2"
 	@$(PYTHON) -m kerasdist info --devices 2
 	@echo
+	@echo "== R: simulate_devices(2); kerasdist_info()"
+	@Rscript -e 'kerasdist::simulate_devices(2); kerasdist::kerasdist_info()'
+	@echo
 	@echo "== Python: python -m kerasdist demo (CNN on the bundled digits, 2 CPU replicas, killed and resumed)"
 	@$(PYTHON) -m kerasdist demo --run-dir runs/demo
 	@echo

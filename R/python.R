@@ -42,6 +42,21 @@ find_project_venv <- function(dir) {
   }
 }
 
+# On load, point reticulate at kerasdist's Python (without starting it), so that a user's own
+# reticulate::import("keras") before any kerasdist call gets the same interpreter.
+.onLoad <- function(libname, pkgname) {
+  if (reticulate::py_available(initialize = FALSE)) return(invisible())
+  python <- kerasdist_python()
+  if (!is.null(python)) prefer_python(python)
+}
+
+prefer_python <- function(python) {
+  # RETICULATE_PYTHON also stops reticulate 1.28 from reading this checkout's pyproject.toml as a
+  # Poetry project (it warns, then ignores it).
+  if (!nzchar(Sys.getenv("RETICULATE_PYTHON"))) Sys.setenv(RETICULATE_PYTHON = python)
+  reticulate::use_python(python, required = FALSE)
+}
+
 # The kerasdist Python module, imported once; each missing piece gets one sentence and its fix.
 kerasdist_module <- function() {
   if (is.null(.kerasdist$module)) {
@@ -63,8 +78,6 @@ activate_python <- function() {
       "checkout, or set options(kerasdist.python = \"/path/to/python\")."
     ))
   }
-  # RETICULATE_PYTHON also stops reticulate 1.28 from reading this checkout's pyproject.toml as a
-  # Poetry project (it warns, then ignores it).
   Sys.setenv(RETICULATE_PYTHON = python)
   reticulate::use_python(python, required = TRUE)
   if (!reticulate::py_available(initialize = TRUE)) {
