@@ -76,14 +76,18 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[CheckpointI
 
     Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
     """
+    return _listed(checkpoint_dir, verify_files=True, warn=True)
+
+
+def _listed(checkpoint_dir: str | os.PathLike[str], verify_files: bool, warn: bool) -> list[CheckpointInfo]:
     directory = Path(checkpoint_dir)
     if not directory.is_dir():
         return []
     found = []
     for candidate in sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")):
-        problem, info = _validate(candidate)
-        if problem:
-            warnings.warn(f"Skipping checkpoint {candidate}: {problem}.", CheckpointWarning, stacklevel=2)
+        problem, info = _validate(candidate, verify_files)
+        if problem and warn:
+            warnings.warn(f"Skipping checkpoint {candidate}: {problem}.", CheckpointWarning, stacklevel=3)
         elif info is not None:
             found.append(info)
     return sorted(found, key=lambda info: info.order)
@@ -95,8 +99,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> CheckpointInfo 
     return checkpoints[-1] if checkpoints else None
 
 
-def _validate(path: Path) -> tuple[str | None, CheckpointInfo | None]:
-    """(problem, info): a reason the checkpoint cannot be used, or its info."""
+def _validate(path: Path, verify_files: bool = True) -> tuple[str | None, CheckpointInfo | None]:
+    """(problem, info): a reason the checkpoint cannot be used, or its info. Without
+    `verify_files` only the completion record is read (no checksums)."""
     if not path.is_dir():
         return f"{path.name} is not a checkpoint directory", None
     record_path = path / RECORD_FILE
@@ -107,7 +112,7 @@ def _validate(path: Path) -> tuple[str | None, CheckpointInfo | None]:
         files = record["files"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return f"{record_path} is not a valid completion record", None
-    for name, expected in files.items():
+    for name, expected in files.items() if verify_files else ():
         problem = _file_problem(path / name, expected)
         if problem:
             return problem, None
@@ -232,14 +237,16 @@ def prune_checkpoints(
     checkpoint_dir: str | os.PathLike[str],
     keep: int,
     best: CheckpointInfo | None = None,
+    just_saved: CheckpointInfo | None = None,
 ) -> list[str]:
-    """Keep the `keep` newest valid checkpoints (and `best`); never the newest valid one."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CheckpointWarning)
-        checkpoints = list_checkpoints(checkpoint_dir)
+    """Keep the `keep` newest checkpoints by their records (and `best`, and `just_saved`, the
+    valid one the caller has just written, so it is never the one removed).
+
+    Only the completion records are read, not the files' checksums: this runs after every save.
+    """
+    checkpoints = _listed(checkpoint_dir, verify_files=False, warn=False)
     keep_paths = {info.path for info in checkpoints[-max(keep, 1):]}
-    if best is not None:
-        keep_paths.add(best.path)
+    keep_paths.update(info.path for info in (best, just_saved) if info is not None)
     removed = []
     for info in checkpoints:
         if info.path not in keep_paths:
@@ -559,7 +566,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.saved.append(info)
         if self.keep_best and step == 0 and self._better(info, self._best):
             self._best = info
-        prune_checkpoints(self.checkpoint_dir, self.keep, self._best)
+        prune_checkpoints(self.checkpoint_dir, self.keep, self._best, just_saved=info)
 
     def _better(self, info: CheckpointInfo, best: CheckpointInfo | None) -> bool:
         value = info.metrics.get(self.monitor)
