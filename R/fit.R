@@ -14,6 +14,8 @@
 #' @param steps_per_epoch Batches per epoch when the dataset cannot tell.
 #' @param callbacks A list of more Keras callbacks.
 #' @param validation_data Passed to `fit`.
+#' @param validation_steps Passed to `fit`; required with `validation_data`
+#'   under a parameter-server strategy.
 #' @param verbose Passed to `fit`.
 #' @returns A Keras `History` covering all epochs, earlier runs included.
 #' @family checkpoint
@@ -24,7 +26,7 @@
 #' }
 #' @export
 resume_fit <- function(model, data, epochs, checkpoint, steps_per_epoch = NULL, callbacks = NULL,
-                       validation_data = NULL, verbose = "auto") {
+                       validation_data = NULL, validation_steps = NULL, verbose = "auto") {
   epoch_data <- data
   if (is.function(data)) {
     r_data <- data
@@ -33,6 +35,7 @@ resume_fit <- function(model, data, epochs, checkpoint, steps_per_epoch = NULL, 
   call_python(
     kerasdist_module()$resume_fit, model, epoch_data, as_py_int(epochs), checkpoint,
     steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_list(callbacks),
-    validation_data = validation_data, verbose = as_py_int(verbose)
+    validation_data = validation_data, validation_steps = as_py_int(validation_steps),
+    verbose = as_py_int(verbose)
   )
 }

@@ -105,3 +105,12 @@ for (row in checkpoint_cases()$errors) {
     })
   })
 }
+
+test_that("resume_fit passes validation_data and validation_steps through to fit", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  model <- make_or_restore_model(dir, build_model)
+  history <- resume_fit(model, small_dataset(), 1L, dir, validation_data = small_dataset(),
+                        validation_steps = 2L, verbose = 0L)
+  expect_length(history$history$val_loss, 1)
+})
