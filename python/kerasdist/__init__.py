@@ -1,6 +1,7 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
 from kerasdist.about import kerasdist_info
+from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointCallback,
@@ -73,6 +74,10 @@ __all__ = [
     "LaunchResult",
     "TaskFailure",
     "launch",
+    # measuring the strategies on this machine
+    "StrategyBenchmark",
+    "StrategyTiming",
+    "bench_strategies",
     # data, demo, info
     "load_digits",
     "kerasdist_demo",

@@ -56,6 +56,66 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from kerasdist import advisor
+
+    if args.worker_spec:  # one strategy's own process
+        advisor.run_worker(args.worker_spec)
+        return 0
+    if not args.model:
+        raise ValueError("bench: --model is required, e.g. --model kerasdist.advisor:tiny_dense")
+    x = y = None
+    if args.data:
+        x, y = advisor.load_model_function(args.data)()
+    report = advisor.bench_strategies(
+        args.model, x, y, strategies=args.strategies, steps=args.steps, batch_size=args.batch_size,
+        devices=args.devices, workers=args.workers, seed=args.seed, timeout=args.timeout,
+    )
+    print(report)
+    if args.json:
+        import json
+
+        with open(args.json, "w") as out:
+            json.dump(report.to_dict(), out, indent=1)
+    return 0
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="time your model under each strategy this machine can run and recommend one",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The strategy advisor: trains --steps steps of the model under default, mirrored\n"
+            "(over the GPUs, or --devices simulated CPU devices) and multi_worker (--workers\n"
+            "processes on 127.0.0.1 through the launcher), each in its own process, at the same\n"
+            "global batch; prints steps/s, the step time split into compute and input wait,\n"
+            "and the strategy to use with the reason."
+        ),
+        epilog="example:\n  python -m kerasdist bench --model kerasdist.advisor:mid_cnn --batch-size 128",
+    )
+    bench.add_argument("--model", metavar="MODULE:FUNCTION",
+                       help="function returning a compiled Keras model, as module:function or file.py:function")
+    bench.add_argument("--data", metavar="MODULE:FUNCTION",
+                       help="function returning (x, y) to train on (default random data shaped for the model)")
+    bench.add_argument("--strategies", type=lambda text: text.split(","), default=None,
+                       metavar="S1,S2", help="subset of default,mirrored,multi_worker (default all)")
+    bench.add_argument("--steps", type=_at_least(1), default=200, metavar="N",
+                       help="timed steps per strategy (default 200)")
+    bench.add_argument("--batch-size", type=_at_least(1), default=64, metavar="B",
+                       help="global batch size, the same under every strategy (default 64)")
+    bench.add_argument("--devices", type=_at_least(2), default=2, metavar="N",
+                       help="CPU devices to simulate for mirrored when there is no GPU (default 2)")
+    bench.add_argument("--workers", type=_at_least(2), default=2, metavar="N",
+                       help="worker processes for multi_worker (default 2)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the data and shuffle (default 0)")
+    bench.add_argument("--timeout", type=_positive_seconds, default=600, metavar="S",
+                       help="seconds allowed per strategy (default 600)")
+    bench.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    bench.add_argument("--worker-spec", help=argparse.SUPPRESS)
+    bench.set_defaults(run=_bench)
+
+
 def _add_demo(commands) -> None:
     demo = commands.add_parser(
         "demo",
@@ -156,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info)
     _add_launch(commands)
     _add_demo(commands)
+    _add_bench(commands)
     return parser
 
 

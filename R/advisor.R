@@ -1,0 +1,85 @@
+# The strategy advisor: thin wrapper over python/kerasdist/advisor.py.
+
+#' Time your model under each strategy this machine can run, and recommend one
+#'
+#' Trains `steps` steps of the model under `"default"`, `"mirrored"` (over the
+#' GPUs, or `devices` simulated CPU devices when there are none) and
+#' `"multi_worker"` (`workers` processes on 127.0.0.1, started by [launch()]),
+#' each in a fresh process, at the same global batch size. For each it
+#' measures the step time on the real input pipeline ([make_dataset()]), the
+#' compute time (the same step fed one batch held in memory) and the input
+#' pipeline alone, and then says which strategy to use and why, e.g. that
+#' mirrored is slower here because the model is too small for the all-reduce
+#' to pay off.
+#'
+#' The model is rebuilt in every strategy's process, so it is named, not
+#' passed: a Python function returning a compiled Keras model, as
+#' `"module:function"` or `"path/to/file.py:function"` (write it with
+#' `reticulate::py_run_string()` into a file, or keep a `models.py` next to
+#' your R script). `"kerasdist.advisor:tiny_dense"` and
+#' `"kerasdist.advisor:mid_cnn"` are two examples to try.
+#'
+#' Bad input is refused before any process starts, with an error of class
+#' `kerasdist_ValueError` naming the argument.
+#'
+#' @param model `"module:function"` or `"path/to/file.py:function"`: a Python
+#'   function with no arguments that returns a compiled Keras model.
+#' @param x,y Training data (matrices, arrays, vectors), or `NULL` for both:
+#'   random data shaped for the model's input and output.
+#' @param strategies Character vector, a subset of `"default"`, `"mirrored"`,
+#'   `"multi_worker"`; `NULL` for all three.
+#' @param steps Timed training steps per strategy (after 10 warm-up steps).
+#' @param batch_size The global batch size, the same under every strategy.
+#' @param devices CPU devices to simulate for `"mirrored"` without GPUs.
+#' @param workers Worker processes for `"multi_worker"`.
+#' @param seed Seed of the data and of the shuffle.
+#' @param timeout Seconds allowed for each strategy's run.
+#' @param verbose Print a line as each strategy starts and ends.
+#' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data
+#'   frame, one row per strategy: replicas, devices, steps_per_second,
+#'   examples_per_second, step_ms, compute_ms, input_wait_ms, input_only_ms,
+#'   error), `recommendation`, `reason`, `model`, `parameters`,
+#'   `global_batch_size`, `steps`, `device` and `text` (what `print()` shows).
+#' @family strategy
+#' @seealso Python: `kerasdist.bench_strategies()`; command line:
+#'   `python -m kerasdist bench --model module:function`.
+#' @examples
+#' \dontrun{
+#' report <- bench_strategies("kerasdist.advisor:tiny_dense", steps = 100)
+#' report              # the table, the recommendation and the reason
+#' report$recommendation
+#' }
+#' @export
+bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps = 200L,
+                             batch_size = 64L, devices = 2L, workers = 2L, seed = 0L,
+                             timeout = 600, verbose = TRUE) {
+  report <- call_python(
+    kerasdist_module()$bench_strategies, model, x, y,
+    strategies = as_py_list(strategies), steps = as_py_int(steps),
+    batch_size = as_py_int(batch_size), devices = as_py_int(devices),
+    workers = as_py_int(workers), seed = as_py_int(seed), timeout = timeout, verbose = verbose
+  )
+  strategy_benchmark_to_r(report)
+}
+
+strategy_benchmark_to_r <- function(report) {
+  fields <- report$to_dict()
+  timings <- do.call(rbind, lapply(fields$timings, function(t) {
+    t[vapply(t, is.null, logical(1))] <- NA
+    as.data.frame(t, stringsAsFactors = FALSE)
+  }))
+  structure(
+    list(timings = timings, recommendation = fields$recommendation, reason = fields$reason,
+         model = fields$model, parameters = as.integer(fields$parameters),
+         global_batch_size = as.integer(fields$global_batch_size),
+         steps = as.integer(fields$steps), device = fields$device,
+         text = reticulate::py_str(report)),
+    class = "kerasdist_strategy_benchmark"
+  )
+}
+
+#' @export
+print.kerasdist_strategy_benchmark <- function(x, ...) {
+  cat(x$text, "\n", sep = "")
+  invisible(x)
+}

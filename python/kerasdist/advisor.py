@@ -1,0 +1,469 @@
+"""`bench_strategies`: time the user's model under each strategy this machine can run, and say
+which to use and why.
+
+Each strategy runs in a fresh process (devices can be split, and a cluster joined, only before
+TensorFlow starts): "default" in one process, "mirrored" over the GPUs or over CPU devices split
+by `simulate_devices`, "multi_worker" as worker processes on 127.0.0.1 started by the launcher.
+Every process trains the same model at the same global batch and times three things:
+
+- the step: `fit` on the real input pipeline (`make_dataset`), after a traced warm-up;
+- the compute: the same `fit` fed one batch held in memory, so no input work is left;
+- the input alone: the distributed pipeline iterated without training.
+
+The gap between the step and the compute is the time a step waits for its input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+STRATEGIES = ("default", "mirrored", "multi_worker")
+WARMUP_STEPS = 10
+SYNTHETIC_SAMPLES = 4096
+# Within this fraction of the fastest, the simpler strategy is recommended.
+TIE = 0.05
+
+
+@dataclass(frozen=True)
+class StrategyTiming:
+    """How one strategy did. Times are milliseconds per step; None where the run failed."""
+
+    strategy: str
+    replicas: int
+    devices: str
+    steps_per_second: float | None = None
+    examples_per_second: float | None = None
+    step_ms: float | None = None
+    compute_ms: float | None = None
+    input_wait_ms: float | None = None
+    input_only_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StrategyBenchmark:
+    """What `bench_strategies` measured, and its advice."""
+
+    model: str
+    parameters: int
+    global_batch_size: int
+    steps: int
+    device: str
+    timings: tuple[StrategyTiming, ...]
+    recommendation: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        header = (f"Strategy advisor: {self.model} ({self.parameters:,} parameters), global batch "
+                  f"{self.global_batch_size}, {self.steps} timed steps\ndevice: {self.device}")
+        lines = [header, _table(self.timings)]
+        advice = f"Recommendation: {self.recommendation}. " if self.recommendation else ""
+        lines.append(advice + self.reason)
+        return "\n".join(lines)
+
+
+def bench_strategies(
+    model: str,
+    x: Any = None,
+    y: Any = None,
+    *,
+    strategies: Sequence[str] | None = None,
+    steps: int = 200,
+    batch_size: int = 64,
+    devices: int = 2,
+    workers: int = 2,
+    seed: int = 0,
+    timeout: float = 600,
+    verbose: bool = True,
+) -> StrategyBenchmark:
+    """Train a few hundred steps of your model under each strategy; recommend one, with the reason.
+
+    ```python
+    report = kerasdist.bench_strategies("my_models:build_cnn", x, y, batch_size=128)
+    print(report)                # throughput, step time split, recommendation and why
+    report.recommendation        # e.g. "default"
+    ```
+
+    Args:
+        model: where the model comes from, as "module:function" (an importable module) or
+            "path/to/file.py:function"; the function takes no arguments and returns a compiled
+            Keras model. It is called in each strategy's process, inside the strategy's scope.
+        x, y: training data (arrays, anything `make_dataset` takes in memory); default random
+            data shaped for the model's input and output.
+        strategies: which to time; default all of "default", "mirrored" (over the GPUs, or
+            `devices` simulated CPU devices when there are none), "multi_worker" (`workers`
+            processes on 127.0.0.1, through the launcher).
+        steps: timed training steps per strategy (after a warm-up of 10).
+        batch_size: the global batch size, the same under every strategy.
+        devices: CPU devices to simulate for "mirrored" on a machine without GPUs.
+        workers: worker processes for "multi_worker".
+        seed: seed of the data and the shuffle.
+        timeout: seconds allowed for each strategy's run.
+        verbose: print a line as each strategy starts and ends.
+
+    Returns:
+        A `StrategyBenchmark`: `timings` (one `StrategyTiming` per strategy), `recommendation`
+        (the strategy to use) and `reason`; `print()` shows it as a table.
+
+    Raises:
+        ValueError: a bad argument, or a model spec that does not name a function, before any
+            process starts.
+    """
+    strategies = _check_strategies(strategies)
+    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
+                                 ("devices", devices, 2), ("workers", workers, 2)):
+        _check_int(name, value, minimum)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
+    load_model_function(model)
+    with tempfile.TemporaryDirectory(prefix="kerasdist-bench-") as work:
+        spec = {"model": _absolute_spec(model), "steps": steps, "batch_size": batch_size,
+                "seed": seed, "data": _save_data(x, y, work)}
+        gpus = _count_gpus()
+        parameters, timings = 0, []
+        for kind in strategies:
+            if verbose:
+                print(f"bench_strategies: timing {kind} ...", flush=True)
+            timing, params = _run_strategy(kind, spec, work, gpus, devices, workers, timeout)
+            parameters = parameters or params
+            timings.append(timing)
+            if verbose:
+                print(f"bench_strategies: {kind}: {_one_line(timing)}", flush=True)
+    recommendation, reason = recommend(timings, gpus)
+    return StrategyBenchmark(model, parameters, batch_size, steps, _device_name(gpus),
+                             tuple(timings), recommendation, reason)
+
+
+def load_model_function(spec: str) -> Callable[[], Any]:
+    """The function named by "module:function" or "path/to/file.py:function"."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f'model must be "module:function" or "path/to/file.py:function", got {spec!r}.')
+    where, name = spec.split(":")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise ValueError(f"model: no file {where!r} (from {spec!r}).")
+        loaded = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise ValueError(f"model: cannot import module {where!r} (from {spec!r}): {err}") from None
+        finally:
+            sys.path.remove(os.getcwd())
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"model: {where!r} has no function {name!r} (from {spec!r}).")
+    return function
+
+
+def recommend(timings: Sequence[StrategyTiming], gpus: int = 0) -> tuple[str | None, str]:
+    """The strategy to use and why, from the measured timings."""
+    ran = [t for t in timings if t.steps_per_second]
+    if not ran:
+        return None, "No strategy ran: " + "; ".join(f"{t.strategy}: {t.error}" for t in timings)
+    fastest = max(ran, key=lambda t: t.steps_per_second)
+    simplest = next(t for t in ran if t.steps_per_second >= (1 - TIE) * fastest.steps_per_second)
+    best = simplest
+    reasons = [_why_not(t, best, gpus) for t in ran if t is not best]
+    if best is not fastest:
+        reasons.insert(0, f"{fastest.strategy} is only {_speedup(fastest, best)} of {best.strategy}, "
+                          f"within {TIE:.0%}: not worth the extra moving parts")
+    elif best.strategy != "default" and len(ran) > 1:
+        reasons.insert(0, f"{best.strategy} is the fastest ({_compute_story(best, ran)})")
+    reasons.append(_input_note(best))
+    return best.strategy, ". ".join(r for r in reasons if r) + "."
+
+
+def _why_not(slower: StrategyTiming, best: StrategyTiming, gpus: int) -> str:
+    ratio = slower.steps_per_second / best.steps_per_second
+    extra = (slower.compute_ms or 0) - (best.compute_ms or 0)
+    if slower.strategy == "mirrored" and gpus < 2:
+        cause = (f"its {slower.replicas} replicas are simulated on the same CPU cores, so they add no "
+                 f"compute, and keeping them in sync costs about {extra:.1f} ms a step")
+        if (best.compute_ms or 0) < 20:
+            cause += f" against a {best.compute_ms:.1f} ms step: the model is too small for the all-reduce to pay off"
+    elif slower.strategy == "multi_worker":
+        cause = (f"{slower.replicas} worker processes on one machine share its cores and add a gRPC "
+                 f"all-reduce of the gradients every step (about {extra:.1f} ms); it pays off with one "
+                 "worker per machine or accelerator")
+    else:
+        cause = f"each step costs about {extra:.1f} ms more to compute and synchronise"
+    return f"{slower.strategy} is slower here ({ratio:.2f}x {best.strategy}): {cause}"
+
+
+def _compute_story(best: StrategyTiming, ran: Sequence[StrategyTiming]) -> str:
+    default = next((t for t in ran if t.strategy == "default"), None)
+    if default is None:
+        return f"{best.steps_per_second:.1f} steps/s"
+    return (f"{_speedup(best, default)} of default: the {best.compute_ms:.1f} ms step's compute "
+            f"spread over {best.replicas} replicas outweighs the cost of synchronising them")
+
+
+def _input_note(timing: StrategyTiming) -> str:
+    if not timing.step_ms or not timing.input_wait_ms:
+        return ""
+    share = timing.input_wait_ms / timing.step_ms
+    if share < 0.2:
+        return ""
+    where = f"Under {timing.strategy} about {share:.0%} of each step ({timing.input_wait_ms:.1f} ms) goes to its input"
+    if timing.input_only_ms >= 0.8 * timing.input_wait_ms:
+        return (f"{where}, and the pipeline alone needs {timing.input_only_ms:.1f} ms a batch: it is the "
+                "bottleneck; cache the dataset, map in parallel or read faster storage")
+    return (f"{where}, though the pipeline alone makes a batch in {timing.input_only_ms:.1f} ms: the cost "
+            "is handing each batch to the step, which a larger batch spreads over more examples")
+
+
+def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:
+    return f"{a.steps_per_second / b.steps_per_second:.2f}x"
+
+
+# --- running each strategy in its own process -------------------------------------------------
+
+def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[StrategyTiming, int]:
+    replicas, described, simulate = _layout(kind, gpus, devices, workers)
+    spec = {**spec, "kind": kind, "simulate": simulate, "out": os.path.join(work, kind)}
+    os.makedirs(spec["out"], exist_ok=True)
+    spec_path = os.path.join(work, f"{kind}.json")
+    Path(spec_path).write_text(json.dumps(spec))
+    worker = [sys.executable, "-m", "kerasdist", "bench", "--worker-spec", spec_path]
+    if kind == "multi_worker":
+        command = [sys.executable, "-m", "kerasdist", "launch", "-n", str(workers), "--timeout",
+                   str(timeout), "--startup-timeout", "120", "--", *worker]
+    else:
+        command = worker
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    if kind != "multi_worker":
+        env.pop("TF_CONFIG", None)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 30)
+        failure = None if done.returncode == 0 else _last_lines(done.stdout + done.stderr)
+    except subprocess.TimeoutExpired:
+        failure = f"did not finish within {timeout} s"
+    results = [json.loads(p.read_text()) for p in sorted(Path(spec["out"]).glob("*.json"))]
+    if failure or not results:
+        return StrategyTiming(kind, replicas, described, error=failure or "no result written"), 0
+    slowest = max(results, key=lambda r: r["step_ms"])  # synchronous: the group goes at its slowest
+    return _timing(kind, replicas, described, slowest, spec["batch_size"]), slowest["parameters"]
+
+
+def _layout(kind: str, gpus: int, devices: int, workers: int) -> tuple[int, str, int]:
+    """(replicas, the devices in words, CPU devices to simulate) for one strategy."""
+    if kind == "default":
+        return 1, "1 GPU" if gpus else "CPU", 0
+    if kind == "mirrored":
+        if gpus >= 2:
+            return gpus, f"{gpus} GPUs", 0
+        return devices, f"{devices} simulated CPU devices", devices
+    each = "GPU" if gpus else "CPU"
+    return workers, f"{workers} processes (127.0.0.1), {each} each", 0
+
+
+def _timing(kind, replicas, described, result, batch_size) -> StrategyTiming:
+    step, compute = result["step_ms"], result["compute_ms"]
+    return StrategyTiming(
+        kind, replicas, described,
+        steps_per_second=round(1000 / step, 2), examples_per_second=round(1000 * batch_size / step, 1),
+        step_ms=round(step, 3), compute_ms=round(compute, 3),
+        input_wait_ms=round(max(0.0, step - compute), 3), input_only_ms=round(result["input_ms"], 3),
+    )
+
+
+def run_worker(spec_path: str) -> None:
+    """One strategy's process (or one worker of the multi-worker group): measure, write JSON."""
+    import time
+
+    spec = json.loads(Path(spec_path).read_text())
+    from kerasdist.data import make_dataset
+    from kerasdist.strategy import select_strategy, simulate_devices
+
+    if spec["simulate"]:
+        simulate_devices(spec["simulate"])
+    strategy = select_strategy(spec["kind"], tpu=False)
+    with strategy.scope():
+        model = load_model_function(spec["model"])()
+    _check_compiled(model)
+    x, y = _load_data(spec["data"]) if spec["data"] else _synthetic_data(model, spec["seed"])
+    batch, steps = spec["batch_size"], spec["steps"]
+    real = make_dataset(x, y, batch_size=batch, strategy=strategy, seed=spec["seed"])
+    one = make_dataset(x[:batch], y[:batch], batch_size=batch, strategy=strategy, shuffle=False)
+    held = one.take(1).cache().repeat()
+
+    def fit_ms(dataset, count):
+        start = time.perf_counter()
+        model.fit(dataset, epochs=1, steps_per_epoch=count, verbose=0)
+        return 1000 * (time.perf_counter() - start) / count
+
+    fit_ms(real, WARMUP_STEPS)
+    fit_ms(held, WARMUP_STEPS)
+    result = {"step_ms": fit_ms(real, steps), "compute_ms": fit_ms(held, steps),
+              "input_ms": _input_ms(strategy, real, steps), "parameters": int(model.count_params())}
+    name = f"{os.environ.get('KERASDIST_TASK_TYPE', 'local')}-{os.environ.get('KERASDIST_TASK_INDEX', '0')}"
+    Path(spec["out"], name + ".json").write_text(json.dumps(result))
+
+
+def _input_ms(strategy, dataset, steps: int) -> float:
+    import time
+
+    batches = iter(strategy.experimental_distribute_dataset(dataset))
+    next(batches)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next(batches)
+    return 1000 * (time.perf_counter() - start) / steps
+
+
+def _check_compiled(model: Any) -> None:
+    if not getattr(model, "compiled", False):
+        raise ValueError("model: the function must return a compiled Keras model (call compile() in it).")
+
+
+def _synthetic_data(model: Any, seed: int) -> tuple[Any, Any]:
+    """Random inputs shaped like the model's input, targets like its output and loss."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError("model: random data is made for one input and one output; pass x and y.")
+    x = rng.normal(size=(SYNTHETIC_SAMPLES, *model.inputs[0].shape[1:])).astype("float32")
+    out_shape = tuple(model.outputs[0].shape[1:])
+    loss = str(getattr(model.loss, "name", model.loss) or "").lower()
+    if "sparse" in loss:
+        y = rng.integers(0, out_shape[-1], size=(SYNTHETIC_SAMPLES, *out_shape[:-1]))
+    elif "crossentropy" in loss:
+        y = np.eye(out_shape[-1], dtype="float32")[rng.integers(0, out_shape[-1], SYNTHETIC_SAMPLES)] \
+            if out_shape[-1] > 1 else rng.integers(0, 2, size=(SYNTHETIC_SAMPLES, *out_shape)).astype("float32")
+    else:
+        y = rng.normal(size=(SYNTHETIC_SAMPLES, *out_shape)).astype("float32")
+    return x, y
+
+
+def _save_data(x: Any, y: Any, work: str) -> str | None:
+    if x is None and y is None:
+        return None
+    if x is None or y is None:
+        raise ValueError("x and y: give both (training data) or neither (random data).")
+    import numpy as np
+
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim == 0 or len(x) != len(y):
+        raise ValueError(f"x and y must have the same number of samples (first axis), got {x.shape} and {y.shape}.")
+    path = os.path.join(work, "data.npz")
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def _load_data(path: str) -> tuple[Any, Any]:
+    import numpy as np
+
+    with np.load(path) as data:
+        return data["x"], data["y"]
+
+
+# --- arguments and output ---------------------------------------------------------------------
+
+def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
+    if strategies is None:
+        return STRATEGIES
+    if isinstance(strategies, str):
+        strategies = [strategies]
+    chosen = tuple(strategies)
+    unknown = [s for s in chosen if s not in STRATEGIES]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise ValueError(f"strategies must be distinct names among {', '.join(STRATEGIES)}, got {list(chosen)}.")
+    return chosen
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+def _absolute_spec(spec: str) -> str:
+    where, name = spec.split(":")
+    if where.endswith(".py"):
+        return f"{os.path.abspath(where)}:{name}"
+    return spec
+
+
+def _count_gpus() -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def _device_name(gpus: int) -> str:
+    import platform
+
+    cpu = f"CPU {platform.machine()}, {os.cpu_count()} cores"
+    return f"{gpus} GPU(s) + {cpu}" if gpus else f"{cpu}, no GPU"
+
+
+def _last_lines(text: str, count: int = 5) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-count:]) or "failed without output"
+
+
+def _one_line(t: StrategyTiming) -> str:
+    if t.error:
+        return f"failed: {t.error}"
+    return f"{t.steps_per_second:.1f} steps/s ({t.step_ms:.1f} ms a step, {t.compute_ms:.1f} ms compute)"
+
+
+def _table(timings: Sequence[StrategyTiming]) -> str:
+    head = ("strategy", "replicas", "devices", "steps/s", "examples/s", "step ms", "compute ms",
+            "input wait ms", "input alone ms")
+    rows = [head]
+    for t in timings:
+        if t.error:
+            rows.append((t.strategy, str(t.replicas), t.devices, "failed", "", "", "", "", ""))
+            continue
+        rows.append((t.strategy, str(t.replicas), t.devices, f"{t.steps_per_second:.1f}",
+                     f"{t.examples_per_second:.0f}", f"{t.step_ms:.2f}", f"{t.compute_ms:.2f}",
+                     f"{t.input_wait_ms:.2f}", f"{t.input_only_ms:.2f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    errors = [f"{t.strategy} failed: {t.error}" for t in timings if t.error]
+    return "\n".join(text + errors)
+
+
+# --- example models, for trying the advisor (`--model kerasdist.advisor:tiny_dense`) ----------
+
+def tiny_dense() -> Any:
+    """A tiny dense regressor: 32 features -> 64 -> 1 (2,177 parameters)."""
+    import keras
+
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def mid_cnn() -> Any:
+    """A mid-sized CNN classifier on 32x32x3 images, 10 classes (about 0.6M parameters)."""
+    import keras
+
+    layers = keras.layers
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(32, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
+        layers.Conv2D(128, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
+        layers.Flatten(), layers.Dense(256, activation="relu"), layers.Dense(10),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model

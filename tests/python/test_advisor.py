@@ -1,0 +1,119 @@
+"""The strategy advisor: argument checks, the recommendation rules, and real timed runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import case_rows
+
+import kerasdist
+from kerasdist.advisor import StrategyTiming, recommend
+
+MODELS = Path(__file__).resolve().parent / "models" / "advisor_models.py"
+
+
+@pytest.mark.parametrize("row", case_rows("advisor"))
+def test_bad_arguments_are_refused_before_any_process(row):
+    args = dict(row["args"])
+    if "x" in args:
+        args["x"] = np.array(args["x"])
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        kerasdist.bench_strategies(row["model"], **args)
+    assert row["error"] in str(err.value)
+    assert time.perf_counter() - start < 5, "the check must come before any training process"
+
+
+def timing(strategy, steps_per_second, compute_ms, step_ms=None, replicas=2, input_only_ms=0.1):
+    step_ms = step_ms or 1000 / steps_per_second
+    return StrategyTiming(strategy, replicas, "test", steps_per_second, steps_per_second * 64, step_ms,
+                          compute_ms, max(0.0, step_ms - compute_ms), input_only_ms)
+
+
+def test_small_model_on_simulated_devices_is_told_the_all_reduce_does_not_pay_off():
+    choice, reason = recommend([timing("default", 200, 4.5, replicas=1), timing("mirrored", 40, 24)])
+    assert choice == "default"
+    assert "mirrored is slower here (0.20x default)" in reason
+    assert "too small for the all-reduce to pay off" in reason
+
+
+def test_a_clear_winner_is_recommended_with_its_speedup():
+    choice, reason = recommend([timing("default", 10, 99, replicas=1), timing("mirrored", 19, 50)], gpus=2)
+    assert choice == "mirrored"
+    assert reason.startswith("mirrored is the fastest (1.90x of default")
+
+
+def test_within_five_percent_the_simpler_strategy_wins():
+    choice, reason = recommend([timing("default", 100, 9, replicas=1), timing("mirrored", 104, 9)], gpus=2)
+    assert choice == "default"
+    assert "within 5%" in reason
+
+
+def test_input_bound_steps_are_pointed_out():
+    slow_input = timing("default", 50, 5, step_ms=20, replicas=1, input_only_ms=18)
+    choice, reason = recommend([slow_input])
+    assert choice == "default"
+    assert "75% of each step" in reason and "bottleneck" in reason
+
+
+def test_failed_runs_are_reported_and_not_recommended():
+    failed = StrategyTiming("multi_worker", 2, "test", error="worker 1 exited with status 1")
+    choice, reason = recommend([timing("default", 100, 9, replicas=1), failed])
+    assert choice == "default"
+    assert recommend([failed]) == (None, "No strategy ran: multi_worker: worker 1 exited with status 1")
+
+
+def test_default_and_mirrored_really_run_and_are_compared(tmp_path):
+    report = kerasdist.bench_strategies("kerasdist.advisor:tiny_dense", strategies=["default", "mirrored"],
+                                        steps=20, batch_size=32, verbose=False)
+    by_name = {t.strategy: t for t in report.timings}
+    assert set(by_name) == {"default", "mirrored"}
+    assert by_name["mirrored"].replicas == 2 and by_name["default"].replicas == 1
+    for t in report.timings:
+        assert t.error is None and t.steps_per_second > 0 and t.compute_ms > 0
+        assert t.examples_per_second == pytest.approx(t.steps_per_second * 32, rel=0.01)
+    assert report.parameters == 2177
+    assert report.recommendation in by_name
+    text = str(report)
+    assert "steps/s" in text and f"Recommendation: {report.recommendation}." in text
+
+
+def test_cli_runs_multi_worker_through_the_launcher_on_the_users_file_and_data(tmp_path):
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasdist", "bench", "--model", f"{MODELS}:small_classifier",
+         "--data", f"{MODELS}:classifier_data", "--strategies", "default,multi_worker",
+         "--steps", "15", "--batch-size", "32", "--json", str(out)],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [t["strategy"] for t in report["timings"]] == ["default", "multi_worker"]
+    assert all(t["error"] is None and t["steps_per_second"] > 0 for t in report["timings"])
+    assert report["timings"][1]["devices"].startswith("2 processes (127.0.0.1)")
+    assert report["parameters"] == 195
+    assert "Recommendation:" in done.stdout
+
+
+def test_a_model_that_fails_to_build_is_reported_not_raised():
+    report = kerasdist.bench_strategies(f"{MODELS}:broken", strategies=["default"], steps=5, verbose=False)
+    assert report.recommendation is None
+    assert "layer sizes disagree" in report.timings[0].error
+    assert report.reason.startswith("No strategy ran: default:")
+
+
+def test_an_uncompiled_model_is_named_as_the_problem():
+    report = kerasdist.bench_strategies(f"{MODELS}:uncompiled", strategies=["default"], steps=5, verbose=False)
+    assert "must return a compiled Keras model" in report.timings[0].error
+
+
+def test_help_lists_every_command():
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "--help"], capture_output=True, text=True)
+    for command in ("info", "launch", "demo", "bench"):
+        assert f"    {command}" in done.stdout
