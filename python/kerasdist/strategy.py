@@ -386,10 +386,19 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
         from kerasdist.compat import apply_multi_worker_fixes
 
         apply_multi_worker_fixes()
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=_resolver_for(plan, resolver),
-            communication_options=_communication_options(communication),
-        )
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=_resolver_for(plan, resolver),
+                communication_options=_communication_options(communication),
+            )
+        except RuntimeError as err:
+            if "must be configured at program startup" not in str(err):
+                raise
+            raise RuntimeError(
+                "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything in this "
+                "process (TensorFlow: 'Collective ops must be configured at program startup'): call "
+                "select_strategy() first, before any dataset, tensor, model or make_dataset()."
+            ) from None
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
     return _build_tpu(plan.tpu)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kerasdist
+from conftest import run_python
 from kerasdist import compat
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_multi_worker.py"
@@ -112,3 +113,21 @@ def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(t
         out, err = process.communicate(timeout=180)
         assert process.returncode == 1 and "agreed" not in out
         assert f"TF_CONFIG disagrees between processes: the worker {index} was given the cluster" in err
+
+
+def test_multi_worker_strategy_created_after_tensorflow_ran_says_what_to_move():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = {"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}}
+    done = run_python(
+        """
+        import tensorflow as tf, kerasdist
+        tf.data.Dataset.range(3)  # TensorFlow starts before the strategy: too late for collectives
+        kerasdist.select_strategy("multi_worker")
+        """,
+        env={"TF_CONFIG": json.dumps(config)},
+    )
+    assert done.returncode == 1
+    assert "call select_strategy() first, before any dataset, tensor, model or make_dataset()" in done.stderr
+    assert "Collective ops must be configured at program startup" in done.stderr  # upstream's words, kept
