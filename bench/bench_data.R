@@ -5,6 +5,8 @@
 # size, and reads each process's memory from /proc/self/status: VmRSS just before the call and
 # VmHWM (peak resident) after it. TensorFlow and kerasdist are loaded first in both (a tiny
 # make_dataset call), so the times cover the conversion and the pipeline, not the imports.
+# Figure (the shape of bench/_common.py's, written here by hand): R seconds / Python seconds of
+# the same round, median and spread over the rounds. Writes bench/results/data_r.json.
 #
 #   Rscript bench/bench_data.R [n] [p] [reps]      (run from the repository root)
 
@@ -24,10 +26,10 @@ mem_mb <- function(field) {
 invisible(make_dataset(matrix(0, 4, 2), batch_size = 2))  # load TensorFlow and kerasdist
 x <- matrix(stats::runif(n * p), n, p)
 r_times <- numeric(reps)
-gc()
+invisible(gc())
 rss_before <- mem_mb("VmRSS")
 for (i in seq_len(reps)) {
-  gc()
+  invisible(gc())
   r_times[[i]] <- system.time({
     ds <- make_dataset(x, batch_size = 1024L, seed = 0L)
     first <- reticulate::iter_next(reticulate::as_iterator(ds))
@@ -57,14 +59,26 @@ print(json.dumps({"times": times, "rss_before": before, "peak": mem("VmHWM")}))
 out <- system2(python, c("-c", shQuote(py_code)), stdout = TRUE, env = "TF_CPP_MIN_LOG_LEVEL=2")
 py <- jsonlite::fromJSON(out[[length(out)]])
 
+ratios <- r_times / py$times
+r_figure <- list(
+  name = "r_matrix_vs_numpy_ingest_seconds",
+  median = round(stats::median(ratios), 4), min = round(min(ratios), 4), max = round(max(ratios), 4),
+  runs = I(round(ratios, 4)), target = NA, met = NA,
+  what = paste0(
+    "seconds from an R double matrix to make_dataset()'s first batch (through reticulate) / the same ",
+    "from a NumPy float64 array in Python, round by round: informational, no target was set; ",
+    "above 1 is what the R front end adds")
+)
+common <- reticulate::import_from_path("_common", file.path("bench"))
 result <- list(
-  bench = "data_r_matrix", n = n, p = p, matrix_mb = n * p * 8 / 2^20, reps = reps,
-  r_seconds = round(r_times, 2), r_median_s = round(stats::median(r_times), 2),
+  benchmark = "data_r", device = common$device_name(), figures = list(r_figure),
+  n = n, p = p, matrix_mb = n * p * 8 / 2^20, reps = reps,
+  r_seconds = I(round(r_times, 2)), r_median_s = round(stats::median(r_times), 2),
   r_rss_before_mb = round(rss_before), r_peak_mb = round(r_peak),
-  python_seconds = round(py$times, 2), python_median_s = round(stats::median(py$times), 2),
+  python_seconds = I(round(py$times, 2)), python_median_s = round(stats::median(py$times), 2),
   python_rss_before_mb = round(py$rss_before), python_peak_mb = round(py$peak)
 )
-line <- jsonlite::toJSON(result, auto_unbox = TRUE)
+line <- jsonlite::toJSON(result, auto_unbox = TRUE, na = "null", digits = NA)
 cat(line, "\n")
 dir.create(file.path("bench", "results"), showWarnings = FALSE)
-writeLines(line, file.path("bench", "results", "data_r.json"))
+writeLines(jsonlite::prettify(line, indent = 1), file.path("bench", "results", "data_r.json"))

@@ -3,7 +3,9 @@
 For a few model widths, trains the same global batches (a) in one process with the default
 strategy and (b) in 2 worker processes on 127.0.0.1 started by the launcher, and reports the
 steps/s ratio (2 workers / 1 process) measured inside fit, start-up excluded. Variants are
-interleaved, several repetitions, median. Prints one JSON line; writes bench/results/multi_worker.json.
+interleaved, several repetitions, median. One informational figure per width (bench/_common.py; no
+target: on one machine the ratio shows the cost of the collectives, not a speed-up to meet), the
+rows in the details. Prints one JSON line; writes bench/results/multi_worker.json.
 
 usage: python bench/bench_multi_worker.py [--widths 64,512,2048] [--repeats 2] [--steps 60]
 """
@@ -17,7 +19,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _common import figure, write_result  # bench/ is the script's directory
 
 GLOBAL_BATCH, FEATURES = 256, 256
 
@@ -74,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.steps)
-    rows = []
+    rows, figures = [], []
     for width in (int(w) for w in args.widths.split(",")):
         ratios, singles, pairs = [], [], []
         for _ in range(args.repeats):
@@ -88,13 +91,15 @@ def main() -> None:
                      "two_workers_steps_per_s": round(statistics.median(pairs), 2),
                      "ratio_two_workers_over_single_median": round(statistics.median(ratios), 3),
                      "ratios": [round(r, 3) for r in ratios]})
+        figures.append(figure(
+            f"two_workers_vs_one_process_w{width}", ratios, None,
+            f"steps/s of 2 MultiWorkerMirroredStrategy workers on 127.0.0.1 (the slower one) / one "
+            f"process, same global batches, two Dense({width}) layers ({single['params']:,} "
+            f"parameters), same 2 cores: informational, the cost of the per-step all-reduce",
+            width=width, parameters=single["params"]))
         print(json.dumps(rows[-1]), flush=True)
-    result = {"benchmark": "multi_worker", "global_batch": GLOBAL_BATCH, "steps": args.steps,
-              "repeats": args.repeats, "rows": rows}
-    print(json.dumps(result))
-    out = Path(__file__).parent / "results" / "multi_worker.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_result("multi_worker", figures, global_batch=GLOBAL_BATCH, steps=args.steps,
+                 repeats=args.repeats, rows=rows)
 
 
 if __name__ == "__main__":
