@@ -3,7 +3,7 @@ PYTHON := .venv/bin/python
 export KERASDIST_PYTHON := $(CURDIR)/.venv/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test setup docs
+.PHONY: demo test setup docs bench
 
 setup:
 	@tools/setup.sh
@@ -23,6 +23,11 @@ demo: setup
 
 test: setup
 	@tools/test.sh
+
+# Every benchmark under bench/ (about 11 minutes on 2 cores): bench/results/*.json, summary.md,
+# summary.png. `make bench BENCH="data checkpoint"` runs only those.
+bench: setup
+	@bench/run.sh $(BENCH)
 
 # Regenerate NAMESPACE and man/ from the roxygen comments in R/.
 docs: setup

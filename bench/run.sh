@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Run the benchmarks in order, then bench/summarize.py: bench/results/NAME.json per benchmark,
+# bench/results/summary.md and summary.png, each benchmark's stderr in bench/results/logs/.
+# `make bench` runs this with no arguments: every benchmark, about 11 minutes on 2 CPU cores.
+#
+#   bench/run.sh [NAME ...]            names from the list below (or script names): only those
+#   BENCH_ARGS_checkpoint="--repeats 2" bench/run.sh checkpoint    other arguments for one
+#
+# A benchmark that fails does not stop the others; the run exits 1 naming it at the end. A
+# script that is missing stops the run before anything starts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+PYTHON="${KERASDIST_PYTHON:-$PWD/.venv/bin/python}"
+export KERASDIST_PYTHON="$PYTHON"
+
+# name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
+# development machine. Measured there at load average 5 to 7 (others' runs on the same cores):
+# data 56 s with --reps 9, data_r 36 s, checkpoint 152 s with --repeats 5 (about 30 s a
+# repetition), multi_worker 176 s (start-up of its 12 training processes dominates).
+BENCHMARKS=(
+  "data|bench_data.py|--reps 7 --epochs 5"
+  "data_r|bench_data.R|2e5 100 5"
+  "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 4"
+  "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
+  "overhead|bench_overhead.py|"
+  "r_python|bench_r_python.py|"
+  "advisor|bench_advisor.py|"
+)
+
+names=()
+for entry in "${BENCHMARKS[@]}"; do names+=("${entry%%|*}"); done
+
+selected=()
+for want in "$@"; do
+  found=""
+  for entry in "${BENCHMARKS[@]}"; do
+    IFS="|" read -r name script _ <<<"$entry"
+    if [ "$want" = "$name" ] || [ "$want" = "$script" ] || [ "$want" = "bench/$script" ]; then
+      found="$name"
+    fi
+  done
+  if [ -z "$found" ]; then
+    echo "bench/run.sh: no benchmark '$want'; known: ${names[*]}" >&2
+    exit 2
+  fi
+  selected+=("$found")
+done
+
+# The benchmarks to run, in the order of BENCHMARKS; all of them when none is named.
+plan=()
+for entry in "${BENCHMARKS[@]}"; do
+  name="${entry%%|*}"
+  if [ "$#" -eq 0 ] || [[ " ${selected[*]} " == *" $name "* ]]; then plan+=("$entry"); fi
+done
+
+missing=()
+for entry in "${plan[@]}"; do
+  IFS="|" read -r _ script _ <<<"$entry"
+  [ -f "bench/$script" ] || missing+=("bench/$script")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "bench/run.sh: MISSING benchmark script(s): ${missing[*]}" >&2
+  exit 1
+fi
+
+mkdir -p bench/results/logs
+started=$(date +%s)
+failed=()
+for entry in "${plan[@]}"; do
+  IFS="|" read -r name script args <<<"$entry"
+  override="BENCH_ARGS_$name"
+  args="${!override-$args}"
+  log="bench/results/logs/$name.log"
+  case "$script" in
+    *.R) cmd=(Rscript "bench/$script") ;;
+    *) cmd=("$PYTHON" "bench/$script") ;;
+  esac
+  echo "-- bench/$script $args  (stderr: $log)"
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # the arguments are words
+  if "${cmd[@]}" $args 2>"$log"; then
+    echo "== $script ($((SECONDS - t0)) s)"
+  else
+    status=$?
+    echo "== $script FAILED with exit status $status after $((SECONDS - t0)) s; the end of $log:" >&2
+    tail -n 20 "$log" >&2
+    failed+=("$script")
+  fi
+  echo
+done
+
+"$PYTHON" bench/summarize.py --since "$started"
+total=$(($(date +%s) - started))
+echo "== total: $((total / 60)) min $((total % 60)) s for ${#plan[@]} benchmark(s) and the summary"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "bench/run.sh: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
