@@ -22,7 +22,7 @@ export KERASDIST_PYTHON="$PYTHON"
 BENCHMARKS=(
   "data|bench_data.py|--reps 7 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
-  "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 4"
+  "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 3"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
   "overhead|bench_overhead.py|"
   "r_python|bench_r_python.py|"
