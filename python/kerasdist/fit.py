@@ -14,6 +14,21 @@ from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
 EpochData = Callable[[int], tf.data.Dataset]
 
 
+class EpochRange:
+    """Epoch data made as one pipeline per range of epochs: `make(first, last, skip)` returns the
+    batches of epochs first..last-1, less `skip` at the start of the first.
+
+    resume_fit otherwise builds one dataset per epoch and concatenates them, and each of those
+    holds its own copy of in-memory data; one pipeline over the range holds one.
+    """
+
+    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset]):
+        self.make = make
+
+    def __call__(self, epoch: int) -> tf.data.Dataset:
+        return self.make(epoch, epoch + 1, 0)
+
+
 def resume_fit(
     model: Any,
     data: tf.data.Dataset | EpochData,
@@ -78,15 +93,15 @@ def resume_fit(
     if skip > 0:
         checkpoint.step_offset = skip
         try:
-            histories.append(model.fit(epoch_data(epoch).skip(skip), initial_epoch=epoch, epochs=epoch + 1,
-                                       steps_per_epoch=steps - skip, **fit_args))
+            histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
+                                       epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
         finally:
             checkpoint.step_offset = 0
         epoch += 1
     if epoch < epochs:
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
         # across epochs, so epoch e gets exactly data(e).
-        stream = _concatenate(epoch_data(e) for e in range(epoch, epochs))
+        stream = _epochs(epoch_data, epoch, epochs)
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
     return _merged_history(model, prior, histories)
 
@@ -149,10 +164,13 @@ def _cardinality(dataset: tf.data.Dataset, name: str) -> int:
     return count
 
 
-def _concatenate(datasets: Any) -> tf.data.Dataset:
-    stream = None
-    for dataset in datasets:
-        stream = dataset if stream is None else stream.concatenate(dataset)
+def _epochs(epoch_data: EpochData, first: int, last: int, skip: int = 0) -> tf.data.Dataset:
+    """The batches of epochs first..last-1 as one dataset, less `skip` at the start."""
+    if isinstance(epoch_data, EpochRange):
+        return epoch_data.make(first, last, skip)
+    stream = epoch_data(first).skip(skip) if skip else epoch_data(first)
+    for epoch in range(first + 1, last):
+        stream = stream.concatenate(epoch_data(epoch))
     return stream
 
 

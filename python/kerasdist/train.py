@@ -22,8 +22,8 @@ from kerasdist.checkpoint import (
     checkpoint_callback,
     make_or_restore_model,
 )
-from kerasdist.data import make_dataset
-from kerasdist.fit import _check_epochs, resume_fit
+from kerasdist.data import dataset_info, make_dataset
+from kerasdist.fit import EpochRange, _check_epochs, resume_fit
 from kerasdist.strategy import KINDS, select_strategy
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
@@ -128,12 +128,13 @@ def distributed_fit(
                   per_replica_batch_size=per_replica_batch_size, strategy=strategy, seed=seed,
                   shuffle=shuffle, **extra)
 
-    def epoch_data(epoch: int) -> tf.data.Dataset:
-        dataset = make_dataset(x, y, initial_epoch=epoch, epochs=epoch + 1,
+    def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
+        dataset = make_dataset(x, y, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip,
                                validation_split=validation_split, **common)
         return dataset[0] if validation_split is not None else dataset
 
     first = make_dataset(x, y, initial_epoch=0, epochs=1, validation_split=validation_split, **common)
+    steps = dataset_info(first[0] if validation_split is not None else first).steps_per_epoch
     if validation_split is not None:
         validation_data = first[1]
     elif isinstance(validation_data, (tuple, list)):
@@ -144,8 +145,8 @@ def distributed_fit(
     check_step_functions(model, strategy)
     checkpoint = checkpoint_callback(checkpoint_dir, every_steps=every_steps, keep=keep)
     with strategy.scope():
-        return resume_fit(model, epoch_data, epochs, checkpoint, callbacks=callbacks,
-                          validation_data=validation_data, verbose=verbose)
+        return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
+                          callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 
 def check_step_functions(model: Any, strategy: Any = None) -> list[str]:

@@ -61,6 +61,29 @@ def test_distributed_fit_trains_then_resumes_to_the_total(tmp_path):
     assert again.epoch == [0, 1] and int(again.model.optimizer.iterations.numpy()) == 7
 
 
+def test_distributed_fit_feeds_all_epochs_from_one_pipeline_in_the_per_epoch_order(tmp_path, monkeypatch):
+    x, y = digits()
+    calls = []
+
+    def counting_make_dataset(*args, **kwargs):
+        calls.append((kwargs["initial_epoch"], kwargs["epochs"]))
+        return kerasdist.make_dataset(*args, **kwargs)
+
+    monkeypatch.setattr(kerasdist.train, "make_dataset", counting_make_dataset)
+    keras.utils.set_random_seed(5)
+    ours = kerasdist.distributed_fit(build_model, x, y, epochs=4, checkpoint_dir=tmp_path / "ckpt",
+                                     strategy="default", batch_size=64, seed=2, verbose=0)
+    assert calls == [(0, 1), (0, 4)]  # the checks, then one stream: one copy of the data, not one an epoch
+
+    keras.utils.set_random_seed(5)
+    model = build_model()
+    per_epoch = lambda epoch: kerasdist.make_dataset(x, y, batch_size=64, seed=2, initial_epoch=epoch,  # noqa: E731
+                                                     epochs=epoch + 1)
+    kerasdist.resume_fit(model, per_epoch, 4, tmp_path / "reference", verbose=0)
+    for a, b in zip(ours.model.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_distributed_fit_takes_a_strategy_object_and_early_stopping(tmp_path):
     x, y = digits(128)
     strategy = kerasdist.select_strategy("default")
