@@ -12,7 +12,8 @@ MirroredStrategy over 2 simulated CPU devices, saving a checkpoint at every epoc
   distributed_fit does) and `model.fit(data, epochs=E, callbacks=[ModelCheckpoint(<fresh>.keras)])`.
 
 One untimed warm-up call of each first (TensorFlow's one-time costs in this process), then the
-variants interleaved (distributed_fit, hand-written, ...), each repetition with a fresh model.
+variants interleaved (distributed_fit, hand-written, ...), each repetition with a fresh model,
+the garbage collector run before each timed call and off during it (as timeit does).
 Figures: total steps / wall time of the whole call, distributed_fit over hand-written (what a
 user waits for), and the same over the epochs after the first (steady state, from epoch end
 times). Prints one JSON line and writes bench/results/overhead.json.
@@ -23,6 +24,7 @@ usage: .venv/bin/python bench/bench_overhead.py [--repeats 3] [--epochs 3] [--sa
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -88,11 +90,22 @@ VARIANTS = {"distributed_fit": run_wrapper, "hand_written": run_hand_written}
 
 
 def timed(run, strategy, x, y, epochs, tmp) -> tuple[float, float]:
-    """(wall seconds of the call, seconds from the first epoch end to the last)."""
+    """(wall seconds of the call, seconds from the first epoch end to the last).
+
+    As timeit does, the garbage collector is run before and kept off during the call: a full
+    collection of the earlier repetitions' models and graphs takes about 2 s here and otherwise
+    lands inside whichever call happens to trigger it.
+    """
     timer = EpochTimes()
-    start = time.perf_counter()
-    run(strategy, x, y, epochs, tempfile.mkdtemp(dir=tmp), timer)
-    return time.perf_counter() - start, timer.ends[-1] - timer.ends[0]
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        run(strategy, x, y, epochs, tempfile.mkdtemp(dir=tmp), timer)
+        wall = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return wall, timer.ends[-1] - timer.ends[0]
 
 
 def ratios(rates: dict[str, list[float]]) -> list[float]:

@@ -16,15 +16,15 @@ PYTHON="${KERASDIST_PYTHON:-$PWD/.venv/bin/python}"
 export KERASDIST_PYTHON="$PYTHON"
 
 # name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
-# development machine. Measured there at load average 5 to 7 (others' runs on the same cores):
-# data 56 s with --reps 9, data_r 36 s, checkpoint 152 s with --repeats 5 (about 30 s a
-# repetition), multi_worker 176 s (start-up of its 12 training processes dominates).
+# development machine: 6 min 56 s in all there with nothing else running (data 24 s, data_r 19 s,
+# checkpoint 84 s, multi_worker 88 s, overhead 44 s, r_python 46 s, advisor 110 s); about twice
+# that while other test runs loaded the same cores.
 BENCHMARKS=(
-  "data|bench_data.py|--reps 7 --epochs 5"
+  "data|bench_data.py|--reps 9 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
-  "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 3"
+  "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 6"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
-  "overhead|bench_overhead.py|"
+  "overhead|bench_overhead.py|--epochs 5"
   "r_python|bench_r_python.py|"
   "advisor|bench_advisor.py|"
 )
