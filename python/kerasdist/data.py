@@ -282,6 +282,7 @@ def make_dataset(
         policy = "per_worker"
     else:
         dataset, policy = _auto_sharded(source, plan, n_train, strategy)
+        dataset = _with_known_length(dataset, plan, strategy)
     info = DatasetInfo(
         source=source.kind, num_samples=n_train, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
@@ -679,6 +680,20 @@ def _auto_sharded(source: _Source, plan: _Plan, n_train: int, strategy: Any):
         policy = "FILE" if len(source.files) >= _num_workers(strategy) else "DATA"
         return _finish(_file_pipeline(source, plan, plan.sizing.batch_size), policy), policy
     return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
+
+
+def _with_known_length(dataset, plan: _Plan, strategy: Any):
+    """Tell tf.data how many batches a finite pipeline has (its flat_map hides it). Keras then
+    ends each pass cleanly instead of warning "Your input ran out of data" after every
+    evaluation, and counts its steps right. Only where no worker's share is cut out of the
+    pipeline later (one worker): a sharded share would trip the assertion."""
+    import tensorflow as tf
+
+    total = plan.num_batches()
+    strategy = tf.distribute.get_strategy() if strategy is None else strategy
+    if total is None or _num_workers(strategy) > 1:
+        return dataset
+    return dataset.apply(tf.data.experimental.assert_cardinality(total))
 
 
 def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):

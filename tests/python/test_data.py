@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import warnings
 
+import keras
 import numpy as np
 import pandas as pd
 import pytest
@@ -282,3 +284,16 @@ def test_auto_shard_gives_each_worker_a_disjoint_share(files, source):
             assert len(share) == 15  # each worker's own stream of 3 batches
             files_read = sorted(int(v) // 5 for v in share)  # file f holds ids 5f .. 5f+4
             assert files_read == sorted(f for f in names[worker::2] for _ in range(5))
+
+
+def test_finite_pipelines_tell_their_length_so_keras_ends_passes_without_warning():
+    x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20, dtype=np.float32)
+    finite = kerasdist.make_dataset(x, y, batch_size=8, epochs=3, skip_batches=1)
+    assert int(finite.cardinality()) == 3 * 3 - 1 == len(list(finite))
+    endless = int(kerasdist.make_dataset(x, y, batch_size=8).cardinality())
+    assert endless in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns "Your input ran out of data" on unknown lengths
+        model.evaluate(kerasdist.make_dataset(x, y, batch_size=8, epochs=1, shuffle=False), verbose=0)
