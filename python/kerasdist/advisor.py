@@ -35,6 +35,8 @@ ROUNDS = 3
 SYNTHETIC_SAMPLES = 4096
 # Within this fraction of the fastest, the simpler strategy is recommended.
 TIE = 0.05
+ONE_GPU = ("not run: one GPU, nothing to mirror across (default already runs on it; simulated "
+           "CPU devices would leave the GPU out)")
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,8 @@ def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:
 
 def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[StrategyTiming, int]:
     replicas, described, simulate = _layout(kind, gpus, devices, workers)
+    if kind == "mirrored" and gpus == 1:
+        return StrategyTiming(kind, 1, described, error=ONE_GPU), 0
     spec = {**spec, "kind": kind, "simulate": simulate, "out": os.path.join(work, kind)}
     os.makedirs(spec["out"], exist_ok=True)
     spec_path = os.path.join(work, f"{kind}.json")
@@ -270,8 +274,8 @@ def _layout(kind: str, gpus: int, devices: int, workers: int) -> tuple[int, str,
     if kind == "default":
         return 1, "1 GPU" if gpus else "CPU", 0
     if kind == "mirrored":
-        if gpus >= 2:
-            return gpus, f"{gpus} GPUs", 0
+        if gpus:
+            return gpus, f"{gpus} GPU" + ("s" if gpus > 1 else ""), 0
         return devices, f"{devices} simulated CPU devices", devices
     each = "GPU" if gpus else "CPU"
     return workers, f"{workers} processes (127.0.0.1), {each} each", 0

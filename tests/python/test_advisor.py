@@ -117,3 +117,13 @@ def test_help_lists_every_command():
     done = subprocess.run([sys.executable, "-m", "kerasdist", "--help"], capture_output=True, text=True)
     for command in ("info", "launch", "demo", "bench"):
         assert f"    {command}" in done.stdout
+
+
+def test_one_gpu_is_not_mirrored_and_says_why(tmp_path):
+    from kerasdist import advisor
+
+    skipped, parameters = advisor._run_strategy("mirrored", {}, str(tmp_path), 1, 2, 2, 60)
+    assert skipped.error == advisor.ONE_GPU and parameters == 0
+    assert advisor._layout("mirrored", 4, 2, 2)[:2] == (4, "4 GPUs")
+    assert advisor._layout("mirrored", 0, 3, 2) == (3, "3 simulated CPU devices", 3)
+    assert recommend([timing("default", 100, 9, replicas=1), skipped])[0] == "default"
