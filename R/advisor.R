@@ -3,7 +3,8 @@
 #' Time your model under each strategy this machine can run, and recommend one
 #'
 #' Trains `steps` steps of the model under `"default"`, `"mirrored"` (over the
-#' GPUs, or `devices` simulated CPU devices when there are none) and
+#' GPUs, or `devices` simulated CPU devices when there are none; not run
+#' with a single GPU) and
 #' `"multi_worker"` (`workers` processes on 127.0.0.1, started by [launch()]),
 #' each in a fresh process, at the same global batch size. For each it
 #' measures the step time on the real input pipeline ([make_dataset()]), the

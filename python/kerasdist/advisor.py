@@ -109,7 +109,7 @@ def bench_strategies(
         x, y: training data (arrays, anything `make_dataset` takes in memory); default random
             data shaped for the model's input and output.
         strategies: which to time; default all of "default", "mirrored" (over the GPUs, or
-            `devices` simulated CPU devices when there are none), "multi_worker" (`workers`
+            `devices` simulated CPU devices when there are none; not run with one GPU), "multi_worker" (`workers`
             processes on 127.0.0.1, through the launcher).
         steps: timed training steps per strategy (after a warm-up of 10).
         batch_size: the global batch size, the same under every strategy.
