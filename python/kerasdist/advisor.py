@@ -109,8 +109,8 @@ def bench_strategies(
         x, y: training data (arrays, anything `make_dataset` takes in memory); default random
             data shaped for the model's input and output.
         strategies: which to time; default all of "default", "mirrored" (over the GPUs, or
-            `devices` simulated CPU devices when there are none; not run with one GPU), "multi_worker" (`workers`
-            processes on 127.0.0.1, through the launcher).
+            `devices` simulated CPU devices when there are none; not run with one GPU),
+            "multi_worker" (`workers` processes on 127.0.0.1, through the launcher).
         steps: timed training steps per strategy (after a warm-up of 10).
         batch_size: the global batch size, the same under every strategy.
         devices: CPU devices to simulate for "mirrored" on a machine without GPUs.
@@ -202,7 +202,8 @@ def _why_not(slower: StrategyTiming, best: StrategyTiming, gpus: int) -> str:
         cause = (f"its {slower.replicas} replicas are simulated on the same CPU cores, so they add no "
                  f"compute, and keeping them in sync costs {extra}")
         if best.step_ms < 20:
-            cause += f" than a {best.step_ms:.1f} ms step: the model is too small for the all-reduce to pay off"
+            cause += (f" than a {best.step_ms:.1f} ms step: the model is too small for the "
+                      "all-reduce to pay off")
     elif slower.strategy == "multi_worker":
         cause = (f"{slower.replicas} worker processes on one machine share its cores and add a gRPC "
                  f"all-reduce of the gradients every step ({extra}); it pays off with one "
@@ -226,7 +227,8 @@ def _input_note(timing: StrategyTiming) -> str:
     share = timing.input_wait_ms / timing.step_ms
     if share < 0.2:
         return ""
-    where = f"Under {timing.strategy} about {share:.0%} of each step ({timing.input_wait_ms:.1f} ms) goes to its input"
+    where = (f"Under {timing.strategy} about {share:.0%} of each step ({timing.input_wait_ms:.1f} ms) "
+             "goes to its input")
     if timing.input_only_ms >= 0.8 * timing.input_wait_ms:
         return (f"{where}, and the pipeline alone needs {timing.input_only_ms:.1f} ms a batch: it is the "
                 "bottleneck; cache the dataset, map in parallel or read faster storage")
@@ -351,16 +353,23 @@ def _synthetic_data(model: Any, seed: int) -> tuple[Any, Any]:
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise ValueError("model: random data is made for one input and one output; pass x and y.")
     x = rng.normal(size=(SYNTHETIC_SAMPLES, *model.inputs[0].shape[1:])).astype("float32")
-    out_shape = tuple(model.outputs[0].shape[1:])
+    return x, _synthetic_targets(model, rng)
+
+
+def _synthetic_targets(model: Any, rng: Any) -> Any:
+    """Class indices for a sparse loss, one-hot (or 0/1) for crossentropy, else normal values."""
+    import numpy as np
+
+    shape = (SYNTHETIC_SAMPLES, *model.outputs[0].shape[1:])
+    classes = shape[-1]
     loss = str(getattr(model.loss, "name", model.loss) or "").lower()
     if "sparse" in loss:
-        y = rng.integers(0, out_shape[-1], size=(SYNTHETIC_SAMPLES, *out_shape[:-1]))
-    elif "crossentropy" in loss:
-        y = np.eye(out_shape[-1], dtype="float32")[rng.integers(0, out_shape[-1], SYNTHETIC_SAMPLES)] \
-            if out_shape[-1] > 1 else rng.integers(0, 2, size=(SYNTHETIC_SAMPLES, *out_shape)).astype("float32")
-    else:
-        y = rng.normal(size=(SYNTHETIC_SAMPLES, *out_shape)).astype("float32")
-    return x, y
+        return rng.integers(0, classes, size=shape[:-1])
+    if "crossentropy" in loss and classes > 1:
+        return np.eye(classes, dtype="float32")[rng.integers(0, classes, SYNTHETIC_SAMPLES)]
+    if "crossentropy" in loss:
+        return rng.integers(0, 2, size=shape).astype("float32")
+    return rng.normal(size=shape).astype("float32")
 
 
 def _save_data(x: Any, y: Any, work: str) -> str | None:
@@ -372,7 +381,8 @@ def _save_data(x: Any, y: Any, work: str) -> str | None:
 
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim == 0 or len(x) != len(y):
-        raise ValueError(f"x and y must have the same number of samples (first axis), got {x.shape} and {y.shape}.")
+        raise ValueError("x and y must have the same number of samples (first axis), "
+                         f"got {x.shape} and {y.shape}.")
     path = os.path.join(work, "data.npz")
     np.savez(path, x=x, y=y)
     return path
@@ -395,7 +405,8 @@ def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
     chosen = tuple(strategies)
     unknown = [s for s in chosen if s not in STRATEGIES]
     if not chosen or unknown or len(set(chosen)) != len(chosen):
-        raise ValueError(f"strategies must be distinct names among {', '.join(STRATEGIES)}, got {list(chosen)}.")
+        raise ValueError(f"strategies must be distinct names among {', '.join(STRATEGIES)}, "
+                         f"got {list(chosen)}.")
     return chosen
 
 

@@ -127,3 +127,25 @@ def test_one_gpu_is_not_mirrored_and_says_why(tmp_path):
     assert advisor._layout("mirrored", 4, 2, 2)[:2] == (4, "4 GPUs")
     assert advisor._layout("mirrored", 0, 3, 2) == (3, "3 simulated CPU devices", 3)
     assert recommend([timing("default", 100, 9, replicas=1), skipped])[0] == "default"
+
+
+@pytest.mark.parametrize("loss,shape,kind", [
+    ("sparse_categorical_crossentropy", (4096,), "classes"),
+    ("categorical_crossentropy", (4096, 3), "one_hot"),
+    ("mse", (4096, 3), "values"),
+])
+def test_random_targets_fit_the_loss(loss, shape, kind):
+    import keras
+
+    from kerasdist.advisor import _synthetic_data
+
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss=loss)
+    x, y = _synthetic_data(model, seed=0)
+    assert x.shape == (4096, 5) and y.shape == shape
+    if kind == "classes":
+        assert set(np.unique(y)) == {0, 1, 2}
+    elif kind == "one_hot":
+        assert np.array_equal(y.sum(axis=1), np.ones(4096))
+    else:
+        assert y.dtype == np.float32 and y.std() > 0.5
