@@ -677,8 +677,10 @@ def _auto_sharded(source: _Source, plan: _Plan, n_train: int, strategy: Any):
     if source.kind == "memory":
         return _finish(_memory_pipeline(source.arrays, n_train, plan, plan.sizing.batch_size), "DATA"), "DATA"
     if source.kind == "files" and plan.cache in (None, False):
-        policy = "FILE" if len(source.files) >= _num_workers(strategy) else "DATA"
-        return _finish(_file_pipeline(source, plan, plan.sizing.batch_size), policy), policy
+        workers = _num_workers(strategy)
+        policy = "FILE" if len(source.files) >= workers else "DATA"
+        shares = workers if policy == "FILE" else 1
+        return _finish(_file_pipeline(source, plan, plan.sizing.batch_size, shares=shares), policy), policy
     return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
 
 
@@ -723,9 +725,14 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
     return plan.epoch_range().flat_map(epoch)
 
 
-def _file_pipeline(source: _Source, plan: _Plan, batch, share=None):
+def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
     """Files permuted per epoch, records permuted inside each file; FILE auto-shard finds the
-    file-name stream (range -> map -> unbatch) in front of the reader and shards it."""
+    file-name stream (range -> map -> unbatch) in front of the reader and shards it.
+
+    `shares`: how many workers the file names will be dealt out to (by FILE auto-shard, or by
+    `share`). The reader interleaves no more files than one worker gets per epoch, so with
+    files of equal length a worker's epoch holds exactly its files' records, not some of the
+    next epoch's."""
     import tensorflow as tf
 
     files = tf.constant(list(source.files))
@@ -754,9 +761,9 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None):
     names = tf.data.Dataset.range(0, _MAX_EPOCH).map(epoch_files).unbatch()
     if share is not None and share[1] > 1 and n_files >= share[1]:
         names = names.shard(share[1], share[0])
-        share = None
+        shares, share = share[1], None
     records = names.interleave(
-        read, cycle_length=min(n_files, 4), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+        read, cycle_length=max(1, min(n_files // shares, 4)), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
     if share is not None and share[1] > 1:

@@ -131,3 +131,24 @@ def test_multi_worker_strategy_created_after_tensorflow_ran_says_what_to_move():
     assert done.returncode == 1
     assert "call select_strategy() first, before any dataset, tensor, model or make_dataset()" in done.stderr
     assert "Collective ops must be configured at program startup" in done.stderr  # upstream's words, kept
+
+
+def test_file_sharded_and_per_worker_pipelines_split_the_samples_between_real_workers(tmp_path):
+    rows = 0
+    for part in range(4):  # 4 files of 16 rows: 2 files, 64 / 2 samples per worker
+        with open(tmp_path / f"part{part}.csv", "w") as out:
+            out.write("a,b,label\n")
+            for _ in range(16):
+                out.write(f"{rows * 0.01:.2f},{1 - rows * 0.01:.2f},{rows}\n")
+                rows += 1
+    script = Path(__file__).parent / "scripts" / "shard_probe.py"
+    result = kerasdist.launch([sys.executable, str(script), str(tmp_path), str(tmp_path / "probe")],
+                              num_workers=2, grace_period=2, timeout=240)
+    assert result.ok, result.message
+    workers = [json.loads((tmp_path / f"probe-{i}.json").read_text()) for i in range(2)]
+    for mode, policy in (("files", "FILE"), ("per_worker", "per_worker"), ("files_per_worker", "per_worker")):
+        first, second = (set(w[mode]["ids"]) for w in workers)
+        assert workers[0][mode]["shard_policy"] == policy
+        assert len(workers[0][mode]["ids"]) == len(workers[1][mode]["ids"]) == 32, mode
+        assert not first & second and first | second == set(range(64)), mode  # each sample once
+        assert workers[0][mode]["loss"] == workers[1][mode]["loss"]  # one synchronous model
