@@ -471,7 +471,7 @@ class _Group:
         env["KERASDIST_TASK_INDEX"] = str(index)
         env["KERASDIST_RESTART"] = str(self.restart)
         process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            _dying_with_this_process(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: stopping it reaches its children
         )
@@ -599,6 +599,25 @@ class _LateTask:
             self.task.task_type, self.task.index, TIMEOUT_EXIT_CODE, restart,
             never_up=f"did not come up within {self.timeout:g} s (nothing listens on {self.address})",
         )
+
+
+# Runs first in each task's process, then execs the task's command in its place (same pid): asks
+# Linux to send the task SIGTERM when the launcher dies, so a launcher killed with SIGKILL, which
+# cannot stop its group, leaves no training processes behind. (subprocess's preexec_fn would do
+# it without the extra exec, but is unsafe with the launcher's output threads running.)
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the launcher died before the request was made
+    sys.exit(128 + signal.SIGTERM)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_this_process(argv: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _accepts_connections(address: str) -> bool:

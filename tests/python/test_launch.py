@@ -302,3 +302,23 @@ def test_a_worker_that_never_comes_up_is_named_after_the_startup_timeout(tmp_pat
     assert result.exit_code == 124 and not result.timed_out
     assert result.failed.task == "worker 1"
     assert result.failed.description.startswith("worker 1 did not come up within 2 s (nothing listens on 127.0.0.1:")
+
+
+def test_a_launcher_killed_with_sigkill_leaves_no_process_behind(tmp_path):
+    """SIGKILL gives the launcher no chance to stop its group: Linux's parent-death signal does."""
+    import subprocess
+
+    launcher = subprocess.Popen([sys.executable, "-m", "kerasdist", "launch", "-n", "2", "--",
+                                 PROBE, str(tmp_path), "--serve", "worker"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(records(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [r["pid"] for r in records(tmp_path).values()]
+    assert len(pids) == 2
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
