@@ -16,7 +16,8 @@
 #' status 0; with parameter servers (`num_ps > 0`) the cluster also has a
 #' `"chief"` task, ParameterServerStrategy's coordinator, and the run succeeds
 #' when the chief exits with status 0 (the servers, which never exit on their
-#' own, are then stopped).
+#' own, are then stopped). On Linux a launcher killed outright (SIGKILL)
+#' leaves nothing running: each task gets SIGTERM when the launcher dies.
 #'
 #' TensorFlow's gRPC runtime has no authentication: anyone who can reach the
 #' ports can run code in the training processes. `TF_CONFIG` names `host`
