@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kerasdist._args import whole_number
+
 STRATEGIES = ("default", "mirrored", "multi_worker")
 WARMUP_STEPS = 10
 # The timed steps are split into rounds, real input and held batch alternating, medians kept,
@@ -130,7 +132,7 @@ def bench_strategies(
     strategies = _check_strategies(strategies)
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
                                  ("devices", devices, 2), ("workers", workers, 2)):
-        _check_int(name, value, minimum)
+        whole_number(name, value, minimum)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
     load_model_function(model)
@@ -410,11 +412,6 @@ def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
     return chosen
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-
-
 def _absolute_spec(spec: str) -> str:
     where, name = spec.split(":")
     if where.endswith(".py"):
@@ -423,9 +420,9 @@ def _absolute_spec(spec: str) -> str:
 
 
 def _count_gpus() -> int:
-    import tensorflow as tf
+    from kerasdist.strategy import _local_gpus
 
-    return len(tf.config.list_physical_devices("GPU"))
+    return len(_local_gpus())
 
 
 def _device_name(gpus: int) -> str:

@@ -516,9 +516,9 @@ class CheckpointCallback(keras.callbacks.Callback):
     # -- Keras hooks ------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
         self._is_chief, self._task = self._role()
-        latest = latest_checkpoint(self.checkpoint_dir)
-        self._history = list(latest.history) if latest else []
-        self._best = self._best_of(list_checkpoints(self.checkpoint_dir)) if self.keep_best else None
+        checkpoints = list_checkpoints(self.checkpoint_dir)  # checksums every file: once
+        self._history = list(checkpoints[-1].history) if checkpoints else []
+        self._best = self._best_of(checkpoints) if self.keep_best else None
         self._first_epoch = None
         if self._is_chief:
             remove_temporary(self.checkpoint_dir)

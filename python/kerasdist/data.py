@@ -28,7 +28,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -253,7 +253,7 @@ def make_dataset(
         raise ValueError(
             f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
         )
-    if per_worker and strategy is None:
+    if strategy is None:
         import tensorflow as tf
 
         strategy = tf.distribute.get_strategy()
@@ -692,7 +692,6 @@ def _with_known_length(dataset, plan: _Plan, strategy: Any):
     import tensorflow as tf
 
     total = plan.num_batches()
-    strategy = tf.distribute.get_strategy() if strategy is None else strategy
     if total is None or _num_workers(strategy) > 1:
         return dataset
     return dataset.apply(tf.data.experimental.assert_cardinality(total))

@@ -80,7 +80,6 @@ def kerasdist_demo(run_dir: str | os.PathLike[str] = "runs/demo", epochs: int = 
 
     import kerasdist
 
-    kerasdist.simulate_devices(2)
     latest = kerasdist.latest_checkpoint(checkpoints)
     resume = {"epoch": latest.epoch, "step_in_epoch": latest.step_in_epoch, "global_step": latest.global_step} \
         if latest else {"epoch": 0, "step_in_epoch": 0, "global_step": 0}

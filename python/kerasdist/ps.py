@@ -33,6 +33,8 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
+from kerasdist._args import whole_number
+
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVER_TASK_TYPES = ("worker", "ps")
 
@@ -120,9 +122,9 @@ def ps_fit(
     """
     strategy = _ps_strategy_of(model)
     _check_compiled(model)
-    epochs = _count("epochs", epochs, 1)
+    epochs = whole_number("epochs", epochs, 1)
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    initial_epoch = _count("initial_epoch", initial_epoch, 0)
+    initial_epoch = whole_number("initial_epoch", initial_epoch, 0)
     if validation_data is not None:
         validation_steps = required_steps("validation_steps", validation_steps, "validation_data")
     train_fn = _dataset_fn("data", data)
@@ -195,14 +197,6 @@ def _check_compiled(model: Any) -> None:
         raise ValueError("model is not compiled: call model.compile(optimizer=..., loss=...) first.")
 
 
-def _count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, float) and value.is_integer():  # R gives doubles
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return value
-
-
 def required_steps(name: str, value: Any, data_name: str) -> int:
     if value is None:
         raise ValueError(
@@ -210,7 +204,7 @@ def required_steps(name: str, value: Any, data_name: str) -> int:
             f"copy of {data_name}, repeated without end, so an epoch is a number of steps. "
             f"Pass e.g. {name}=100."
         )
-    return _count(name, value, 1)
+    return whole_number(name, value, 1)
 
 
 def _dataset_fn(name: str, data: Any) -> DatasetFn:

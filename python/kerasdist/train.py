@@ -139,6 +139,7 @@ def distributed_fit(
         validation_data = first[1]
     elif isinstance(validation_data, (tuple, list)):
         validation_data = _validation_dataset(validation_data, common)
+    del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
     check_checkpoint_dir(checkpoint_dir)
     model = make_or_restore_model(checkpoint_dir, build_fn, strategy=strategy)
