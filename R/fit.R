@@ -34,7 +34,7 @@ resume_fit <- function(model, data, epochs, checkpoint, steps_per_epoch = NULL, 
   }
   call_python(
     kerasdist_module()$resume_fit, model, epoch_data, as_py_int(epochs), checkpoint,
-    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_list(callbacks),
+    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
     validation_data = validation_data, validation_steps = as_py_int(validation_steps),
     verbose = as_py_int(verbose)
   )

@@ -57,7 +57,7 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
                    verbose = "auto") {
   call_python(
     kerasdist_module()$ps_fit, model, data, as_py_int(epochs),
-    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_list(callbacks),
+    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
     validation_data = validation_data, validation_steps = as_py_int(validation_steps),
     initial_epoch = as_py_int(initial_epoch), verbose = as_py_int(verbose)
   )

@@ -136,6 +136,11 @@ parse_python_error <- function(message) {
 # R-to-Python argument helpers: vectors of any length become lists, whole doubles become integers.
 as_py_list <- function(x) if (is.null(x)) NULL else as.list(x)
 
+# One callback or a list of them (a Python object is an environment, which as.list() would take apart).
+as_py_callbacks <- function(callbacks) {
+  if (is.null(callbacks) || is.list(callbacks)) callbacks else list(callbacks)
+}
+
 as_py_dict <- function(x) {
   if (is.null(x)) NULL else if (length(x) == 0) reticulate::dict() else as.list(x)
 }

@@ -87,7 +87,6 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
-  if (!is.null(callbacks) && !is.list(callbacks)) callbacks <- list(callbacks)
   call_python(
     kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
     y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
@@ -95,7 +94,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     batch_size = as_py_int(batch_size), per_replica_batch_size = as_py_int(per_replica_batch_size),
     seed = as_py_int(seed), shuffle = shuffle, sample_weight = as_py_data(sample_weight),
     validation_split = validation_split, validation_data = validation_data,
-    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = callbacks,
+    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
     verbose = as_py_int(verbose)
   )

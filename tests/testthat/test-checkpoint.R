@@ -114,3 +114,14 @@ test_that("resume_fit passes validation_data and validation_steps through to fit
                         validation_steps = 2L, verbose = 0L)
   expect_length(history$history$val_loss, 1)
 })
+
+test_that("resume_fit takes one callback object as well as a list", {
+  skip_if_no_kerasdist()
+  keras <- reticulate::import("keras")
+  dir <- withr::local_tempdir()
+  seen <- integer()
+  one <- keras$callbacks$LambdaCallback(on_epoch_end = function(epoch, logs) seen <<- c(seen, as.integer(epoch)))
+  model <- make_or_restore_model(dir, build_model)
+  resume_fit(model, small_dataset(), 2L, dir, callbacks = one, verbose = 0L)
+  expect_identical(seen, 0:1)
+})
