@@ -27,7 +27,6 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import figure, write_result  # noqa: E402
 
 BATCH, CLASSES = 128, 10

@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
 from _common import figure, write_result  # noqa: E402
 
 FEATURES, CLASSES, BATCH = 64, 10, 128

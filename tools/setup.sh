@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES="r-base-core r-cran-reticulate r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc"
+DEBIAN_PACKAGES="python3 python3-venv r-base-core r-cran-reticulate r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc"
 STAMPS=.venv/.stamps
 
 need_debian_packages() {
@@ -26,7 +26,7 @@ install_debian_packages() {
 }
 
 install_python_env() {
-  if [ ! -x .venv/bin/python ]; then
+  if [ ! -x .venv/bin/pip ]; then  # a venv whose ensurepip failed has python but no pip
     echo "setup: creating .venv"
     python3 -m venv .venv
   fi
