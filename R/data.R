@@ -92,13 +92,10 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
                          map_fn = NULL, check_finite = FALSE, file_format = NULL,
                          label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
   if (is.function(map_fn) && !inherits(map_fn, "python.builtin.object")) {
-    stop(structure(
-      class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
-      list(message = paste0(
-        "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
-        "function cannot run (see reticulate::py_run_string())."
-      ), call = sys.call(), python_type = "ValueError")
-    ))
+    kerasdist_abort(paste0(
+      "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
+      "function cannot run (see reticulate::py_run_string())."
+    ), call = sys.call())
   }
   result <- call_python(
     kerasdist_module()$make_dataset, as_py_data(x),

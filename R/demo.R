@@ -36,10 +36,7 @@
 kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   started <- Sys.time()
   if (!is.numeric(epochs) || length(epochs) != 1 || is.na(epochs) || epochs < 1 || epochs != round(epochs)) {
-    stop(structure(
-      class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
-      list(message = sprintf("epochs must be an integer >= 1, got %s.", format(epochs)), call = sys.call())
-    ))
+    kerasdist_abort(sprintf("epochs must be an integer >= 1, got %s.", format(epochs)), call = sys.call())
   }
   epochs <- as.integer(epochs)
   py_demo <- demo_module()

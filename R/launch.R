@@ -73,11 +73,7 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
                    host = "127.0.0.1", timeout = NULL, grace_period = 10,
                    env = NULL, cwd = NULL, startup_timeout = NULL) {
   if (!is.character(command)) {
-    stop(structure(
-      class = c("kerasdist_ValueError", "kerasdist_error", "error", "condition"),
-      list(message = "command must be a character vector: the program and its arguments.",
-           call = sys.call())
-    ))
+    kerasdist_abort("command must be a character vector: the program and its arguments.", call = sys.call())
   }
   result <- call_python(
     kerasdist_module()$launch, as.list(command),

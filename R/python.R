@@ -112,13 +112,19 @@ call_python <- function(fun, ..., call = sys.call(-1)) {
   result <- tryCatch(.kerasdist$bridge$call_capturing_warnings(fun, ...), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
     parsed <- parse_python_error(conditionMessage(err))
-    stop(structure(
-      class = c(paste0("kerasdist_", parsed$type), "kerasdist_error", "error", "condition"),
-      list(message = parsed$message, call = call, python_type = parsed$type)
-    ))
+    kerasdist_abort(parsed$message, parsed$type, call)
   })
   for (message in unlist(result[[2]])) warning(warningCondition(message, call = call, class = "kerasdist_warning"))
   result[[1]]
+}
+
+# Stop with the condition a Python exception of `type` becomes in R: class
+# `kerasdist_<type>` and `kerasdist_error`, the message without a traceback.
+kerasdist_abort <- function(message, type = "ValueError", call = sys.call(-1)) {
+  stop(structure(
+    class = c(paste0("kerasdist_", type), "kerasdist_error", "error", "condition"),
+    list(message = message, call = call, python_type = type)
+  ))
 }
 
 parse_python_error <- function(message) {

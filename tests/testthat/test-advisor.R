@@ -1,22 +1,19 @@
 # The strategy advisor from R: the shared argument checks, and a real timed run on R data.
 
-test_that("bad arguments are refused, naming them, before any process starts", {
-  skip_if_no_kerasdist()
-  kerasdist:::kerasdist_module()  # import Python's side first: only the checks are timed
-  for (row in case_rows("advisor")) {
+for (row in case_rows("advisor")) {
+  test_that(paste("bad arguments are refused, naming them, before any process starts:", row$id), {
+    skip_if_no_kerasdist()
+    kerasdist:::kerasdist_module()  # import Python's side first: only the checks are timed
     args <- row$args
     if (!is.null(args$x)) args$x <- do.call(rbind, lapply(args$x, unlist))
     if (!is.null(args$strategies)) args$strategies <- unlist(args$strategies)
-    for (name in intersect(names(args), c("steps", "devices", "workers"))) {
-      args[[name]] <- as.integer(args[[name]])
-    }
     elapsed <- system.time(
       err <- expect_error(do.call(bench_strategies, c(list(row$model), args)), class = "kerasdist_ValueError")
     )[["elapsed"]]
     expect_true(grepl(row$error, conditionMessage(err), fixed = TRUE), label = paste(row$id, conditionMessage(err)))
     expect_lt(elapsed, 5)
-  }
-})
+  })
+}
 
 test_that("bench_strategies times the default strategy on an R matrix and recommends it", {
   skip_if_no_kerasdist()
