@@ -2,6 +2,9 @@
 PYTHON := .venv/bin/python
 export KERASDIST_PYTHON := $(CURDIR)/.venv/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
+# R repositories for the packages Debian lacks (keras3, tensorflow, reticulate >= 1.42): CRAN, or
+# a mirror, e.g. KERASDIST_R_REPOS=file:///path/to/cran-mirror make test (space-separated list).
+export KERASDIST_R_REPOS ?= https://cloud.r-project.org
 
 .PHONY: demo test setup docs bench
 

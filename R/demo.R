@@ -67,14 +67,14 @@ kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   scores <- unlist(model$evaluate(digits$x_test, as_py_data(digits$y_test), batch_size = as.integer(py_demo$BATCH_SIZE), verbose = 0L))
   cat(sprintf("== test accuracy %.4f (loss %.4f) on %d held-out digits\n", scores[2], scores[1], length(digits$y_test)))
   png <- py_demo$plot_curves(
-    history$history, file.path(run_dir, "curves.png"), steps = steps,
+    history$metrics, file.path(run_dir, "curves.png"), steps = steps,
     kill = reticulate::tuple(kill[1], kill[2]), resume = reticulate::tuple(resume[1], resume[2])
   )
   result <- list(
     strategy = trained$strategy$kind, replicas = trained$strategy$num_replicas,
     killed_at = list(epoch = kill[1], step_in_epoch = kill[2]),
     resumed_from = list(epoch = resume[1], step_in_epoch = resume[2], global_step = resume[3]),
-    epochs = length(history$epoch), optimizer_steps = as.integer(model$optimizer$iterations$numpy()),
+    epochs = length(history$metrics$loss), optimizer_steps = as.integer(model$optimizer$iterations$numpy()),
     test_loss = scores[1], test_accuracy = scores[2], png = as.character(png),
     wall_seconds = round(as.numeric(difftime(Sys.time(), started, units = "secs")), 1)
   )
@@ -103,20 +103,16 @@ demo_digits <- function() {
 }
 
 demo_build_model <- function() {
-  keras <- reticulate::import("keras")
-  keras$utils$set_random_seed(1L)
-  model <- keras$Sequential(list(
-    keras$Input(shape = list(8L, 8L, 1L)),
-    keras$layers$Conv2D(16L, 3L, padding = "same", activation = "relu"),
-    keras$layers$MaxPooling2D(),
-    keras$layers$Conv2D(32L, 3L, padding = "same", activation = "relu"),
-    keras$layers$Flatten(),
-    keras$layers$Dense(10L, activation = "softmax")
-  ))
+  keras3::set_random_seed(1L)
   # Built-in loss and metric names: R functions cannot run on the replica threads.
-  model$compile(optimizer = keras$optimizers$Adam(0.005), loss = "sparse_categorical_crossentropy",
-                metrics = list("accuracy"))
-  model
+  keras3::keras_model_sequential(input_shape = c(8, 8, 1)) |>
+    keras3::layer_conv_2d(16, 3, padding = "same", activation = "relu") |>
+    keras3::layer_max_pooling_2d() |>
+    keras3::layer_conv_2d(32, 3, padding = "same", activation = "relu") |>
+    keras3::layer_flatten() |>
+    keras3::layer_dense(10, activation = "softmax") |>
+    keras3::compile(optimizer = keras3::optimizer_adam(0.005), loss = "sparse_categorical_crossentropy",
+                    metrics = "accuracy")
 }
 
 # One distributed_fit call, the same in the killed run (kill_at = c(epoch, step), 0-based epoch)
@@ -129,25 +125,23 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
               paste(unlist(description$devices), collapse = ", "), description$reason))
   py_demo <- demo_module()
   every <- as.integer(py_demo$EVERY_STEPS)
-  keras <- reticulate::import("keras")
-  current_epoch <- 0L
-  progress <- keras$callbacks$LambdaCallback(
-    on_epoch_begin = function(epoch, logs) current_epoch <<- as.integer(epoch),
+  current_epoch <- 0L  # 0-based, as in the checkpoints; keras3 hands R callbacks 1-based numbers
+  progress <- keras3::callback_lambda(
+    on_epoch_begin = function(epoch, logs) current_epoch <<- as.integer(epoch) - 1L,
     on_train_batch_end = function(batch, logs) {
-      step <- as.integer(batch) + 1L + if (current_epoch == resume[1]) as.integer(resume[2]) else 0L
+      step <- as.integer(batch) + if (current_epoch == resume[1]) as.integer(resume[2]) else 0L
       if (step %% every == 0L) {
         cat(sprintf("epoch %d step %2d  loss %.4f  accuracy %.4f\n", current_epoch + 1L, step, logs$loss, logs$accuracy))
       }
       if (!is.null(kill_at) && current_epoch == kill_at[1] && step == kill_at[2]) {
         cat(sprintf("epoch %d step %2d  SIGKILL (no clean-up, no save)\n", current_epoch + 1L, step))
         flush(stdout())
-        os <- reticulate::import("os")
-        os$kill(os$getpid(), 9L)
+        tools::pskill(Sys.getpid(), tools::SIGKILL)
       }
     },
     on_epoch_end = function(epoch, logs) {
       cat(sprintf("epoch %d done  loss %.4f  accuracy %.4f  val_loss %.4f  val_accuracy %.4f\n",
-                  as.integer(epoch) + 1L, logs$loss, logs$accuracy, logs$val_loss, logs$val_accuracy))
+                  as.integer(epoch), logs$loss, logs$accuracy, logs$val_loss, logs$val_accuracy))
     }
   )
   digits <- demo_digits()
@@ -156,7 +150,7 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
     checkpoint_dir = file.path(run_dir, "checkpoints"), strategy = strategy,
     batch_size = py_demo$BATCH_SIZE, seed = py_demo$SEED, validation_split = py_demo$VALIDATION_SPLIT,
     every_steps = every, keep = 3L,
-    callbacks = list(progress, keras$callbacks$CSVLogger(file.path(run_dir, "log.csv"), append = TRUE)),
+    callbacks = list(progress, keras3::callback_csv_logger(file.path(run_dir, "log.csv"), append = TRUE)),
     verbose = 0L
   )
   list(history = history, strategy = description)

@@ -4,38 +4,58 @@
 #'
 #' A run restarted after a crash continues at the next unseen batch of the
 #' interrupted epoch, so with seeded data and TensorFlow op determinism it ends
-#' with the same weights, bit for bit, as an uninterrupted run.
+#' with the same weights, bit for bit, as an uninterrupted run. The model comes
+#' first, so it pipes like keras3's `fit()`: `model |> resume_fit(data, epochs
+#' = 10)`; a model from [make_or_restore_model()] remembers its checkpoint
+#' directory, so `checkpoint` can be left out.
 #'
-#' @param model A compiled Keras model, usually from [make_or_restore_model()].
-#' @param data A `tf.data.Dataset` of batches that is the same every epoch, or a
-#'   function of the (0-based) epoch returning that epoch's batches.
+#' @param model A compiled Keras model (a keras3 model), usually from
+#'   [make_or_restore_model()].
+#' @param data A `tf.data.Dataset` of batches that is the same every epoch (for
+#'   example from [make_dataset()] with `epochs = 1`), or a function of the
+#'   (0-based) epoch returning that epoch's batches.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint A [checkpoint_callback()], or a directory for one.
+#' @param checkpoint A [checkpoint_callback()], or a directory for one; `NULL`
+#'   for the directory `model` was made or restored from by
+#'   [make_or_restore_model()].
 #' @param steps_per_epoch Batches per epoch when the dataset cannot tell.
-#' @param callbacks A list of more Keras callbacks.
+#' @param callbacks A Keras callback or a list of them (keras3's `callback_*()`
+#'   included).
 #' @param validation_data Passed to `fit`.
 #' @param validation_steps Passed to `fit`; required with `validation_data`
 #'   under a parameter-server strategy.
 #' @param verbose Passed to `fit`.
-#' @returns A Keras `History` covering all epochs, earlier runs included.
+#' @returns The training history of all epochs, earlier runs included,
+#'   invisibly, as keras3's `fit()` returns it: a `keras_training_history`
+#'   (`plot(history)`, `as.data.frame(history)`, `history$metrics$loss`).
 #' @family checkpoint
 #' @seealso Python: `kerasdist.resume_fit()`.
 #' @examples
 #' \dontrun{
-#' history <- resume_fit(model, dataset, epochs = 10L, checkpoint = checkpoint_callback("ckpt"))
+#' library(keras3)
+#' model <- make_or_restore_model("ckpt", function() {
+#'   keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1) |>
+#'     compile(optimizer = "adam", loss = "mse")
+#' })
+#' x <- matrix(rnorm(400), ncol = 4)
+#' history <- model |> resume_fit(make_dataset(x, rowSums(x), batch_size = 20, epochs = 1),
+#'                                epochs = 5)
+#' plot(history)
 #' }
 #' @export
-resume_fit <- function(model, data, epochs, checkpoint, steps_per_epoch = NULL, callbacks = NULL,
+resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch = NULL, callbacks = NULL,
                        validation_data = NULL, validation_steps = NULL, verbose = "auto") {
   epoch_data <- data
   if (is.function(data)) {
     r_data <- data
     epoch_data <- function(epoch) r_data(as.integer(epoch))
   }
-  call_python(
+  history <- call_python(
     kerasdist_module()$resume_fit, model, epoch_data, as_py_int(epochs), checkpoint,
     steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
     validation_data = validation_data, validation_steps = as_py_int(validation_steps),
     verbose = as_py_int(verbose)
   )
+  invisible(as_training_history(history))
 }

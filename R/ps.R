@@ -37,8 +37,9 @@
 #' @param initial_epoch The (0-based) epoch to start at.
 #' @param verbose 0 for silence, 1 or `"auto"` for a progress bar, 2 for one
 #'   line per epoch.
-#' @returns The Keras `History` (a Python object) of the epochs trained:
-#'   `history$history$loss`, `history$epoch`.
+#' @returns The history of the epochs trained, invisibly, as keras3's `fit()`
+#'   returns it: a `keras_training_history` (`plot(history)`,
+#'   `as.data.frame(history)`; `history$metrics$loss`).
 #' @family training
 #' @seealso Python: `kerasdist.ps_fit()`; [run_server()], [launch()],
 #'   [resume_fit()], [select_strategy()].
@@ -55,12 +56,13 @@
 ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL,
                    validation_data = NULL, validation_steps = NULL, initial_epoch = 0L,
                    verbose = "auto") {
-  call_python(
+  history <- call_python(
     kerasdist_module()$ps_fit, model, data, as_py_int(epochs),
     steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
     validation_data = validation_data, validation_steps = as_py_int(validation_steps),
     initial_epoch = as_py_int(initial_epoch), verbose = as_py_int(verbose)
   )
+  invisible(as_training_history(history))
 }
 
 #' Serve a worker or ps task of a parameter-server cluster

@@ -8,8 +8,9 @@
 #' `kerasdist` module. It is found, in this order, from: the option
 #' `kerasdist.python`; the environment variable `KERASDIST_PYTHON`; a `.venv`
 #' in the working directory or one of its parents (the one `make demo` creates);
-#' `RETICULATE_PYTHON`. If reticulate has already started Python (for example
-#' because keras3 was loaded first), that Python is used.
+#' `RETICULATE_PYTHON`; the `"r-keras"` virtualenv that [install_kerasdist()]
+#' (and `keras3::install_keras()`) create. If reticulate has already started
+#' Python (for example because keras3 ran first), that Python is used.
 #'
 #' @returns The path of the Python executable, or `NULL` if none was found.
 #' @family setup
@@ -24,11 +25,18 @@ kerasdist_python <- function() {
     getOption("kerasdist.python", ""),
     Sys.getenv("KERASDIST_PYTHON"),
     find_project_venv(getwd()),
-    Sys.getenv("RETICULATE_PYTHON")
+    Sys.getenv("RETICULATE_PYTHON"),
+    shared_keras_venv()
   )
   found <- candidates[nzchar(candidates) & file.exists(candidates)]
   # Not normalizePath(): it would resolve the venv's symlink to the base interpreter.
   if (length(found) == 0) NULL else path.expand(found[[1]])
+}
+
+# The virtualenv keras3 and kerasdist share after install_kerasdist(), if it exists.
+shared_keras_venv <- function() {
+  if (!reticulate::virtualenv_exists(DEFAULT_ENVNAME)) return("")
+  reticulate::virtualenv_python(DEFAULT_ENVNAME)
 }
 
 find_project_venv <- function(dir) {
@@ -60,9 +68,10 @@ prefer_python <- function(python) {
 # The kerasdist Python module, imported once; each missing piece gets one sentence and its fix.
 kerasdist_module <- function() {
   if (is.null(.kerasdist$module)) {
+    started_by_others <- reticulate::py_available(initialize = FALSE)
     activate_python()
-    require_python_module("tensorflow", "pip install tensorflow-cpu==2.21.0")
-    require_python_module("kerasdist", "pip install -e <kerasdist checkout>")
+    require_kerasdist_python(started_by_others)
+    if (isTRUE(getOption("kerasdist.verbose"))) python_environ()$update(list(KERASDIST_VERBOSE = "1"))
     .kerasdist$module <- reticulate::import("kerasdist")
     .kerasdist$bridge <- reticulate::import("kerasdist._bridge")
   }
@@ -85,14 +94,37 @@ activate_python <- function() {
   }
 }
 
-require_python_module <- function(module, fix) {
-  if (!reticulate::py_module_available(module)) {
-    python <- reticulate::py_config()$python
-    setup_error(sprintf(
-      "The Python module '%s' is missing from %s: run `make demo` in the kerasdist checkout, or `%s -m %s`.",
-      module, python, python, fix
-    ))
-  }
+# One sentence and the one call that fixes it, whoever started Python.
+require_kerasdist_python <- function(started_by_others) {
+  missing <- Filter(Negate(python_module_installed), c("tensorflow", "kerasdist"))
+  if (length(missing) == 0) return(invisible())
+  python <- reticulate::py_config()$python
+  modules <- paste0("'", missing, "'", collapse = " and ")
+  setup_error(if (started_by_others) {
+    sprintf(paste0(
+      "reticulate already runs the Python at %s (started by keras3 or another package before kerasdist), ",
+      "which has no %s module: run `kerasdist::install_kerasdist()` once, then restart R."
+    ), python, modules)
+  } else {
+    sprintf(paste0(
+      "The Python at %s has no %s module: run `kerasdist::install_kerasdist()` once (or `make demo` ",
+      "in the kerasdist checkout), then restart R."
+    ), python, modules)
+  })
+}
+
+# Without importing it (py_module_available() imports, which would start TensorFlow too early).
+python_module_installed <- function(module) {
+  !is.null(reticulate::import("importlib.util")$find_spec(module))
+}
+
+python_environ <- function() reticulate::import("os", convert = FALSE)$environ
+
+# Whether Python's keras has been imported (after which keras3's load hook has started
+# TensorFlow's devices).
+keras_imported <- function() {
+  reticulate::py_available(initialize = FALSE) &&
+    reticulate::py_to_r(reticulate::import("sys", convert = FALSE)$modules$`__contains__`("keras"))
 }
 
 setup_error <- function(message) {
@@ -151,6 +183,18 @@ as_py_dict <- function(x) {
   if (is.null(x)) NULL else if (length(x) == 0) reticulate::dict() else as.list(x)
 }
 
+is_count <- function(x) is.integer(x) && length(x) == 1 && !is.na(x) && x >= 1L
+
 as_py_int <- function(x) {
   if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
+}
+
+# A Python History as keras3's `keras_training_history` (what keras3's fit() returns), so that
+# print(), plot() and as.data.frame() work; `model` is the trained model.
+as_training_history <- function(history) {
+  metrics <- lapply(reticulate::py_to_r(history$history), function(values) as.numeric(unlist(values)))
+  params <- history$params
+  params <- if (is.null(params)) list() else reticulate::py_to_r(params)
+  params$epochs <- if (length(metrics) == 0) 0L else length(metrics[[1]])
+  structure(class = "keras_training_history", list(params = params, metrics = metrics, model = history$model))
 }

@@ -120,8 +120,9 @@ describe_strategy <- function(strategy = NULL) {
 #'
 #' Lets mirrored code run on one CPU: after `simulate_devices(2)`,
 #' `select_strategy()` returns a MirroredStrategy with two replicas. It must run
-#' before TensorFlow initializes its devices: before any model, op or strategy,
-#' and before keras3 is loaded.
+#' before TensorFlow initializes its devices: before any model, op or strategy
+#' (with keras3 loaded, before the first keras3 model or op; loading keras3 is
+#' fine).
 #'
 #' @param n Number of logical CPU devices (at least 1).
 #' @returns The device names, invisibly.
@@ -133,7 +134,14 @@ describe_strategy <- function(strategy = NULL) {
 #' }
 #' @export
 simulate_devices <- function(n) {
-  names <- call_python(kerasdist_module()$simulate_devices, as_py_int(n))
+  n <- as_py_int(n)
+  if (is.null(.kerasdist$module) && is_count(n) && !keras_imported()) {
+    # keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so
+    # the split must happen inside kerasdist's own import (see python/kerasdist/_startup.py).
+    activate_python()
+    python_environ()$update(list(KERASDIST_SIMULATE_DEVICES = as.character(n)))
+  }
+  names <- call_python(kerasdist_module()$simulate_devices, n)
   invisible(as.character(unlist(names)))
 }
 

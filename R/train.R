@@ -51,8 +51,10 @@
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
-#' @returns The Keras `History` (a Python object) of all epochs, earlier runs
-#'   included: `history$history$loss`, `history$epoch`; `history$model` is the
+#' @returns The training history of all epochs, earlier runs included, as
+#'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
+#'   `plot(history)`, `as.data.frame(history)` and `print(history)` work;
+#'   `history$metrics$loss` is the loss per epoch and `history$model` the
 #'   trained model.
 #' @family training
 #' @seealso Python: `kerasdist.distributed_fit()`; the pieces it combines:
@@ -87,7 +89,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
-  call_python(
+  history <- call_python(
     kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
     y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
     epochs = as_py_int(epochs), checkpoint_dir = checkpoint_dir, strategy = strategy,
@@ -98,6 +100,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
     verbose = as_py_int(verbose)
   )
+  invisible(as_training_history(history))
 }
 
 #' Find R functions that TensorFlow would run inside the training step

@@ -4,7 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES="python3 python3-venv r-base-core r-cran-reticulate r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc"
+# R and what keras3's stack needs from Debian; keras3, tensorflow and a current reticulate (Debian has
+# 1.28, keras3 needs >= 1.42) come from the R repositories in KERASDIST_R_REPOS (CRAN by default).
+DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev r-cran-testthat r-cran-knitr r-cran-rmarkdown
+  r-cran-roxygen2 r-cran-callr r-cran-withr r-cran-jsonlite pandoc r-cran-rcpp r-cran-rcpptoml r-cran-here
+  r-cran-png r-cran-rappdirs r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
+  r-cran-rlang r-cran-magrittr r-cran-processx r-cran-yaml r-cran-whisker r-cran-tidyselect
+  r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports"
 STAMPS=.venv/.stamps
 
 need_debian_packages() {
@@ -43,6 +49,20 @@ install_python_env() {
   fi
 }
 
+install_r_dependencies() {
+  Rscript tools/install_r_packages.R
+}
+
+# The R package carries kerasdist's Python wheel and pinned versions, for install_kerasdist().
+stage_python_wheel() {
+  if [ ! -f "$STAMPS/wheel" ] || [ -n "$(find python pyproject.toml tools/constraints.txt -newer "$STAMPS/wheel" | head -n 1)" ]; then
+    rm -rf inst/python && mkdir -p inst/python
+    .venv/bin/pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w inst/python . >/dev/null
+    cp tools/constraints.txt inst/python/
+    touch "$STAMPS/wheel"
+  fi
+}
+
 r_sources_changed() {
   [ ! -f "$STAMPS/r-package" ] && return 0
   [ -n "$(find DESCRIPTION NAMESPACE R man inst -newer "$STAMPS/r-package" 2>/dev/null | head -n 1)" ]
@@ -57,5 +77,7 @@ install_r_package() {
 }
 
 install_debian_packages
+install_r_dependencies
 install_python_env
+stage_python_wheel
 install_r_package

@@ -1,5 +1,9 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
+from kerasdist import _startup
+
+_startup.import_tensorflow_quietly()  # first: before any module below imports TensorFlow
+
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
@@ -35,6 +39,8 @@ from kerasdist.strategy import (
     simulate_devices,
 )
 from kerasdist.train import check_step_functions, distributed_fit
+
+_startup.apply_requested_devices()
 
 __version__ = "0.1.0"
 

@@ -352,11 +352,26 @@ def make_or_restore_model(
     latest = latest_checkpoint(directory)
     with strategy.scope():
         if build_fn is None:
-            return _load_whole(directory, latest, custom_objects, safe_mode)
-        model = _build(build_fn)
-        if latest is not None:
-            _restore_into(model, latest)
+            model = _load_whole(directory, latest, custom_objects, safe_mode)
+        else:
+            model = _build(build_fn)
+            if latest is not None:
+                _restore_into(model, latest)
+    remember_checkpoint_dir(model, directory)
     return model
+
+
+_CHECKPOINT_DIR_ATTRIBUTE = "_kerasdist_checkpoint_dir"
+
+
+def remember_checkpoint_dir(model: Any, directory: Path) -> None:
+    """Tag the model with its checkpoint directory, so `resume_fit(model, data, epochs)` needs no
+    `checkpoint` argument (and reads naturally as `model |> resume_fit(data, epochs = 5)` in R)."""
+    object.__setattr__(model, _CHECKPOINT_DIR_ATTRIBUTE, str(directory))
+
+
+def remembered_checkpoint_dir(model: Any) -> str | None:
+    return getattr(model, _CHECKPOINT_DIR_ATTRIBUTE, None)
 
 
 def check_checkpoint_dir(checkpoint_dir: Any) -> Path:

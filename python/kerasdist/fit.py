@@ -8,7 +8,12 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from kerasdist.checkpoint import CheckpointCallback, checkpoint_callback, latest_checkpoint
+from kerasdist.checkpoint import (
+    CheckpointCallback,
+    checkpoint_callback,
+    latest_checkpoint,
+    remembered_checkpoint_dir,
+)
 from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
 
 EpochData = Callable[[int], tf.data.Dataset]
@@ -33,7 +38,7 @@ def resume_fit(
     model: Any,
     data: tf.data.Dataset | EpochData,
     epochs: int,
-    checkpoint: CheckpointCallback | str | os.PathLike[str],
+    checkpoint: CheckpointCallback | str | os.PathLike[str] | None = None,
     *,
     steps_per_epoch: int | None = None,
     callbacks: Sequence[Any] | None = None,
@@ -60,7 +65,9 @@ def resume_fit(
             `data(epoch)` returning the batches of that epoch (e.g. shuffled as a pure function of
             a seed and the epoch).
         epochs: total number of epochs, counting those done by earlier runs.
-        checkpoint: a `checkpoint_callback(...)`, or a directory for one with the defaults.
+        checkpoint: a `checkpoint_callback(...)`, or a directory for one with the defaults;
+            None for the directory the model was made or restored from by
+            `make_or_restore_model`.
         steps_per_epoch: batches per epoch, when the dataset cannot tell (unknown cardinality).
         callbacks: more Keras callbacks.
         validation_data: passed to `fit`.
@@ -72,6 +79,13 @@ def resume_fit(
         A `History` whose `history` and `epoch` cover all epochs, earlier runs included.
     """
     _check_epochs(epochs)
+    if checkpoint is None:
+        checkpoint = remembered_checkpoint_dir(model)
+        if checkpoint is None:
+            raise ValueError(
+                "checkpoint is required: give a checkpoint_callback() or a directory, or make the "
+                "model with make_or_restore_model(checkpoint_dir, build_fn), which remembers it."
+            )
     if not isinstance(checkpoint, CheckpointCallback):
         checkpoint = checkpoint_callback(checkpoint)
     if is_parameter_server_strategy(getattr(model, "distribute_strategy", None)):

@@ -1,0 +1,83 @@
+# One call that gives keras3 and kerasdist one Python: install_kerasdist().
+
+DEFAULT_ENVNAME <- "r-keras"
+
+#' Install kerasdist's Python package and its pinned stack into a virtualenv
+#'
+#' The keras3 way to set up Python once (as `keras3::install_keras()`): creates
+#' the virtualenv `envname` if it does not exist and installs into it the
+#' kerasdist Python package that came with this R package, with TensorFlow,
+#' Keras, NumPy, pandas and matplotlib at the versions kerasdist is tested
+#' with. The default, `"r-keras"`, is the environment keras3 uses too, so after
+#' restarting R, `library(keras3)` and `library(kerasdist)` share one Python.
+#' Packages come from PyPI (or the index pip is configured with).
+#'
+#' @param envname Name of the virtualenv (under reticulate's virtualenv root),
+#'   or a path to one; created if missing.
+#' @param python The Python used to create a new virtualenv; `NULL` lets
+#'   reticulate choose one (Python >= 3.10 is needed).
+#' @param gpu Install TensorFlow's CUDA build (`tensorflow[and-cuda]`) instead
+#'   of the CPU build.
+#' @param source The kerasdist Python package to install: a wheel, or a
+#'   kerasdist source checkout; `NULL` for the wheel bundled with this R
+#'   package.
+#' @param pip_args More arguments for `pip install`, e.g. `"--no-cache-dir"`.
+#' @returns The path of the environment's Python, invisibly.
+#' @family setup
+#' @seealso [kerasdist_python()] for the Python kerasdist uses.
+#' @examples
+#' \dontrun{
+#' kerasdist::install_kerasdist()   # once; then restart R
+#' library(keras3)
+#' library(kerasdist)
+#' }
+#' @export
+install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FALSE, source = NULL,
+                              pip_args = NULL) {
+  if (!is.character(envname) || length(envname) != 1 || !nzchar(envname)) {
+    kerasdist_abort("envname must be the name of, or a path to, a virtualenv (one string).", call = sys.call())
+  }
+  if (!isTRUE(gpu) && !isFALSE(gpu)) kerasdist_abort("gpu must be TRUE or FALSE.", call = sys.call())
+  package <- python_package_source(source)
+  constraints <- if (dir.exists(package)) file.path(package, "tools", "constraints.txt") else bundled_python_file("constraints.txt")
+  if (!file.exists(constraints)) {
+    kerasdist_abort(sprintf("The pinned versions (%s) are missing: reinstall the kerasdist R package with `make demo`.",
+                            constraints), type = "RuntimeError", call = sys.call())
+  }
+  if (!reticulate::virtualenv_exists(envname)) reticulate::virtualenv_create(envname, python = python)
+  env_python <- reticulate::virtualenv_python(envname)
+  requirement <- sprintf("%s[%s]", package, if (gpu) "gpu" else "cpu")
+  args <- c("-m", "pip", "install", "--disable-pip-version-check", pip_args,
+            "-c", constraints, requirement, "pandas", "matplotlib")
+  message(sprintf("Installing kerasdist and its pinned stack into %s", env_python))
+  status <- system2(env_python, shQuote(args))
+  if (!identical(status, 0L)) {
+    kerasdist_abort(sprintf("pip could not install kerasdist into %s (status %d); see pip's output above.",
+                            env_python, status), type = "RuntimeError", call = sys.call())
+  }
+  message("Done. Restart R; keras3 and kerasdist will both use ", env_python, ".")
+  invisible(env_python)
+}
+
+python_package_source <- function(source) {
+  if (is.null(source)) {
+    wheels <- Sys.glob(file.path(bundled_python_file(), "kerasdist-*.whl"))
+    if (length(wheels) == 0) {
+      kerasdist_abort(paste0(
+        "This installation of the kerasdist R package carries no Python wheel (it is added by ",
+        "`make demo` or tools/setup.sh): pass source = \"path/to/kerasdist checkout\"."
+      ), call = sys.call(-1))
+    }
+    return(normalizePath(wheels[[length(wheels)]]))
+  }
+  if (!is.character(source) || length(source) != 1 || !file.exists(source)) {
+    kerasdist_abort(sprintf("source must be a kerasdist wheel or source checkout, got %s.",
+                            paste(format(source), collapse = " ")), call = sys.call(-1))
+  }
+  normalizePath(source)
+}
+
+# Files tools/setup.sh puts in inst/python: the kerasdist wheel and tools/constraints.txt.
+bundled_python_file <- function(...) {
+  file.path(system.file("python", package = "kerasdist", mustWork = FALSE), ...)
+}
