@@ -7,7 +7,7 @@ DEFAULT_ENVNAME <- "r-keras"
 #' The keras3 way to set up Python once (as `keras3::install_keras()`): creates
 #' the virtualenv `envname` if it does not exist and installs into it the
 #' kerasdist Python package that came with this R package, with TensorFlow,
-#' Keras, NumPy, pandas and matplotlib at the versions kerasdist is tested
+#' Keras, NumPy, pandas, matplotlib and TensorBoard at the versions kerasdist is tested
 #' with. The default, `"r-keras"`, is the environment keras3 uses too, so after
 #' restarting R, `library(keras3)` and `library(kerasdist)` share one Python.
 #' Packages come from PyPI (or the index pip is configured with).
@@ -48,7 +48,7 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
   env_python <- reticulate::virtualenv_python(envname)
   requirement <- sprintf("%s[%s]", package, if (gpu) "gpu" else "cpu")
   args <- c("-m", "pip", "install", "--disable-pip-version-check", pip_args,
-            "-c", constraints, requirement, "pandas", "matplotlib")
+            "-c", constraints, requirement, "pandas", "matplotlib", "tensorboard")
   message(sprintf("Installing kerasdist and its pinned stack into %s", env_python))
   status <- system2(env_python, shQuote(args))
   if (!identical(status, 0L)) {

@@ -26,6 +26,8 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from kerasdist.step_guard import guard_train_function
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
 FORMAT_VERSION = 1
 RECORD_FILE = "state.json"
@@ -358,6 +360,7 @@ def make_or_restore_model(
             if latest is not None:
                 _restore_into(model, latest)
     remember_checkpoint_dir(model, directory)
+    guard_train_function(model)
     return model
 
 

@@ -15,6 +15,7 @@ from kerasdist.checkpoint import (
     remembered_checkpoint_dir,
 )
 from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
+from kerasdist.step_guard import check_step_functions
 
 EpochData = Callable[[int], tf.data.Dataset]
 
@@ -88,6 +89,7 @@ def resume_fit(
             )
     if not isinstance(checkpoint, CheckpointCallback):
         checkpoint = checkpoint_callback(checkpoint)
+    check_step_functions(model, model.distribute_strategy)
     if is_parameter_server_strategy(getattr(model, "distribute_strategy", None)):
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
                               validation_data, validation_steps, verbose)

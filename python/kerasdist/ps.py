@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from kerasdist._args import whole_number
+from kerasdist.step_guard import check_step_functions
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVER_TASK_TYPES = ("worker", "ps")
@@ -122,6 +123,7 @@ def ps_fit(
     """
     strategy = _ps_strategy_of(model)
     _check_compiled(model)
+    check_step_functions(model, strategy)
     epochs = whole_number("epochs", epochs, 1)
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     initial_epoch = whole_number("initial_epoch", initial_epoch, 0)

@@ -24,6 +24,7 @@ from kerasdist.checkpoint import (
 )
 from kerasdist.data import dataset_info, make_dataset
 from kerasdist.fit import EpochRange, _check_epochs, resume_fit
+from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, select_strategy
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
@@ -148,98 +149,6 @@ def distributed_fit(
     with strategy.scope():
         return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
-
-
-def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
-    """Find R functions that TensorFlow would call inside the training step; refuse them if the
-    strategy has more than one replica.
-
-    Under a multi-replica strategy TensorFlow traces the training step once per replica, each on
-    its own thread. An R function used there (a loss, a metric, a Lambda layer's function, a
-    layer's or the model's `call`) is then called off R's main thread and R aborts the whole
-    process ("C stack usage ... is too close to the limit"). reticulate hands R functions to
-    Python as functions made by `rpytools.call.make_python_function`; this looks for those,
-    also inside wrappers (closures, `functools.wraps`, Keras loss and metric wrappers).
-
-    Args:
-        model: a compiled Keras model.
-        strategy: the strategy training will run under; default the active one.
-
-    Returns:
-        Where R functions were found (e.g. ["loss", "metrics[1]"]); empty if none. With one
-        replica they are allowed (they run on the calling thread) and only reported.
-
-    Raises:
-        ValueError: under more than one replica, naming each place and what to use instead.
-    """
-    strategy = strategy or tf.distribute.get_strategy()
-    found = [where for where, value in _step_functions(model) if _is_r_function(value)]
-    replicas = int(strategy.num_replicas_in_sync)
-    if found and replicas > 1:
-        raise ValueError(
-            f"{', '.join(found)} {'is an R function' if len(found) == 1 else 'are R functions'}, "
-            f"and the strategy has {replicas} replicas: TensorFlow would call "
-            f"{'it' if len(found) == 1 else 'them'} on its replica threads, where R cannot run "
-            "(R would abort with 'C stack usage is too close to the limit'). Use a built-in Keras "
-            'loss or metric by name (loss = "mse", "sparse_categorical_crossentropy", metrics = '
-            'list("accuracy")), or define the function in Python, e.g. with '
-            'reticulate::py_run_string("def my_loss(y_true, y_pred): ...") and pass '
-            "py$my_loss (or reticulate::source_python()). R callbacks are fine."
-        )
-    return found
-
-
-def _step_functions(model: Any) -> list[tuple[str, Any]]:
-    """(where, value) for everything compile() and the layers put in the training step."""
-    places: list[tuple[str, Any]] = []
-    _flatten("loss", getattr(model, "loss", None), places)
-    compiled = getattr(model, "_compile_metrics", None)
-    _flatten("metrics", getattr(compiled, "_user_metrics", None), places)
-    _flatten("weighted_metrics", getattr(compiled, "_user_weighted_metrics", None), places)
-    layers = [model] + list(getattr(model, "_flatten_layers", lambda: [])(include_self=False))
-    for layer in layers:
-        name = "the model" if layer is model else f"layer {layer.name!r}"
-        if isinstance(layer, keras.layers.Lambda):
-            places.append((f"{name} (Lambda function)", layer.function))
-        for method in ("call", "train_step", "compute_loss"):
-            for klass in type(layer).__mro__:
-                if klass.__module__.startswith("keras."):
-                    break
-                if method in vars(klass):
-                    places.append((f"{name} ({method})", vars(klass)[method]))
-                    break
-    return places
-
-
-def _flatten(where: str, value: Any, places: list[tuple[str, Any]]) -> None:
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _flatten(f"{where}[{key!r}]", item, places)
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _flatten(f"{where}[{index}]", item, places)
-    elif value is not None and not isinstance(value, str):
-        places.append((where, value))
-
-
-def _is_r_function(value: Any, depth: int = 0) -> bool:
-    """True for a function reticulate made from an R function, or a wrapper holding one."""
-    if depth > 4 or value is None:
-        return False
-    module = getattr(value, "__module__", None) or ""
-    if module.startswith("rpytools") or module == "rpycall":
-        return True
-    if "make_python_function" in (getattr(value, "__qualname__", None) or ""):
-        return True
-    inner = [getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
-    for attribute in ("fn", "_fn"):  # Keras LossFunctionWrapper / MeanMetricWrapper
-        inner.append(getattr(value, attribute, None) if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)) else None)
-    for cell in getattr(value, "__closure__", None) or ():
-        try:
-            inner.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    return any(callable(item) and _is_r_function(item, depth + 1) for item in inner if item is not value)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

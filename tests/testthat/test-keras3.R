@@ -1,0 +1,168 @@
+# kerasdist next to keras3: a keras3 user's script killed and rerun, keras3 histories, callbacks and
+# pipes, strategies from the tensorflow package, one readable condition for bad input and for a
+# Python without kerasdist, and a quiet console.
+
+run_rscript <- function(script, dir, env = character()) {
+  out <- file.path(dir, "console.txt")
+  status <- withr::with_dir(dir, system2(
+    file.path(R.home("bin"), "Rscript"), c("--vanilla", shQuote(script)),
+    stdout = out, stderr = out, env = c(env, "TF_CPP_MIN_LOG_LEVEL=2")
+  ))
+  list(status = status, console = readLines(out, warn = FALSE))
+}
+
+test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and resumes at the next step", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  script <- normalizePath(test_path("scripts", "keras3_user.R"))
+  killed <- run_rscript(script, dir, "KILL_AT_STEP=6")
+  expect_identical(killed$status, 137L)  # 128 + SIGKILL
+  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 4L)
+
+  rerun <- run_rscript(script, dir)
+  expect_identical(rerun$status, 0L)
+  result <- readRDS(file.path(dir, "result.rds"))
+  expect_identical(result$steps_at_start, 4L)  # restored from the step-4 checkpoint
+  expect_identical(result$steps, 30L)          # 3 epochs of 10 steps, none repeated
+  expect_identical(result$latest, list(epoch = 3L, step_in_epoch = 0L, global_step = 30L))
+  expect_identical(levels(result$history$metric), c("accuracy", "loss"))
+  expect_identical(sort(unique(result$history$epoch)), 1:3)
+  expect_identical(readBin(file.path(dir, "history.png"), "raw", 4L), as.raw(c(0x89, 0x50, 0x4e, 0x47)))
+  console <- c(killed$console, rerun$console)
+  expect_false(any(grepl("Traceback|oneDNN|absl::InitializeLog|cpu_feature_guard", console)), info = paste(console, collapse = "\n"))
+})
+
+test_that("the fits return keras3 training histories covering earlier runs; resume_fit pipes", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  x <- matrix(seq_len(256) / 256, ncol = 4)
+  y <- rowSums(x)
+  build <- function() keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "adam", loss = "mse")
+  first <- distributed_fit(build, x, y, epochs = 2, checkpoint_dir = dir, strategy = "default", batch_size = 16, verbose = 0)
+  expect_s3_class(first, "keras_training_history")
+  expect_length(first$metrics$loss, 2)
+
+  model <- make_or_restore_model(dir, build)
+  history <- model |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 4, verbose = 0)
+  expect_s3_class(history, "keras_training_history")
+  expect_identical(history$params$epochs, 4L)
+  expect_identical(history$metrics$loss[1:2], first$metrics$loss)  # earlier run's epochs included
+  frame <- as.data.frame(history)
+  expect_identical(frame$epoch, 1:4)
+  expect_identical(frame$value, history$metrics$loss)
+  expect_output(print(history), "loss")
+  expect_identical(latest_checkpoint(dir)$epoch, 4L)
+  expect_error(build() |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 1),
+               "checkpoint is required", class = "kerasdist_ValueError")
+})
+
+test_that("keras3 callbacks pass through distributed_fit and resume_fit", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  x <- matrix(seq_len(256) / 256, ncol = 4)
+  y <- rowSums(x)
+  build <- function() keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "adam", loss = "mse")
+  epochs_seen <- integer()
+  callbacks <- list(
+    callback_csv_logger(file.path(dir, "log.csv")),
+    callback_early_stopping(monitor = "loss", patience = 10),
+    callback_tensorboard(file.path(dir, "tb")),
+    callback_lambda(on_epoch_end = function(epoch, logs) epochs_seen <<- c(epochs_seen, as.integer(epoch)))
+  )
+  distributed_fit(build, x, y, epochs = 2, checkpoint_dir = file.path(dir, "ckpt"), strategy = "default",
+                  batch_size = 32, callbacks = callbacks, verbose = 0)
+  expect_identical(epochs_seen, 1:2)  # keras3 numbers epochs from 1 for R callbacks
+  expect_identical(nrow(utils::read.csv(file.path(dir, "log.csv"))), 2L)
+  expect_true(length(list.files(file.path(dir, "tb"), recursive = TRUE)) > 0)
+
+  model <- make_or_restore_model(file.path(dir, "ckpt"), build)
+  model |> resume_fit(make_dataset(x, y, batch_size = 32, epochs = 1), epochs = 3, callbacks = callbacks[[4]], verbose = 0)
+  expect_identical(epochs_seen, 1:3)
+})
+
+test_that("make_or_restore_model works in with(scope) for a strategy from the tensorflow package", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  strategy <- tensorflow::tf$distribute$MirroredStrategy(list("/cpu:0"))
+  build <- function() keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "adam", loss = "mse")
+  with(strategy$scope(), {
+    model <- make_or_restore_model(dir, build)
+  })
+  expect_true(model$distribute_strategy$`__class__`$`__name__` == "MirroredStrategy")
+  x <- matrix(seq_len(64) / 64, ncol = 4)
+  ds <- make_dataset(x, rowSums(x), batch_size = 8, epochs = 1)
+  model |> fit(ds, epochs = 1, verbose = 0)  # keras3's own fit on a make_dataset pipeline
+  expect_identical(as.integer(model$optimizer$iterations$numpy()), 2L)
+})
+
+test_that("R code in the step is refused under 2 replicas on every path, keras3's fit() included (fresh R)", {
+  skip_if_no_kerasdist()
+  result <- in_fresh_r(function() {
+    library(keras3)
+    library(kerasdist)
+    simulate_devices(2L)
+    strategy <- select_strategy()
+    r_loss <- function(y_true, y_pred) op_mean(op_square(y_true - y_pred), axis = -1)
+    r_metric <- custom_metric("r_mae", function(y_true, y_pred) op_mean(op_abs(y_true - y_pred), axis = -1))
+    r_layer <- Layer("RDouble", call = function(inputs) inputs * 2)
+    builds <- list(
+      loss = function() keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "adam", loss = r_loss),
+      metric = function() keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "adam", loss = "mse", metrics = list(r_metric)),
+      layer = function() keras_model_sequential(input_shape = 4) |> r_layer() |> layer_dense(1) |> compile(optimizer = "adam", loss = "mse")
+    )
+    x <- matrix(seq_len(64) / 64, ncol = 4)
+    y <- rowSums(x)
+    message_of <- function(expr) tryCatch({ expr; "no error" }, error = function(e) paste(class(e)[1], conditionMessage(e)))
+    dir <- tempfile()
+    c(
+      lapply(builds, function(build) message_of(distributed_fit(build, x, y, epochs = 1, checkpoint_dir = tempfile(), batch_size = 16))),
+      resume_fit = message_of({
+        with(strategy$scope(), model <- make_or_restore_model(dir, builds$loss))
+        model |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 1)
+      }),
+      keras3_fit = message_of(model |> fit(x, y, epochs = 1, verbose = 0)),
+      checkpoints = length(list_checkpoints(dir))
+    )
+  })
+  for (path in c("loss", "resume_fit")) {
+    expect_match(result[[path]], "^kerasdist_ValueError loss is an R function, and the strategy has 2 replicas")
+  }
+  expect_match(result$metric, "^kerasdist_ValueError metrics\\[0\\] is an R function")
+  expect_match(result$layer, "^kerasdist_ValueError layer 'r_double' \\(call\\) is an R function")
+  expect_match(result$keras3_fit, "loss is an R function, and the strategy has 2 replicas")
+  expect_identical(result$checkpoints, 0L)
+})
+
+test_that("a Python without kerasdist, started before it, gets one sentence naming install_kerasdist()", {
+  skip_if_no_kerasdist()
+  system_python <- "/usr/bin/python3"  # Debian's: no TensorFlow, no kerasdist (tools/setup.sh installs it)
+  skip_if(!file.exists(system_python), "no /usr/bin/python3")
+  result <- callr::r(function(python) {
+    reticulate::use_python(python, required = TRUE)
+    reticulate::py_config()  # another package started this Python first
+    library(kerasdist)
+    tryCatch(select_strategy(), error = function(e) list(class = class(e), message = conditionMessage(e)))
+  }, args = list(python = unname(system_python)), libpath = .libPaths(),
+  env = c(callr::rcmd_safe_env(), KERASDIST_PYTHON = "", RETICULATE_PYTHON = unname(system_python)))
+  expect_true(all(c("kerasdist_setup_error", "kerasdist_error") %in% result$class))
+  expect_match(result$message, "reticulate already runs the Python at .*python3.* which has no 'tensorflow' and 'kerasdist' module")
+  expect_match(result$message, "kerasdist::install_kerasdist()", fixed = TRUE)
+  expect_false(grepl("Traceback", result$message))
+})
+
+test_that("install_kerasdist() refuses bad arguments before creating anything", {
+  env <- file.path(withr::local_tempdir(), "env")
+  expect_error(install_kerasdist(envname = c("a", "b")), "envname must be", class = "kerasdist_error")
+  expect_error(install_kerasdist(env, gpu = "yes"), "gpu must be TRUE or FALSE", class = "kerasdist_error")
+  expect_error(install_kerasdist(env, source = file.path(env, "missing")), "source must be a kerasdist wheel",
+               class = "kerasdist_error")
+  expect_false(dir.exists(env))
+})
+
+test_that("the R package carries kerasdist's wheel and pinned versions for install_kerasdist()", {
+  skip_if_no_kerasdist()
+  wheels <- Sys.glob(file.path(system.file("python", package = "kerasdist"), "kerasdist-*.whl"))
+  expect_length(wheels, 1)
+  pins <- readLines(system.file("python", "constraints.txt", package = "kerasdist"))
+  expect_true(any(grepl("^tensorflow-cpu==2\\.21", pins)))
+})
