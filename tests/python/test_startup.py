@@ -1,0 +1,84 @@
+"""Importing kerasdist: TensorFlow's start-up lines stay out of the console (unless asked for),
+other output passes, and logical CPU devices asked for before the import are set up in time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import kerasdist
+from kerasdist import _startup
+from kerasdist.step_guard import guard_train_function
+
+NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard")
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERASDIST_VERBOSE")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**environ, **env})
+
+
+def test_import_is_quiet_and_verbose_brings_the_start_up_lines_back():
+    quiet = _run("import kerasdist, tensorflow as tf; print(int(tf.constant(2) + 1))")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.strip() == "3"
+    assert not any(noise in quiet.stderr for noise in NOISE), quiet.stderr
+    loud = _run("import kerasdist", KERASDIST_VERBOSE="1")
+    assert "oneDNN custom operations" in loud.stderr  # fails once TensorFlow stops printing it
+
+
+def test_only_the_start_up_lines_are_dropped(capsys):
+    _startup._pass_on(
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795429931.868770    4876 port.cc:153] oneDNN custom operations are on. You may see\n"
+        "E0000 00:00:1795429931.868770    4876 cuda.cc:10] a real error\n"
+        "a Python warning\n"
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "E0000 00:00:1795429931.868770    4876 cuda.cc:10] a real error", "a Python warning"]
+
+
+def test_devices_requested_before_the_import_are_split_and_the_request_forgotten():
+    result = _run("import os, kerasdist, tensorflow as tf; "
+                  "print(len(tf.config.list_logical_devices('CPU')), os.environ.get('KERASDIST_SIMULATE_DEVICES'))",
+                  KERASDIST_SIMULATE_DEVICES="3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "None"]
+
+
+def _model() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_resume_fit_takes_the_checkpoint_dir_the_model_was_made_from(tmp_path):
+    x = np.arange(64, dtype="float32").reshape(16, 4) / 64
+    data = kerasdist.make_dataset(x, x.sum(axis=1), batch_size=8, epochs=1)
+    model = kerasdist.make_or_restore_model(tmp_path / "ckpt", _model)
+    history = kerasdist.resume_fit(model, data, 2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert kerasdist.latest_checkpoint(tmp_path / "ckpt").epoch == 2
+    with pytest.raises(ValueError, match="checkpoint is required"):
+        kerasdist.resume_fit(_model(), data, 1)
+
+
+def test_a_guarded_model_checks_its_step_when_keras_builds_the_train_function():
+    model = _model()
+    checked = []
+    import kerasdist.step_guard as step_guard
+
+    original = step_guard.check_step_functions
+    step_guard.check_step_functions = lambda m, s: checked.append((m, s)) or []
+    try:
+        guard_train_function(model)
+        model.fit(np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+    finally:
+        step_guard.check_step_functions = original
+    assert checked == [(model, model.distribute_strategy)]
