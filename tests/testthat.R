@@ -1,4 +1,5 @@
 library(testthat)
+library(keras3)
 library(kerasdist)
 
 test_check("kerasdist")

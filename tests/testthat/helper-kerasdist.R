@@ -26,6 +26,8 @@ skip_if_no_kerasdist <- function() {
 }
 
 # Run an R function in a fresh R process (TensorFlow can set up devices once per process).
+# The child has only base packages attached: `fun` calls library(keras3) and library(kerasdist)
+# itself, in the order it needs (simulate_devices() must come before any keras3 model).
 in_fresh_r <- function(fun, ...) {
   callr::r(fun, args = list(...), libpath = .libPaths(), env = c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2"))
 }

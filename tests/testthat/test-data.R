@@ -158,6 +158,7 @@ test_that("CSV files from R, with the label column", {
 test_that("2 simulated devices: global and per-replica sizing, and fit", {
   skip_if_no_kerasdist()
   result <- in_fresh_r(function() {
+    library(keras3)
     library(kerasdist)
     simulate_devices(2)
     strategy <- select_strategy()
@@ -167,12 +168,10 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
     uneven <- tryCatch(make_dataset(x, batch_size = 5, strategy = strategy, per_worker = TRUE),
                        kerasdist_error = function(e) conditionMessage(e))
     with(strategy$scope(), {
-      keras <- reticulate::import("keras")
-      model <- keras$Sequential(list(keras$layers$Input(shape = list(2L)), keras$layers$Dense(1L)))
-      model$compile(optimizer = "sgd", loss = "mse")
+      model <- keras_model_sequential(input_shape = 2) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
     })
     ds <- make_dataset(x, y = 1:12, per_replica_batch_size = 2, strategy = strategy, per_worker = TRUE)
-    model$fit(ds, epochs = 2L, steps_per_epoch = 3L, verbose = 0L)
+    fit(model, ds, epochs = 2, steps_per_epoch = 3, verbose = 0)
     list(g = g[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
          p = p[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
          uneven = uneven, steps = as.integer(model$optimizer$iterations$numpy()))

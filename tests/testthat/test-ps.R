@@ -3,10 +3,8 @@
 
 test_that("ps_fit refuses a model not built under a parameter-server strategy", {
   skip_if_no_kerasdist()
-  keras <- reticulate::import("keras")
   tf <- reticulate::import("tensorflow")
-  model <- keras$Sequential(list(keras$layers$Input(shape = list(2L)), keras$layers$Dense(1L)))
-  model$compile(optimizer = "sgd", loss = "mse")
+  model <- keras_model_sequential(input_shape = 2) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
   data <- tf$data$Dataset$from_tensor_slices(reticulate::tuple(
     reticulate::np_array(matrix(0, 4, 2), dtype = "float32"), reticulate::np_array(matrix(0, 4, 1), dtype = "float32")
   ))$batch(2L)

@@ -27,21 +27,20 @@ test_that("parse_tf_config accepts an R list with a single worker address", {
 test_that("simulated devices give mirrored, with() keeps objects, and fit runs", {
   skip_if_no_kerasdist()
   result <- in_fresh_r(function() {
+    library(keras3)
     library(kerasdist)
     simulate_devices(2)
     strategy <- select_strategy()
     with(strategy$scope(), {
-      keras <- reticulate::import("keras")
-      model <- keras$Sequential(list(keras$layers$Input(shape = list(3L)), keras$layers$Dense(1L)))
-      model$compile(optimizer = "sgd", loss = "mse")
+      model <- keras_model_sequential(input_shape = 3) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
     })
     x <- matrix(seq_len(48) / 48, ncol = 3)
-    history <- model$fit(x, x[, 1, drop = FALSE], batch_size = 8L, epochs = 1L, verbose = 0L)
+    history <- fit(model, x, x[, 1, drop = FALSE], batch_size = 8, epochs = 1, verbose = 0)
     description <- describe_strategy(strategy)
     list(
       kind = description$kind, replicas = description$num_replicas, reason = description$reason,
       devices = description$devices, steps = model$optimizer$iterations$numpy(),
-      loss = history$history$loss[[1]],
+      loss = history$metrics$loss[[1]],
       variable_replicas = length(model$weights[[1]]$value$values)
     )
   })
@@ -83,5 +82,5 @@ test_that("a Python without TensorFlow is named, with the command that fixes it"
     options(kerasdist.python = python)
     tryCatch(kerasdist::select_strategy(), kerasdist_setup_error = function(e) conditionMessage(e))
   }, python = file.path(bare, "bin", "python"))
-  expect_match(result, "The Python module 'tensorflow' is missing from .*: run `make demo`")
+  expect_match(result, "The Python at .* has no 'tensorflow' .*: run `kerasdist::install_kerasdist\\(\\)` .*`make demo`")
 })

@@ -1,13 +1,10 @@
 # distributed_fit from R, the R-function guardrail under 2 replicas, load_digits and kerasdist_demo().
 
 train_build_model <- function() {
-  keras <- reticulate::import("keras")
-  model <- keras$Sequential(list(
-    keras$Input(shape = list(64L)), keras$layers$Dense(16L, activation = "relu"),
-    keras$layers$Dense(10L, activation = "softmax")
-  ))
-  model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy", metrics = list("accuracy"))
-  model
+  keras_model_sequential(input_shape = 64) |>
+    layer_dense(16, activation = "relu") |>
+    layer_dense(10, activation = "softmax") |>
+    compile(optimizer = "adam", loss = "sparse_categorical_crossentropy", metrics = "accuracy")
 }
 
 test_that("load_digits gives the bundled digits as R arrays", {
@@ -29,20 +26,21 @@ test_that("distributed_fit trains with an R build function, then resumes to the 
   x <- digits$x[1:256, ]
   y <- digits$y[1:256]
   epochs_seen <- integer()
-  keras <- reticulate::import("keras")
-  r_callback <- keras$callbacks$LambdaCallback(on_epoch_end = function(epoch, logs) epochs_seen <<- c(epochs_seen, as.integer(epoch)))
+  # keras3 hands R callbacks 1-based epochs; the history and checkpoints count from 0.
+  r_callback <- callback_lambda(on_epoch_end = function(epoch, logs) epochs_seen <<- c(epochs_seen, as.integer(epoch)))
   first <- distributed_fit(train_build_model, x, y, epochs = 1, checkpoint_dir = dir, strategy = "default",
                            batch_size = 64, validation_split = 0.25, every_steps = 2, verbose = 0,
                            callbacks = list(r_callback))
-  expect_identical(as.integer(unlist(first$epoch)), 0L)
+  expect_s3_class(first, "keras_training_history")
+  expect_identical(seq_along(first$metrics$loss) - 1L, 0L)
   expect_identical(as.integer(first$model$optimizer$iterations$numpy()), 3L)
   second <- distributed_fit(train_build_model, x, y, epochs = 2, checkpoint_dir = dir, strategy = "default",
                             batch_size = 64, validation_data = list(x[193:256, ], y[193:256]), verbose = 0,
                             callbacks = r_callback)
-  expect_identical(as.integer(unlist(second$epoch)), 0:1)
-  expect_length(second$history$loss, 2)
+  expect_identical(seq_along(second$metrics$loss) - 1L, 0:1)
+  expect_length(second$metrics$loss, 2)
   expect_identical(as.integer(second$model$optimizer$iterations$numpy()), 7L)
-  expect_identical(epochs_seen, 0:1)
+  expect_identical(epochs_seen, 1:2)  # epoch 0 in the first run, epoch 1 (resumed) in the second
   expect_identical(latest_checkpoint(dir)$epoch, 2L)
 })
 
@@ -69,15 +67,15 @@ test_that("distributed_fit refuses bad input with a kerasdist_error before creat
 test_that("an R loss under 2 replicas stops with a readable error, a built-in loss trains (fresh R)", {
   skip_if_no_kerasdist()
   result <- in_fresh_r(function() {
+    library(keras3)
     library(kerasdist)
     simulate_devices(2L)
-    keras <- reticulate::import("keras")
     build <- function(loss) function() {
-      model <- keras$Sequential(list(keras$Input(shape = list(64L)), keras$layers$Dense(10L, activation = "softmax")))
-      model$compile(optimizer = "adam", loss = loss, metrics = list("accuracy"))
-      model
+      keras_model_sequential(input_shape = 64) |>
+        layer_dense(10, activation = "softmax") |>
+        compile(optimizer = "adam", loss = loss, metrics = "accuracy")
     }
-    r_loss <- function(y_true, y_pred) keras$losses$sparse_categorical_crossentropy(y_true, y_pred)
+    r_loss <- function(y_true, y_pred) loss_sparse_categorical_crossentropy(y_true, y_pred)
     digits <- load_digits(flatten = TRUE)
     dir <- tempfile()
     err <- tryCatch(
@@ -87,7 +85,7 @@ test_that("an R loss under 2 replicas stops with a readable error, a built-in lo
     history <- distributed_fit(build("sparse_categorical_crossentropy"), digits$x[1:128, ], digits$y[1:128],
                                epochs = 1, checkpoint_dir = tempfile(), batch_size = 64, verbose = 0)
     list(class = class(err), message = conditionMessage(err), replicas = describe_strategy(select_strategy())$num_replicas,
-         checkpoints = length(list_checkpoints(dir)), loss = history$history$loss)
+         checkpoints = length(list_checkpoints(dir)), loss = history$metrics$loss)
   })
   expect_identical(result$replicas, 2L)
   expect_true("kerasdist_error" %in% result$class)
@@ -102,6 +100,8 @@ test_that("kerasdist_demo() runs end to end from R: killed, resumed, PNG written
   skip_if_no_kerasdist()
   run_dir <- withr::local_tempdir()
   output <- in_fresh_r(function(run_dir) {
+    # No library(keras3) here: kerasdist_demo() wants a session where TensorFlow has not started
+    # (it reads the digits before simulate_devices(2), which keras3's load hook would make too late).
     out <- utils::capture.output(result <- kerasdist::kerasdist_demo(run_dir, epochs = 1))
     list(result = result, out = out)
   }, run_dir = run_dir)

@@ -1,23 +1,22 @@
 # One worker of a multi-worker run from R (TF_CONFIG set by launch()).
 # usage: Rscript train_worker.R CHECKPOINT_DIR OUT_PREFIX
+# select_strategy() comes before library(keras3): keras3's load hook starts TensorFlow, and
+# MultiWorkerMirroredStrategy must be created before that.
 library(kerasdist)
 args <- commandArgs(trailingOnly = TRUE)
 checkpoint_dir <- args[[1]]
 out_prefix <- args[[2]]
 
 strategy <- select_strategy()
+library(keras3)
 description <- describe_strategy(strategy)
-keras <- reticulate::import("keras")
 tf <- reticulate::import("tensorflow")
 
 build_model <- function() {
-  model <- keras$Sequential(list(
-    keras$layers$Input(shape = list(4L)),
-    keras$layers$Dense(8L, activation = "relu"),
-    keras$layers$Dense(1L)
-  ))
-  model$compile(optimizer = keras$optimizers$SGD(0.05), loss = "mse")
-  model
+  keras_model_sequential(input_shape = 4) |>
+    layer_dense(8, activation = "relu") |>
+    layer_dense(1) |>
+    compile(optimizer = optimizer_sgd(0.05), loss = "mse")
 }
 
 set.seed(1)
@@ -31,7 +30,7 @@ with(strategy$scope(), {
   model <- make_or_restore_model(checkpoint_dir, build_model)
 })
 history <- resume_fit(model, dataset, 2L, checkpoint_callback(checkpoint_dir), verbose = 0L)
-weights <- unlist(lapply(model$get_weights(), as.numeric))
+weights <- unlist(lapply(get_weights(model), as.numeric))
 task <- gsub(":", "-", description$task)
 writeLines(format(weights, digits = 17), paste0(out_prefix, "-", task, ".txt"))
-cat(sprintf("%s trained %d epochs, chief: %s\n", description$task, length(history$epoch), description$is_chief))
+cat(sprintf("%s trained %d epochs, chief: %s\n", description$task, length(history$metrics$loss), description$is_chief))
