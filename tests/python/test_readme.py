@@ -5,7 +5,9 @@ Every block runs; an HTML comment on the line before a block says what else it n
 - `<!-- run with train.py: examples/launch_train.py -->`: that repository file is copied into the
   directory as train.py first (blocks that launch a training script);
 - `<!-- saved as train.py, run by the command below -->`: the block is written to train.py and the
-  README's next ```sh block is run instead (a script that is one process of a cluster).
+  README's next ```sh block is run instead (a script that is one process of a cluster);
+- `<!-- not run: REASON -->`: the block is reported as skipped with that reason (a one-time
+  installation that downloads TensorFlow into the user's home).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>python|r)\n(?P<code>.*?)\n`
 SH_BLOCK = re.compile(r"\n```sh\n(?P<code>.*?)\n```", re.S)
 RUN_WITH = re.compile(r"<!-- run with (?P<name>[\w.]+): (?P<source>[\w./-]+) -->")
 SAVED_AS = re.compile(r"<!-- saved as (?P<name>[\w.]+), run by the command below -->")
+NOT_RUN = re.compile(r"<!-- not run: (?P<reason>.+) -->")
 MARKER = re.compile(r"<!--.*-->")
 
 
@@ -50,7 +53,8 @@ def test_every_block_runs_and_every_marker_is_understood():
     for param in blocks:
         before = param.values[2]
         if MARKER.fullmatch(before):
-            assert RUN_WITH.fullmatch(before) or SAVED_AS.fullmatch(before), f"unknown marker {before!r}"
+            assert RUN_WITH.fullmatch(before) or SAVED_AS.fullmatch(before) or NOT_RUN.fullmatch(before), \
+                f"unknown marker {before!r}"
         if RUN_WITH.fullmatch(before):
             assert (ROOT / RUN_WITH.fullmatch(before)["source"]).is_file(), before
 
@@ -62,6 +66,8 @@ def shell_command(line: str) -> list[str]:
 
 @pytest.mark.parametrize("lang,code,before,command", readme_blocks())
 def test_readme_block_runs(lang, code, before, command, tmp_path):
+    if not_run := NOT_RUN.fullmatch(before):
+        pytest.skip(not_run["reason"])
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERASDIST_PYTHON": sys.executable}
     if run_with := RUN_WITH.fullmatch(before):
         shutil.copy(ROOT / run_with["source"], tmp_path / run_with["name"])
