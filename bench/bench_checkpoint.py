@@ -25,8 +25,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kerasdist  # noqa: E402
-from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
+from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES, BATCH = 512, 2048, 10, 128
 

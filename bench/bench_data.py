@@ -25,9 +25,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import keras  # noqa: E402
 
 import kerasdist  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)

@@ -19,9 +19,10 @@ import signal
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -464,7 +465,7 @@ def checkpoint_callback(
     monitor: str = "loss",
     mode: str = "min",
     handle_sigterm: bool = True,
-) -> "CheckpointCallback":
+) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
     Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` optimizer steps,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 WORKER_TYPES = ("chief", "worker")
 SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default: task k on a node listens on base + k

@@ -27,8 +27,9 @@ import glob
 import math
 import os
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrec
 _MAX_EPOCH = 2**62
 
 # Datasets kerasdist built, with what it decided for them (weak: a dropped dataset is freed).
-_INFOS: "weakref.WeakKeyDictionary[Any, DatasetInfo]" = weakref.WeakKeyDictionary()
+_INFOS: weakref.WeakKeyDictionary[Any, DatasetInfo] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any
 
 from kerasdist.checkpoint import PREEMPTED_EXIT_CODE
 
@@ -575,7 +576,7 @@ class _StartupWatch:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.next_probe = 0.0
 
-    def late_task(self) -> "_LateTask | None":
+    def late_task(self) -> _LateTask | None:
         if not self.pending or time.monotonic() < self.next_probe:
             return None
         self.next_probe = time.monotonic() + self._PROBE_SECONDS

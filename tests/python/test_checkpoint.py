@@ -21,6 +21,7 @@ from conftest import CASES_DIR
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import kill_resume  # noqa: E402  (tools/kill_resume.py: the same fault injection, 50 trials on demand)
+
 BATCHES_PER_EPOCH = 4
 
 
