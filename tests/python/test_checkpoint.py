@@ -69,7 +69,7 @@ def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
     assert len(latest.history) == 2 and "loss" in latest.history[0]
     model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
-    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path), strict=True):
         np.testing.assert_array_equal(restored, saved)
 
 
@@ -165,7 +165,7 @@ def test_step_checkpoints_resume_mid_epoch(tmp_path):
 def test_whole_model_loads_without_build_fn(ckpt_dir):
     model = kerasdist.make_or_restore_model(ckpt_dir)
     latest = kerasdist.latest_checkpoint(ckpt_dir)
-    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path), strict=True):
         np.testing.assert_array_equal(restored, saved)
 
 
