@@ -78,7 +78,7 @@ def main() -> None:
         restore_seconds = time.perf_counter() - start
         size = sum(f.stat().st_size for f in Path(kerasdist.latest_checkpoint(Path(tmp) / "timing").path).iterdir())
 
-    ratios = [c / p for p, c in zip(plain, checkpointed)]
+    ratios = [c / p for p, c in zip(plain, checkpointed, strict=True)]
     figures = [figure(
         "checkpointed_vs_plain_fit_time", ratios, "< 1.05",
         f"seconds of a fit of {args.epochs} epoch(s) with a per-epoch checkpoint_callback (keep=1) / "

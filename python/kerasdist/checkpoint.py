@@ -291,7 +291,7 @@ def _restore_seed_states(model: Any, path: Path) -> None:
             f"The checkpoint {path.parent} has {len(states)} random-generator states, the model "
             f"has {len(generators)}: it was saved from a different architecture."
         )
-    for generator, state in zip(generators, states):
+    for generator, state in zip(generators, states, strict=True):
         generator.state.assign(state)
 
 
@@ -430,7 +430,7 @@ def _check_signature(model: Any, saved: list[list[Any]], path: Path) -> None:
             f"The checkpoint {path} does not match the model build_fn returned: it has "
             f"{len(saved)} weights, the model has {len(current)}."
         )
-    for index, (now, then) in enumerate(zip(current, saved)):
+    for index, (now, then) in enumerate(zip(current, saved, strict=True)):
         if now != then:
             raise ValueError(
                 f"The checkpoint {path} does not match the model build_fn returned: weight "

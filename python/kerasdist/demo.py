@@ -216,7 +216,7 @@ def plot_curves(history: dict[str, list[float]], path: Path, *, steps: int,
     kill_x = kill[0] + kill[1] / steps
     resume_x = resume[0] + resume[1] / steps
     figure, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for axis, metric in zip(axes, ("loss", "accuracy")):
+    for axis, metric in zip(axes, ("loss", "accuracy"), strict=True):
         axis.plot(epochs, history.get(metric, []), "o-", label=f"train {metric}")
         if f"val_{metric}" in history:
             axis.plot(epochs, history[f"val_{metric}"], "s--", label=f"validation {metric}")

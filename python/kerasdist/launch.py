@@ -388,7 +388,7 @@ def _build_cluster(tasks: list[tuple[str, int]], host: str) -> dict[str, list[st
             break
     address = f"[{host}]" if ":" in host else host
     cluster: dict[str, list[str]] = {}
-    for (task_type, _), port in zip(tasks, ports):
+    for (task_type, _), port in zip(tasks, ports, strict=True):
         cluster.setdefault(task_type, []).append(f"{address}:{port}")
     return cluster
 
