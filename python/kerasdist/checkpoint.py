@@ -492,7 +492,9 @@ def checkpoint_callback(
 def _check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any) -> None:
     if not isinstance(every_epoch, bool):
         raise ValueError(f"every_epoch must be TRUE/True or FALSE/False, got {every_epoch!r}.")
-    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1):
+    if every_steps is not None and (
+        isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+    ):
         raise ValueError(f"every_steps must be a positive integer or None, got {every_steps!r}.")
     if not every_epoch and every_steps is None:
         raise ValueError("every_epoch is False and every_steps is None: the callback would never save.")

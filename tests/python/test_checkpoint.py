@@ -219,11 +219,13 @@ def test_whole_model_load_is_safe_mode_by_default_and_takes_custom_objects(tmp_p
             return 2 * x
 
     def build_with_lambda():
-        model = keras.Sequential([keras.Input((3,)), Doubled(), keras.layers.Lambda(lambda x: x + 1), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((3,)), Doubled(), keras.layers.Lambda(lambda x: x + 1),
+                                  keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         return model
 
-    kerasdist.resume_fit(kerasdist.make_or_restore_model(tmp_path, build_with_lambda), dataset(), 1, tmp_path, verbose=0)
+    model = kerasdist.make_or_restore_model(tmp_path, build_with_lambda)
+    kerasdist.resume_fit(model, dataset(), 1, tmp_path, verbose=0)
     with pytest.raises(ValueError, match="unsafe|Lambda"):
         kerasdist.make_or_restore_model(tmp_path)
     model = kerasdist.make_or_restore_model(tmp_path, safe_mode=False, custom_objects={"Doubled": Doubled})
