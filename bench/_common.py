@@ -12,8 +12,9 @@ import operator
 import os
 import platform
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -25,8 +25,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kerasdist  # noqa: E402
-from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
+from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES, BATCH = 512, 2048, 10, 128
 
@@ -78,7 +78,7 @@ def main() -> None:
         restore_seconds = time.perf_counter() - start
         size = sum(f.stat().st_size for f in Path(kerasdist.latest_checkpoint(Path(tmp) / "timing").path).iterdir())
 
-    ratios = [c / p for p, c in zip(plain, checkpointed)]
+    ratios = [c / p for p, c in zip(plain, checkpointed, strict=True)]
     figures = [figure(
         "checkpointed_vs_plain_fit_time", ratios, "< 1.05",
         f"seconds of a fit of {args.epochs} epoch(s) with a per-epoch checkpoint_callback (keep=1) / "

@@ -25,9 +25,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import keras  # noqa: E402
 
 import kerasdist  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
@@ -83,11 +83,11 @@ def main() -> None:
     ours_rates = rates["make_dataset"]
     figures = [
         figure("make_dataset_vs_compute_only",
-               [m / c for m, c in zip(ours_rates, rates["compute_only"])], ">= 0.95",
+               [m / c for m, c in zip(ours_rates, rates["compute_only"], strict=True)], ">= 0.95",
                "steps/s fed by make_dataset / steps/s of the same fit on one in-memory batch repeated "
                "(no input work): the input pipeline within 5% of the compute-only limit"),
         figure("make_dataset_vs_naive",
-               [m / n for m, n in zip(ours_rates, rates["naive"])], None,
+               [m / n for m, n in zip(ours_rates, rates["naive"], strict=True)], None,
                "steps/s fed by make_dataset (shuffled per epoch) / steps/s fed by "
                "from_tensor_slices().batch() (no shuffle): context only, the naive feed does less "
                "work and is no limit; the target is the compute-only ceiling"),

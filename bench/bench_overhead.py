@@ -107,7 +107,7 @@ def timed(run, strategy, x, y, epochs, tmp) -> tuple[float, float]:
 
 
 def ratios(rates: dict[str, list[float]]) -> list[float]:
-    return [w / h for w, h in zip(rates["distributed_fit"], rates["hand_written"])]
+    return [w / h for w, h in zip(rates["distributed_fit"], rates["hand_written"], strict=True)]
 
 
 def medians(rates: dict[str, list[float]]) -> dict[str, float]:

@@ -89,7 +89,7 @@ def drive(args) -> None:
 
 def report(results: dict[str, list[dict]], args) -> None:
     seconds = {name: [r["seconds"] for r in runs] for name, runs in results.items()}
-    ratios = [r / p for r, p in zip(seconds["R"], seconds["Python"])]
+    ratios = [r / p for r, p in zip(seconds["R"], seconds["Python"], strict=True)]
     figures = [figure("r_over_python_seconds", ratios, "<= 1.05",
                       "wall time of distributed_fit called from R (R matrix in) over from Python (NumPy in)",
                       seconds=seconds)]

@@ -125,7 +125,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.text(0.5, 0.5, "no figures", ha="center", va="center")
         ax.set_axis_off()
     ys = list(range(len(rows)))[::-1]
-    for y, r in zip(ys, rows):
+    for y, r in zip(ys, rows, strict=True):
         med = r["median"]
         if med is None:
             continue

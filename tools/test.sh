@@ -7,9 +7,14 @@ export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CP
 CHECK_DIR=.check
 rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
 
+echo "== ruff check (lint rules in pyproject.toml)"
+.venv/bin/ruff check . 2>&1 | tee "$CHECK_DIR/ruff.log"
+ruff_status=${PIPESTATUS[0]}
+
 echo "== pytest"
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
+[ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
 
 echo "== R CMD build + R CMD check (testthat runs inside)"
 (

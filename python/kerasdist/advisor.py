@@ -23,9 +23,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from kerasdist._args import whole_number
 
@@ -455,7 +456,7 @@ def _table(timings: Sequence[StrategyTiming]) -> str:
                      f"{t.examples_per_second:.0f}", f"{t.step_ms:.2f}", f"{t.compute_ms:.2f}",
                      f"{t.input_wait_ms:.2f}", f"{t.input_only_ms:.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     errors = [f"{t.strategy} failed: {t.error}" for t in timings if t.error]
     return "\n".join(text + errors)
 

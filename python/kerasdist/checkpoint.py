@@ -19,9 +19,10 @@ import signal
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -290,7 +291,7 @@ def _restore_seed_states(model: Any, path: Path) -> None:
             f"The checkpoint {path.parent} has {len(states)} random-generator states, the model "
             f"has {len(generators)}: it was saved from a different architecture."
         )
-    for generator, state in zip(generators, states):
+    for generator, state in zip(generators, states, strict=True):
         generator.state.assign(state)
 
 
@@ -429,7 +430,7 @@ def _check_signature(model: Any, saved: list[list[Any]], path: Path) -> None:
             f"The checkpoint {path} does not match the model build_fn returned: it has "
             f"{len(saved)} weights, the model has {len(current)}."
         )
-    for index, (now, then) in enumerate(zip(current, saved)):
+    for index, (now, then) in enumerate(zip(current, saved, strict=True)):
         if now != then:
             raise ValueError(
                 f"The checkpoint {path} does not match the model build_fn returned: weight "
@@ -464,7 +465,7 @@ def checkpoint_callback(
     monitor: str = "loss",
     mode: str = "min",
     handle_sigterm: bool = True,
-) -> "CheckpointCallback":
+) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
     Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` optimizer steps,
@@ -491,7 +492,9 @@ def checkpoint_callback(
 def _check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any) -> None:
     if not isinstance(every_epoch, bool):
         raise ValueError(f"every_epoch must be TRUE/True or FALSE/False, got {every_epoch!r}.")
-    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1):
+    if every_steps is not None and (
+        isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+    ):
         raise ValueError(f"every_steps must be a positive integer or None, got {every_steps!r}.")
     if not every_epoch and every_steps is None:
         raise ValueError("every_epoch is False and every_steps is None: the callback would never save.")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 WORKER_TYPES = ("chief", "worker")
 SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default: task k on a node listens on base + k
@@ -106,7 +107,8 @@ def slurm_cluster(env: Mapping[str, str], port_base: int = SLURM_PORT_BASE) -> d
     tasks = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if not nodes or not tasks:
         return {}
-    per_node = dict(zip(expand_hostlist(nodes), expand_tasks_per_node(tasks)))
+    # Paired as SlurmClusterResolver pairs them (plain zip: a surplus host or count is dropped).
+    per_node = dict(zip(expand_hostlist(nodes), expand_tasks_per_node(tasks), strict=False))
     workers = [f"{host}:{port_base + k}" for host, count in sorted(per_node.items()) for k in range(count)]
     return {"worker": workers}
 

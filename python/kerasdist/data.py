@@ -27,8 +27,9 @@ import glob
 import math
 import os
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrec
 _MAX_EPOCH = 2**62
 
 # Datasets kerasdist built, with what it decided for them (weak: a dropped dataset is freed).
-_INFOS: "weakref.WeakKeyDictionary[Any, DatasetInfo]" = weakref.WeakKeyDictionary()
+_INFOS: weakref.WeakKeyDictionary[Any, DatasetInfo] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,8 @@ def _source(x, y, sample_weight, file_format, label_column, features, check_fini
             raise ValueError("sample_weight needs y.")
         parts.append(_arrays("sample_weight", sample_weight))
     lengths = {}
-    for name, part in zip(("x", "y", "sample_weight"), parts):
+    # parts holds x, then y and sample_weight only when given: the names run out first.
+    for name, part in zip(("x", "y", "sample_weight"), parts, strict=False):
         for leaf in tf.nest.flatten(part):
             lengths.setdefault(name, set()).add(leaf.shape[0])
     if len(lengths["x"]) > 1:
@@ -558,7 +560,8 @@ def _csv_reader(files, label_column, check_finite):
     if label_column is not None and label_column not in header:
         raise ValueError(f"label_column {label_column!r} is not a column of {files[0]!r} ({', '.join(header)}).")
     if first is not None:
-        bad = [name for name, value in zip(header, first) if not _is_number(value)]
+        # A row with too few or too many fields is not this check's business: decode_csv names it.
+        bad = [name for name, value in zip(header, first, strict=False) if not _is_number(value)]
         if bad:
             raise ValueError(f"x: {files[0]!r} has non-numeric columns: {', '.join(bad)}.")
     label = header.index(label_column) if label_column is not None else None

@@ -30,7 +30,9 @@ TRAIN_SAMPLES = math.ceil((1797 - TEST_SAMPLES) * (1 - VALIDATION_SPLIT))  # as 
 LOST_STEPS = 3  # the kill comes this many steps after the last mid-epoch checkpoint
 
 
-def kerasdist_demo(run_dir: str | os.PathLike[str] = "runs/demo", epochs: int = 6, *, verbose: bool = True) -> dict[str, Any]:
+def kerasdist_demo(
+    run_dir: str | os.PathLike[str] = "runs/demo", epochs: int = 6, *, verbose: bool = True
+) -> dict[str, Any]:
     """Run the demo: train, get killed mid-epoch, resume, evaluate, plot.
 
     Args:
@@ -153,7 +155,8 @@ def train(run_dir: Path, epochs: int, *, kill_at: tuple[int, int] | None = None,
     kerasdist.simulate_devices(2)
     strategy = kerasdist.select_strategy("auto")
     desc = kerasdist.describe_strategy(strategy)
-    say(f"strategy {desc.kind} with {desc.num_replicas} replicas ({', '.join(desc.devices)}): {desc.reason}", flush=True)
+    say(f"strategy {desc.kind} with {desc.num_replicas} replicas ({', '.join(desc.devices)}): "
+        f"{desc.reason}", flush=True)
     x, y = train_data()
     callbacks = [Progress(say, kill_at, resume), keras.callbacks.CSVLogger(str(run_dir / "log.csv"), append=True)]
     history = kerasdist.distributed_fit(
@@ -216,7 +219,7 @@ def plot_curves(history: dict[str, list[float]], path: Path, *, steps: int,
     kill_x = kill[0] + kill[1] / steps
     resume_x = resume[0] + resume[1] / steps
     figure, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for axis, metric in zip(axes, ("loss", "accuracy")):
+    for axis, metric in zip(axes, ("loss", "accuracy"), strict=True):
         axis.plot(epochs, history.get(metric, []), "o-", label=f"train {metric}")
         if f"val_{metric}" in history:
             axis.plot(epochs, history[f"val_{metric}"], "s--", label=f"validation {metric}")

@@ -31,9 +31,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any
 
 from kerasdist.checkpoint import PREEMPTED_EXIT_CODE
 
@@ -230,23 +231,20 @@ def launch(
         finally:
             group.stop(grace_period)  # on success too: parameter servers never exit by themselves
 
-        def result(exit_code: int, message: str, timed_out: bool = False) -> LaunchResult:
-            _say(message)
-            return LaunchResult(
-                exit_code, restart, tuple(failures), timed_out, message, cluster, port_retries
-            )
-
-        if outcome.failure is None and not outcome.timed_out:
+        timed_out = outcome.timed_out
+        if outcome.failure is None and not timed_out:
             done = "the chief" if num_ps else f"all {_plural(num_workers, 'worker')}"
             done += " finished"
-            return result(0, done + (f" after {_plural(restart, 'restart')}." if restart else "."))
-        if outcome.timed_out:
-            return result(
-                TIMEOUT_EXIT_CODE,
+            exit_code = 0
+            message = done + (f" after {_plural(restart, 'restart')}." if restart else ".")
+            break
+        if timed_out:
+            exit_code = TIMEOUT_EXIT_CODE
+            message = (
                 f"timeout of {timeout:g} s reached (whole run, {_plural(restart, 'restart')} "
-                "so far); the group was stopped.",
-                timed_out=True,
+                "so far); the group was stopped."
             )
+            break
         failure = outcome.failure
         assert failure is not None
         if outcome.port_clash and port_retries < PORT_CLASH_RETRIES:
@@ -256,12 +254,15 @@ def launch(
             continue
         failures.append(failure)
         if restart >= max_restarts:
-            return result(
-                failure.exit_code,
-                f"{failure.description}; no restarts left (max_restarts={max_restarts}).",
-            )
+            exit_code = failure.exit_code
+            message = f"{failure.description}; no restarts left (max_restarts={max_restarts})."
+            break
         restart += 1
         _say(f"restarting the group ({restart} of {max_restarts}) on fresh ports.")
+    _say(message)
+    return LaunchResult(
+        exit_code, restart, tuple(failures), timed_out, message, cluster, port_retries
+    )
 
 
 def resolve_command(
@@ -387,7 +388,7 @@ def _build_cluster(tasks: list[tuple[str, int]], host: str) -> dict[str, list[st
             break
     address = f"[{host}]" if ":" in host else host
     cluster: dict[str, list[str]] = {}
-    for (task_type, _), port in zip(tasks, ports):
+    for (task_type, _), port in zip(tasks, ports, strict=True):
         cluster.setdefault(task_type, []).append(f"{address}:{port}")
     return cluster
 
@@ -575,7 +576,7 @@ class _StartupWatch:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.next_probe = 0.0
 
-    def late_task(self) -> "_LateTask | None":
+    def late_task(self) -> _LateTask | None:
         if not self.pending or time.monotonic() < self.next_probe:
             return None
         self.next_probe = time.monotonic() + self._PROBE_SECONDS

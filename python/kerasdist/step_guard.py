@@ -99,8 +99,9 @@ def _is_r_function(value: Any, depth: int = 0) -> bool:
     if "make_python_function" in (getattr(value, "__qualname__", None) or ""):
         return True
     inner = [getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
-    for attribute in ("fn", "_fn"):  # Keras LossFunctionWrapper / MeanMetricWrapper
-        inner.append(getattr(value, attribute, None) if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)) else None)
+    if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)):
+        # Keras LossFunctionWrapper / MeanMetricWrapper
+        inner.extend(getattr(value, attribute, None) for attribute in ("fn", "_fn"))
     for cell in getattr(value, "__closure__", None) or ():
         try:
             inner.append(cell.cell_contents)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
 
@@ -20,7 +21,7 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 TPU_ENV_VARS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
 
 # Strategies kerasdist built, with the plan that chose them (weak: a dropped strategy is freed).
-_PLANS: "weakref.WeakKeyDictionary[Any, StrategyPlan]" = weakref.WeakKeyDictionary()
+_PLANS: weakref.WeakKeyDictionary[Any, StrategyPlan] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from the newest checkpoint (`resume_fit`, mid-epoch resume included).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import case_rows
 
 import kerasdist
+from conftest import case_rows
 from kerasdist.advisor import StrategyTiming, recommend
 
 MODELS = Path(__file__).resolve().parent / "models" / "advisor_models.py"

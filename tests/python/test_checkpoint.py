@@ -21,6 +21,7 @@ from conftest import CASES_DIR
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import kill_resume  # noqa: E402  (tools/kill_resume.py: the same fault injection, 50 trials on demand)
+
 BATCHES_PER_EPOCH = 4
 
 
@@ -68,7 +69,7 @@ def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
     assert len(latest.history) == 2 and "loss" in latest.history[0]
     model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
-    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path), strict=True):
         np.testing.assert_array_equal(restored, saved)
 
 
@@ -164,7 +165,7 @@ def test_step_checkpoints_resume_mid_epoch(tmp_path):
 def test_whole_model_loads_without_build_fn(ckpt_dir):
     model = kerasdist.make_or_restore_model(ckpt_dir)
     latest = kerasdist.latest_checkpoint(ckpt_dir)
-    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path)):
+    for restored, saved in zip(model.get_weights(), weights_of_checkpoint(latest.path), strict=True):
         np.testing.assert_array_equal(restored, saved)
 
 
@@ -218,11 +219,13 @@ def test_whole_model_load_is_safe_mode_by_default_and_takes_custom_objects(tmp_p
             return 2 * x
 
     def build_with_lambda():
-        model = keras.Sequential([keras.Input((3,)), Doubled(), keras.layers.Lambda(lambda x: x + 1), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((3,)), Doubled(), keras.layers.Lambda(lambda x: x + 1),
+                                  keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         return model
 
-    kerasdist.resume_fit(kerasdist.make_or_restore_model(tmp_path, build_with_lambda), dataset(), 1, tmp_path, verbose=0)
+    model = kerasdist.make_or_restore_model(tmp_path, build_with_lambda)
+    kerasdist.resume_fit(model, dataset(), 1, tmp_path, verbose=0)
     with pytest.raises(ValueError, match="unsafe|Lambda"):
         kerasdist.make_or_restore_model(tmp_path)
     model = kerasdist.make_or_restore_model(tmp_path, safe_mode=False, custom_objects={"Doubled": Doubled})

@@ -160,8 +160,10 @@ def test_file_sources(files, pattern, kwargs):
     seen = [int(v) for v in labels(ds)]
     epochs = [seen[0:15], seen[15:30], seen[30:45]]
     assert all(sorted(e) == list(range(15)) for e in epochs) and epochs[0] != epochs[1]
-    assert seen == [int(v) for v in labels(kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, epochs=3, **kwargs))]
-    resumed = kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, initial_epoch=1, skip_batches=1, epochs=3, **kwargs)
+    again = kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, epochs=3, **kwargs)
+    assert seen == [int(v) for v in labels(again)]
+    resumed = kerasdist.make_dataset(str(files / pattern), batch_size=5, seed=3, initial_epoch=1,
+                                     skip_batches=1, epochs=3, **kwargs)
     assert [int(v) for v in labels(resumed)] == seen[20:]
     first = next(iter(kerasdist.make_dataset(str(files / pattern), batch_size=5, shuffle=False, epochs=1, **kwargs)))
     assert first[0].shape[1] == (2 if pattern == "*.csv" else 3)

@@ -41,12 +41,12 @@ def test_two_workers_fit_identically_and_match_one_process(tmp_path, capfd):
     assert json_lines(out, "chief", "worker 0") == [True]
     assert json_lines(out, "chief", "worker 1") == [False]
     worker0, worker1 = weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz")
-    for a, b in zip(worker0, worker1):
+    for a, b in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(a, b)
     single = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "single")],
                             capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stderr[-2000:]
-    for a, b in zip(worker0, weights(tmp_path / "single-0.npz")):
+    for a, b in zip(worker0, weights(tmp_path / "single-0.npz"), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -70,8 +70,9 @@ def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path,
     result = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "2")
     out = capfd.readouterr().out
     assert result.ok, out[-3000:]
-    assert json_lines(out, "restored_step", "worker 0") == json_lines(out, "restored_step", "worker 1") == [STEPS_PER_EPOCH]
-    for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz")):
+    restored = [json_lines(out, "restored_step", f"worker {i}") for i in (0, 1)]
+    assert restored == [[STEPS_PER_EPOCH], [STEPS_PER_EPOCH]]
+    for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz"), strict=True):
         np.testing.assert_array_equal(a, b)
     assert kerasdist.latest_checkpoint(ckpt).global_step == 2 * STEPS_PER_EPOCH
     assert {c.writer for c in kerasdist.list_checkpoints(ckpt)} == {"worker:0"}

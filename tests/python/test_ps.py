@@ -33,7 +33,8 @@ def test_chief_trains_a_keras3_model_with_ps_fit_and_validation(tmp_path, capfd)
     assert report["epoch"] == [0, 1, 2]
     loss = report["history"]["loss"]
     assert loss[2] < loss[0] / 5, loss
-    assert len(report["history"]["val_loss"]) == 3 and report["history"]["val_loss"][2] < report["history"]["val_loss"][0]
+    val_loss = report["history"]["val_loss"]
+    assert len(val_loss) == 3 and val_loss[2] < val_loss[0], val_loss
     assert set(report["history"]) == {"loss", "mae", "val_loss", "val_mae"}
     assert report["step"] == 3 * STEPS  # no optimizer step lost to concurrent workers
     errors = report["errors"]
@@ -82,7 +83,8 @@ def small_model():
 
 def test_ps_fit_refuses_a_model_not_under_a_parameter_server_strategy():
     data = tf.data.Dataset.from_tensor_slices((tf.zeros((4, 2)), tf.zeros((4, 1)))).batch(2)
-    with pytest.raises(ValueError, match="model is not under a parameter-server strategy .*_DefaultDistributionStrategy"):
+    with pytest.raises(ValueError, match="model is not under a parameter-server strategy "
+                                         ".*_DefaultDistributionStrategy"):
         kerasdist.ps_fit(small_model(), data, 1, steps_per_epoch=2)
     with pytest.raises(ValueError, match="model must be a Keras model, got str"):
         kerasdist.ps_fit("model", data, 1, steps_per_epoch=2)

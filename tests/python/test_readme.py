@@ -84,7 +84,8 @@ def test_readme_block_runs(lang, code, before, command, tmp_path):
         argv = [rscript, "-e", code]
     result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (
-        f"{lang} block failed:\n{code}\n--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n{result.stderr[-3000:]}")
+        f"{lang} block failed:\n{code}\n--- stdout ---\n{result.stdout[-3000:]}\n"
+        f"--- stderr ---\n{result.stderr[-3000:]}")
     if run_with:  # examples/launch_train.*: every worker says it trained
         trained = re.findall(r"^\[(worker \d)\] trained 5 epochs on 2 replicas", result.stdout, re.M)
         assert sorted(trained) == ["worker 0", "worker 1"], result.stdout[-3000:]

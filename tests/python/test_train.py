@@ -80,7 +80,7 @@ def test_distributed_fit_feeds_all_epochs_from_one_pipeline_in_the_per_epoch_ord
     per_epoch = lambda epoch: kerasdist.make_dataset(x, y, batch_size=64, seed=2, initial_epoch=epoch,  # noqa: E731
                                                      epochs=epoch + 1)
     kerasdist.resume_fit(model, per_epoch, 4, tmp_path / "reference", verbose=0)
-    for a, b in zip(ours.model.get_weights(), model.get_weights()):
+    for a, b in zip(ours.model.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
