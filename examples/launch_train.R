@@ -7,7 +7,7 @@
 # failure resumes from the newest one instead of starting over. A tiny regression model, a few
 # seconds of training; each worker prints one line. Its Python twin is launch_train.py.
 # usage: launch_train.R [--epochs N] [--checkpoint-dir DIR]
-library(kerasdist)
+library(kerasdist)             # keras3 comes after select_strategy(), see below
 
 args <- commandArgs(trailingOnly = TRUE)
 option <- function(name, default) {
@@ -17,18 +17,15 @@ option <- function(name, default) {
 epochs <- as.integer(option("--epochs", 5L))
 checkpoint_dir <- option("--checkpoint-dir", "ckpt")   # on storage every worker sees
 
-strategy <- select_strategy()   # first: before anything else starts TensorFlow
-keras <- reticulate::import("keras")
+strategy <- select_strategy()   # first: multi-worker must be set up before TensorFlow starts,
+library(keras3)                 # and keras3's load hook starts it
 tf <- reticulate::import("tensorflow")
 
 build_model <- function() {
-  model <- keras$Sequential(list(
-    keras$Input(shape = list(4L)),
-    keras$layers$Dense(8L, activation = "relu"),
-    keras$layers$Dense(1L)
-  ))
-  model$compile(optimizer = keras$optimizers$SGD(0.05), loss = "mse")
-  model
+  keras_model_sequential(input_shape = 4) |>
+    layer_dense(8, activation = "relu") |>
+    layer_dense(1) |>
+    compile(optimizer = optimizer_sgd(0.05), loss = "mse")
 }
 
 set.seed(0)
@@ -40,6 +37,6 @@ dataset <- tf$data$Dataset$from_tensor_slices(reticulate::tuple(
 
 model <- make_or_restore_model(checkpoint_dir, build_model, strategy = strategy)
 history <- resume_fit(model, dataset, epochs, checkpoint_dir, verbose = 0L)
-loss <- unlist(history$history$loss)
+loss <- history$metrics$loss
 cat(sprintf("trained %d epochs on %d replicas, loss %.3f -> %.3f\n",
             length(loss), strategy$num_replicas_in_sync, loss[[1]], loss[[length(loss)]]))
