@@ -39,6 +39,7 @@ kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
     kerasdist_abort(sprintf("epochs must be an integer >= 1, got %s.", format(epochs)), call = sys.call())
   }
   epochs <- as.integer(epochs)
+  simulate_devices(2L)  # first: before keras3 or anything else starts TensorFlow's devices
   py_demo <- demo_module()
   unlink(file.path(run_dir, c("checkpoints", "log.csv", "curves.png", "result.json")), recursive = TRUE)
   dir.create(run_dir, recursive = TRUE, showWarnings = FALSE)

@@ -25,6 +25,12 @@
 #' @param validation_steps Passed to `fit`; required with `validation_data`
 #'   under a parameter-server strategy.
 #' @param verbose Passed to `fit`.
+#' @section Preemption: On SIGTERM the checkpoint callback saves at the next
+#'   step and stops training. Under Rscript the process then exits with
+#'   status 75, as Python does, so a launcher or cluster manager restarts it;
+#'   in an interactive session (or with `options(kerasdist.exit_on_preemption
+#'   = FALSE)`) `resume_fit()` stops with a condition of class
+#'   `kerasdist_preempted` whose `checkpoint` is the path just saved.
 #' @returns The training history of all epochs, earlier runs included,
 #'   invisibly, as keras3's `fit()` returns it: a `keras_training_history`
 #'   (`plot(history)`, `as.data.frame(history)`, `history$metrics$loss`).
@@ -55,7 +61,15 @@ resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch =
     kerasdist_module()$resume_fit, model, epoch_data, as_py_int(epochs), checkpoint,
     steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
     validation_data = validation_data, validation_steps = as_py_int(validation_steps),
-    verbose = as_py_int(verbose)
+    verbose = as_py_int(verbose), .checkpoint_dir = checkpoint_dir_of(checkpoint, model)
   )
   invisible(as_training_history(history))
+}
+
+# Where resume_fit saves: a directory, a checkpoint_callback(), or the model's own (NULL).
+checkpoint_dir_of <- function(checkpoint, model) {
+  if (is.character(checkpoint)) return(checkpoint)
+  dir <- if (is.null(checkpoint)) model else checkpoint
+  attribute <- if (is.null(checkpoint)) "_kerasdist_checkpoint_dir" else "checkpoint_dir"
+  if (reticulate::py_has_attr(dir, attribute)) reticulate::py_str(reticulate::py_get_attr(dir, attribute)) else NULL
 }

@@ -72,10 +72,29 @@ kerasdist_module <- function() {
     activate_python()
     require_kerasdist_python(started_by_others)
     if (isTRUE(getOption("kerasdist.verbose"))) python_environ()$update(list(KERASDIST_VERBOSE = "1"))
+    hold_keras_load_hooks()
     .kerasdist$module <- reticulate::import("kerasdist")
     .kerasdist$bridge <- reticulate::import("kerasdist._bridge")
   }
   .kerasdist$module
+}
+
+# keras3 runs an op as soon as Python's keras is imported (its reticulate load hook), which starts
+# TensorFlow's runtime; kerasdist's import brings keras in, so a CPU split or a multi-worker strategy
+# asked for by that first kerasdist call would come too late. The hook is held back while kerasdist
+# is imported and run when that call is done (call_python), after the strategy exists.
+KERAS_LOAD_HOOK <- "reticulate::keras::load"
+
+hold_keras_load_hooks <- function() {
+  if (keras_imported()) return(invisible())
+  .kerasdist$held_keras_hooks <- getHook(KERAS_LOAD_HOOK)
+  setHook(KERAS_LOAD_HOOK, NULL, "replace")
+}
+
+run_held_keras_load_hooks <- function() {
+  hooks <- .kerasdist$held_keras_hooks
+  .kerasdist$held_keras_hooks <- NULL
+  for (hook in hooks) hook()
 }
 
 activate_python <- function() {
@@ -138,16 +157,33 @@ setup_error <- function(message) {
 # `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
 # exception's own text, without the traceback, and kerasdist's Python warnings
 # become R warnings.
-call_python <- function(fun, ..., call = sys.call(-1)) {
+call_python <- function(fun, ..., call = sys.call(-1), .checkpoint_dir = NULL) {
   force(call)
+  on.exit(run_held_keras_load_hooks(), add = TRUE)
   force(fun)  # imports kerasdist (and the bridge) on first use
   result <- tryCatch(.kerasdist$bridge$call_capturing_warnings(fun, ...), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
     parsed <- parse_python_error(conditionMessage(err))
+    if (identical(parsed$type, "SystemExit")) preempted(parsed$message, .checkpoint_dir, call)
     kerasdist_abort(parsed$message, parsed$type, call)
   })
   for (message in unlist(result[[2]])) warning(warningCondition(message, call = call, class = "kerasdist_warning"))
   result[[1]]
+}
+
+# A kerasdist checkpoint callback that caught SIGTERM saved and raised SystemExit(75). Rscript exits
+# with that status, as Python does, so a launcher or cluster manager restarts it; an interactive
+# session gets a `kerasdist_preempted` condition naming the checkpoint instead.
+preempted <- function(status, checkpoint_dir, call) {
+  status <- suppressWarnings(as.integer(status))
+  if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
+  latest <- if (is.null(checkpoint_dir)) NULL else latest_checkpoint(checkpoint_dir)
+  stop(structure(
+    class = c("kerasdist_preempted", "kerasdist_error", "error", "condition"),
+    list(message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",
+                           if (is.null(latest)) "(none)" else latest$path),
+         call = call, status = status, checkpoint = latest$path)
+  ))
 }
 
 # Stop with the condition a Python exception of `type` becomes in R: class
@@ -159,16 +195,29 @@ kerasdist_abort <- function(message, type = "ValueError", call = sys.call(-1)) {
   ))
 }
 
+# TensorFlow's runtime errors ("Graph execution error: ... defined at (most recent call last):
+# File ...") become the failing op and the cause; the frames stay in reticulate::py_last_error().
+simplify_graph_error <- function(message) {
+  if (!startsWith(message, "Graph execution error:")) return(message)
+  node <- regmatches(message, regexpr("\\{\\{node [^}]+\\}\\}", message))
+  lines <- trimws(strsplit(message, "\n", fixed = TRUE)[[1]])
+  frame <- "^(File |Detected at node|Graph execution error:|<\\.\\.\\.truncated|\\[\\[\\{\\{node)"
+  cause <- lines[nzchar(lines) & !grepl(frame, lines)]
+  sprintf("TensorFlow failed in the training step%s: %s (the full traceback: reticulate::py_last_error())",
+          if (length(node)) sprintf(" at op '%s'", sub("^\\{\\{node (.*)\\}\\}$", "\\1", node)) else "",
+          paste(cause, collapse = " "))
+}
+
 parse_python_error <- function(message) {
   message <- sub("\n+(Detailed traceback|Run `reticulate::py_last_error|See `reticulate::py_last_error).*$", "", message)
   message <- sub("\\s+$", "", message)
   type <- "Error"
-  pattern <- "^([A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt)): "
+  pattern <- "^([A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt|Exit)): "
   if (grepl(pattern, message)) {
     type <- sub("^.*\\.", "", sub(paste0(pattern, ".*$"), "\\1", message))
     message <- sub(pattern, "", message)
   }
-  list(type = type, message = message)
+  list(type = type, message = simplify_graph_error(message))
 }
 
 # R-to-Python argument helpers: vectors of any length become lists, whole doubles become integers.

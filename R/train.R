@@ -51,6 +51,7 @@
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
+#' @inheritSection resume_fit Preemption
 #' @returns The training history of all epochs, earlier runs included, as
 #'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
 #'   `plot(history)`, `as.data.frame(history)` and `print(history)` work;
@@ -98,7 +99,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     validation_split = validation_split, validation_data = validation_data,
     every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
-    verbose = as_py_int(verbose)
+    verbose = as_py_int(verbose), .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))
 }

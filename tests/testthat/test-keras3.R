@@ -166,3 +166,40 @@ test_that("the R package carries kerasdist's wheel and pinned versions for insta
   pins <- readLines(system.file("python", "constraints.txt", package = "kerasdist"))
   expect_true(any(grepl("^tensorflow-cpu==2\\.21", pins)))
 })
+
+test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively resume_fit signals kerasdist_preempted", {
+  skip_if_no_kerasdist()
+  script <- normalizePath(test_path("scripts", "preempted.R"))
+  dir <- withr::local_tempdir()
+  exited <- run_rscript(script, dir)
+  expect_identical(exited$status, 75L, info = paste(exited$console, collapse = "\n"))
+  expect_false(file.exists(file.path(dir, "preempted.rds")))  # it exited inside resume_fit
+  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 4L)  # the next step boundary
+  expect_false(any(grepl("SystemExit|Traceback", exited$console)))
+
+  dir <- withr::local_tempdir()
+  signalled <- run_rscript(script, dir, "PREEMPTED_AS_CONDITION=1")
+  expect_identical(signalled$status, 0L, info = paste(signalled$console, collapse = "\n"))
+  result <- readRDS(file.path(dir, "preempted.rds"))
+  expect_identical(result$class, c("kerasdist_preempted", "kerasdist_error", "error", "condition"))
+  expect_identical(result$status, 75L)
+  expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(dir, "ckpt"))$path))
+  expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
+})
+
+test_that("a TensorFlow runtime error reaches R as one condition: the op and the cause, no Python frames", {
+  skip_if_no_kerasdist()
+  x <- matrix(seq_len(256) / 256, ncol = 4)
+  y <- rep(c(0L, 12L), 32)  # labels outside the 3 classes: only the running step can tell
+  model <- make_or_restore_model(file.path(withr::local_tempdir(), "ckpt"), function() {
+    keras_model_sequential(input_shape = 4) |> layer_dense(3) |>
+      compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+  })
+  err <- tryCatch(model |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 1, verbose = 0),
+                  error = function(e) e)
+  expect_s3_class(err, "kerasdist_InvalidArgumentError")
+  expect_match(conditionMessage(err), "^TensorFlow failed in the training step at op 'compile_loss/sparse_categorical_crossentropy/")
+  expect_match(conditionMessage(err), "Received a label value of 12 which is outside the valid range of [0, 3)", fixed = TRUE)
+  expect_false(grepl("File \"|most recent call|Traceback", conditionMessage(err)))
+  expect_match(deparse(conditionCall(err))[1], "^resume_fit\\(")
+})
