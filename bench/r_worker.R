@@ -16,8 +16,8 @@ n <- as.integer(args[[2]])
 p <- as.integer(args[[3]])
 epochs <- as.integer(args[[4]])
 batch <- as.integer(args[[5]])
+suppressMessages(library(keras3))
 suppressMessages(library(kerasdist))
-keras <- reticulate::import("keras")
 
 read_doubles <- function(name, count) {
   con <- file(file.path(data_dir, name), "rb")
@@ -26,24 +26,21 @@ read_doubles <- function(name, count) {
 }
 
 build_model <- function() {
-  model <- keras$Sequential(list(
-    keras$Input(shape = list(p)),
-    keras$layers$Dense(256L, activation = "relu"),
-    keras$layers$Dense(256L, activation = "relu"),
-    keras$layers$Dense(10L, activation = "softmax")
-  ))
-  model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
-  model
+  keras_model_sequential(input_shape = p) |>
+    layer_dense(256, activation = "relu") |>
+    layer_dense(256, activation = "relu") |>
+    layer_dense(10, activation = "softmax") |>
+    compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
 }
 
 fit_once <- function(x, y, run, fit_epochs) {
   checkpoint_dir <- file.path(data_dir, sprintf("r-%s", run))
-  keras$utils$set_random_seed(0L)
+  set_random_seed(0L)
   start <- proc.time()[["elapsed"]]
   history <- distributed_fit(build_model, x, y, epochs = fit_epochs, checkpoint_dir = checkpoint_dir,
                              strategy = "default", batch_size = batch, seed = 0L, verbose = 0L)
   seconds <- proc.time()[["elapsed"]] - start
-  list(seconds = seconds, loss = tail(unlist(history$history$loss), 1))
+  list(seconds = seconds, loss = tail(history$metrics$loss, 1))
 }
 
 x <- matrix(read_doubles("x.bin", n * p), n, p)

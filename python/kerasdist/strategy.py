@@ -18,7 +18,9 @@ from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_co
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
 CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one_device")
 COMMUNICATIONS = ("auto", "ring", "nccl")
-TPU_ENV_VARS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
+TPU_ENV_VARS = ("TPU_NAME", "COLAB_TPU_ADDR")  # a TPU's name or address
+# Set on a Cloud TPU VM to the chip type ("v4-8"): the TPU is this machine's own, not an address.
+TPU_VM_ENV_VAR = "TPU_ACCELERATOR_TYPE"
 
 # Strategies kerasdist built, with the plan that chose them (weak: a dropped strategy is freed).
 _PLANS: weakref.WeakKeyDictionary[Any, StrategyPlan] = weakref.WeakKeyDictionary()
@@ -212,7 +214,7 @@ def _choose_kind(
 ) -> tuple[str, str]:
     """The "auto" rules, first match wins."""
     if tpu is not None:
-        return "tpu", f"a TPU is reachable ({tpu or 'local TPU device'})"
+        return "tpu", f"a TPU is reachable ({tpu if tpu not in (None, '', 'local') else 'local TPU device'})"
     if cluster.num_ps > 0:
         return "parameter_server", (
             f"{cluster.source} declares {cluster.num_ps} ps task(s) and "
@@ -350,7 +352,9 @@ def _detect_tpu(env: Mapping[str, str]) -> str | None:
     for name in TPU_ENV_VARS:
         if env.get(name):
             return env[name]
-    return "local" if os.path.exists("/dev/accel0") else None
+    if env.get(TPU_VM_ENV_VAR) or os.path.exists("/dev/accel0"):
+        return "local"
+    return None
 
 
 def _kind_of(strategy: Any) -> str:

@@ -31,3 +31,12 @@ def test_example_runs(script: str, key_line: str, tmp_path: Path) -> None:
     if script == "fault_tolerance.py":
         assert "killed the job: status -9" in result.stdout
         assert "fallback: ckpt-72 is damaged, restored ckpt-70" in result.stdout
+
+
+def test_slurm_example_signals_the_training_tasks_and_requeues_after_a_preemption():
+    """`--signal=B:...` would signal only the batch shell, never the tasks srun started."""
+    script = (Path(__file__).resolve().parents[2] / "examples" / "slurm.sbatch").read_text()
+    signal_lines = [line for line in script.splitlines() if line.startswith("#SBATCH --signal=")]
+    assert signal_lines == ["#SBATCH --signal=TERM@120"]
+    assert 'if [ "$status" -eq 75 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
