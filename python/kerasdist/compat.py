@@ -94,12 +94,43 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         self._symbolic_build(data_batch=data_batch)
 
 
+def slurm_gpu_share(resolver: Any) -> list[int]:
+    """The GPUs (indices into the ones this process sees) that SlurmClusterResolver gives this task.
+
+    The resolver hands them out by writing CUDA_VISIBLE_DEVICES while it resolves the cluster, but
+    kerasdist has listed the GPUs before (to decide the strategy), and CUDA reads that variable only
+    when it starts: the write changes nothing in this process. So the share is read back, and the
+    variable is left as it was (one that Slurm set itself numbers the same GPUs differently).
+    """
+    import os
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        resolver.cluster_spec()
+        share = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return [int(index) for index in share.split(",") if index.strip()]
+
+
+def show_only_gpus(indices: list[int]) -> None:
+    """Make only these of the listed GPUs visible to TensorFlow (the in-process equivalent of
+    CUDA_VISIBLE_DEVICES, valid until TensorFlow's runtime starts)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    tf.config.set_visible_devices([gpus[index] for index in indices], "GPU")
+
+
 def slurm_resolver(cluster: Any, gpus: list[str]) -> Any:
     """A cluster resolver for a Slurm job step: TensorFlow's own where it works (GPU nodes, where
     it also sets CUDA_VISIBLE_DEVICES to this task's share), else the same layout, read by
     `kerasdist.cluster.slurm_cluster`, in a SimpleClusterResolver."""
     if gpus:
-        return tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=len(gpus))
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=len(gpus))
+        show_only_gpus(slurm_gpu_share(resolver))
+        return resolver
     if not cluster.cluster:
         raise ValueError(
             "Slurm declares several tasks but SLURM_STEP_NODELIST / SLURM_STEP_TASKS_PER_NODE are "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -165,3 +166,22 @@ def test_slurm_cpu_cluster_builds_a_resolver_with_slurm_layout():
     resolver = _resolver_for(plan, None)
     assert resolver.cluster_spec().as_dict() == {"worker": ["n1:8888", "n2:8888"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+
+
+def test_slurm_gpu_share_is_this_tasks_gpus_and_leaves_cuda_visible_devices_alone(monkeypatch):
+    """Two tasks on a 4-GPU node: task 1 gets GPUs 2 and 3. TensorFlow's resolver writes them to
+    CUDA_VISIBLE_DEVICES after kerasdist listed the GPUs (too late to count), so kerasdist reads
+    the share back and applies it with tf.config.set_visible_devices."""
+    from kerasdist.compat import slurm_gpu_share
+
+    for name, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n1",
+                        "SLURM_STEP_TASKS_PER_NODE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=4)
+    assert slurm_gpu_share(resolver) == [2, 3]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert resolver.cluster_spec().as_dict() == {"worker": ["n1:8888", "n1:8889"]}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7,8")  # set by Slurm for the step
+    assert slurm_gpu_share(tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=4)) == [2, 3]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6,7,8"
