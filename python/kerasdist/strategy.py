@@ -7,6 +7,7 @@ asked about hardware this machine lacks); `select_strategy` decides and builds.
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -143,11 +144,32 @@ def select_strategy(
         environ=environ, gpus=gpus, tpu=tpu,
     )
     _check_devices_exist(plan.devices)
+    key = _reuse_key(plan, cross_device_ops, communication, cluster_resolver)
+    if key in _CREATED:
+        return _CREATED[key]
     strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
     if plan.kind == "multi_worker" and plan.cluster.num_workers > 1:
         _check_cluster_agreement(strategy, plan.cluster)
     _PLANS[strategy] = plan
+    if key is not None:
+        _CREATED[key] = strategy
     return strategy
+
+
+# Strategies already made in this process, by request. Two MirroredStrategy objects over the same
+# devices reuse TensorFlow's collective instance keys, so training a second model under the second
+# one fails ("Shape mismatch in the collective instance 100"; tests/python/test_strategy.py pins
+# it); a multi-worker strategy can be made only once per process anyway.
+_CREATED: dict[tuple[Any, ...], Any] = {}
+
+
+def _reuse_key(plan: StrategyPlan, cross_device_ops: Any, communication: str,
+               cluster_resolver: Any) -> tuple[Any, ...] | None:
+    if cluster_resolver is not None or not (cross_device_ops is None or isinstance(cross_device_ops, str)):
+        return None  # objects of the caller's: a new strategy each time, as asked
+    cluster = json.dumps(plan.cluster.cluster, sort_keys=True)
+    return (plan.kind, plan.devices, plan.tpu, cluster, plan.cluster.task_type, plan.cluster.task_index,
+            cross_device_ops, communication)
 
 
 def describe_strategy(strategy: Any = None) -> StrategyDescription:

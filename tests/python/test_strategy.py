@@ -185,3 +185,29 @@ def test_slurm_gpu_share_is_this_tasks_gpus_and_leaves_cuda_visible_devices_alon
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7,8")  # set by Slurm for the step
     assert slurm_gpu_share(tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=4)) == [2, 3]
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6,7,8"
+
+
+TWO_STRATEGIES = """
+import sys, keras, numpy as np, tensorflow as tf, kerasdist
+kerasdist.simulate_devices(2)
+def make():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if sys.argv[1] == "tf" else kerasdist.select_strategy()
+def fit(strategy, width):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(np.zeros((32, 4), "float32"), np.zeros((32, 1), "float32"), batch_size=8, verbose=0)
+first = make(); fit(first, 8)
+second = make(); fit(second, 64)
+print("same strategy" if first is second else "two strategies", "trained")
+"""
+
+
+def test_select_strategy_reuses_its_mirrored_strategy_because_two_collide_upstream():
+    """Fails once TensorFlow keeps two MirroredStrategy objects' collectives apart; then
+    select_strategy can stop reusing the one it made."""
+    upstream = run_python(TWO_STRATEGIES, "tf")
+    assert upstream.returncode != 0 and "Shape mismatch in the collective instance" in upstream.stderr
+    ours = run_python(TWO_STRATEGIES, "kerasdist")
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert ours.stdout.strip() == "same strategy trained"
