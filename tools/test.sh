@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs pytest, then R CMD check (which runs testthat and builds the vignettes), prints each one's
-# counts and a total, and exits non-zero if anything failed or R CMD check warned.
+# Runs ruff and pytest, then R CMD build (which runs the vignettes, once) and R CMD check (which
+# runs testthat; --ignore-vignettes, as the build has just run them), prints each one's counts and
+# a total, and exits non-zero if anything failed or R CMD check warned.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -20,7 +21,7 @@ echo "== R CMD build + R CMD check (testthat runs inside)"
 (
   cd "$CHECK_DIR" &&
   R CMD build .. >build.log 2>&1 || { cat build.log; exit 1; }
-  R CMD check --no-manual kerasdist_*.tar.gz 2>&1 | tee check.log
+  R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz 2>&1 | tee check.log
 )
 r_build_status=$?
 rout=$(ls "$CHECK_DIR"/kerasdist.Rcheck/tests/testthat.Rout* 2>/dev/null | head -n 1)
