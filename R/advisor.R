@@ -17,8 +17,8 @@
 #' passed: a Python function returning a compiled Keras model, as
 #' `"module:function"` or `"path/to/file.py:function"` (write it with
 #' `reticulate::py_run_string()` into a file, or keep a `models.py` next to
-#' your R script). `"kerasdist.advisor:tiny_dense"` and
-#' `"kerasdist.advisor:mid_cnn"` are two examples to try.
+#' your R script). `"kerasdist.example_models:tiny_dense"` and
+#' `"kerasdist.example_models:mid_cnn"` are two examples to try.
 #'
 #' Bad input is refused before any process starts, with an error of class
 #' `kerasdist_ValueError` naming the argument.
@@ -46,7 +46,7 @@
 #'   `python -m kerasdist bench --model module:function`.
 #' @examples
 #' \dontrun{
-#' report <- bench_strategies("kerasdist.advisor:tiny_dense", steps = 100)
+#' report <- bench_strategies("kerasdist.example_models:tiny_dense", steps = 100)
 #' report              # the table, the recommendation and the reason
 #' report$recommendation
 #' }
