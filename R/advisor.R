@@ -64,19 +64,13 @@ bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps
 }
 
 strategy_benchmark_to_r <- function(report) {
-  fields <- report$to_dict()
-  timings <- do.call(rbind, lapply(fields$timings, function(t) {
+  fields <- py_record_to_r(report)
+  fields$timings <- do.call(rbind, lapply(fields$timings, function(t) {
     t[vapply(t, is.null, logical(1))] <- NA
     as.data.frame(t, stringsAsFactors = FALSE)
   }))
-  structure(
-    list(timings = timings, recommendation = fields$recommendation, reason = fields$reason,
-         model = fields$model, parameters = as.integer(fields$parameters),
-         global_batch_size = as.integer(fields$global_batch_size),
-         steps = as.integer(fields$steps), device = fields$device,
-         text = reticulate::py_str(report)),
-    class = "kerasdist_strategy_benchmark"
-  )
+  shown <- c("timings", "recommendation", "reason", "model", "parameters", "global_batch_size", "steps", "device")
+  structure(c(fields[shown], text = reticulate::py_str(report)), class = "kerasdist_strategy_benchmark")
 }
 
 #' @export
