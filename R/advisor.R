@@ -17,8 +17,8 @@
 #' passed: a Python function returning a compiled Keras model, as
 #' `"module:function"` or `"path/to/file.py:function"` (write it with
 #' `reticulate::py_run_string()` into a file, or keep a `models.py` next to
-#' your R script). `"kerasdist.advisor:tiny_dense"` and
-#' `"kerasdist.advisor:mid_cnn"` are two examples to try.
+#' your R script). `"kerasdist.example_models:tiny_dense"` and
+#' `"kerasdist.example_models:mid_cnn"` are two examples to try.
 #'
 #' Bad input is refused before any process starts, with an error of class
 #' `kerasdist_ValueError` naming the argument.
@@ -46,7 +46,7 @@
 #'   `python -m kerasdist bench --model module:function`.
 #' @examples
 #' \dontrun{
-#' report <- bench_strategies("kerasdist.advisor:tiny_dense", steps = 100)
+#' report <- bench_strategies("kerasdist.example_models:tiny_dense", steps = 100)
 #' report              # the table, the recommendation and the reason
 #' report$recommendation
 #' }
@@ -64,19 +64,13 @@ bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps
 }
 
 strategy_benchmark_to_r <- function(report) {
-  fields <- report$to_dict()
-  timings <- do.call(rbind, lapply(fields$timings, function(t) {
+  fields <- py_record_to_r(report)
+  fields$timings <- do.call(rbind, lapply(fields$timings, function(t) {
     t[vapply(t, is.null, logical(1))] <- NA
     as.data.frame(t, stringsAsFactors = FALSE)
   }))
-  structure(
-    list(timings = timings, recommendation = fields$recommendation, reason = fields$reason,
-         model = fields$model, parameters = as.integer(fields$parameters),
-         global_batch_size = as.integer(fields$global_batch_size),
-         steps = as.integer(fields$steps), device = fields$device,
-         text = reticulate::py_str(report)),
-    class = "kerasdist_strategy_benchmark"
-  )
+  shown <- c("timings", "recommendation", "reason", "model", "parameters", "global_batch_size", "steps", "device")
+  structure(c(fields[shown], text = reticulate::py_str(report)), class = "kerasdist_strategy_benchmark")
 }
 
 #' @export

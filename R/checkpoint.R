@@ -88,7 +88,7 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #' @export
 latest_checkpoint <- function(checkpoint_dir) {
   info <- call_python(kerasdist_module()$latest_checkpoint, checkpoint_dir)
-  if (is.null(info)) NULL else checkpoint_info_to_r(info)
+  if (is.null(info)) NULL else py_record_to_r(info)
 }
 
 #' All valid checkpoints, oldest first
@@ -104,13 +104,5 @@ latest_checkpoint <- function(checkpoint_dir) {
 #' }
 #' @export
 list_checkpoints <- function(checkpoint_dir) {
-  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir), checkpoint_info_to_r)
-}
-
-checkpoint_info_to_r <- function(info) {
-  list(
-    path = info$path, epoch = as.integer(info$epoch), step_in_epoch = as.integer(info$step_in_epoch),
-    global_step = as.integer(info$global_step), history = info$history, metrics = info$metrics,
-    writer = info$writer
-  )
+  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir), py_record_to_r)
 }

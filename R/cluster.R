@@ -14,15 +14,5 @@
 #' }
 #' @export
 parse_tf_config <- function(tf_config) {
-  cluster_to_r(call_python(kerasdist_module()$parse_tf_config, tf_config))
-}
-
-cluster_to_r <- function(info) {
-  list(
-    source = info$source, cluster = lapply(info$cluster, as.character),
-    task_type = info$task_type,
-    task_index = if (is.null(info$task_index)) NULL else as.integer(info$task_index),
-    num_workers = as.integer(info$num_workers), num_ps = as.integer(info$num_ps),
-    is_chief = info$is_chief
-  )
+  py_record_to_r(call_python(kerasdist_module()$parse_tf_config, tf_config), "is_chief")
 }

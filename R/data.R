@@ -132,7 +132,7 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
 #' @export
 dataset_info <- function(dataset) {
   info <- call_python(kerasdist_module()$dataset_info, dataset)
-  structure(py_fields(info), class = "kerasdist_dataset_info")
+  structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 
 #' Global and per-replica batch sizes
@@ -167,7 +167,7 @@ batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, st
     num_samples = as_py_int(num_samples), drop_remainder = drop_remainder,
     require_even_split = require_even_split
   )
-  structure(py_fields(info), class = "kerasdist_batch_size_info")
+  structure(py_record_to_r(info), class = "kerasdist_batch_size_info")
 }
 
 #' The sample order of one epoch
@@ -220,10 +220,4 @@ as_py_data <- function(x) {
 
 as_py_shape <- function(shape) {
   if (inherits(shape, "python.builtin.object")) shape else as.list(as.integer(shape))
-}
-
-# A Python dataclass to a named R list; integers stay integers, None becomes NULL.
-py_fields <- function(obj) {
-  fields <- reticulate::import("dataclasses")$asdict(obj)
-  lapply(fields, function(value) if (is.numeric(value) && all(value == round(value))) as.integer(value) else value)
 }

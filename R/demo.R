@@ -41,12 +41,9 @@ kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   epochs <- as.integer(epochs)
   simulate_devices(2L)  # first: before keras3 or anything else starts TensorFlow's devices
   py_demo <- demo_module()
-  unlink(file.path(run_dir, c("checkpoints", "log.csv", "curves.png", "result.json")), recursive = TRUE)
-  dir.create(run_dir, recursive = TRUE, showWarnings = FALSE)
-  steps <- as.integer(ceiling(py_demo$TRAIN_SAMPLES / py_demo$BATCH_SIZE))
-  every <- as.integer(py_demo$EVERY_STEPS)
-  kill <- c(epochs %/% 2L, steps %/% 2L)
-  while ((kill[1] * steps + kill[2]) %% every != py_demo$LOST_STEPS) kill[2] <- kill[2] + 1L
+  call_python(py_demo$fresh_run_dir, path.expand(run_dir))
+  steps <- py_demo$steps_per_epoch()
+  kill <- as.integer(unlist(py_demo$kill_point(epochs)))
 
   cat(sprintf("== kerasdist demo (R): %d epoch(s) of a CNN on the UCI digits, run directory %s\n", epochs, run_dir))
   cat(sprintf("== run 1 (child R process): will be killed with SIGKILL at epoch %d, step %d\n", kill[1] + 1L, kill[2]))
@@ -125,32 +122,29 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
   cat(sprintf("strategy %s with %d replicas (%s): %s\n", description$kind, description$num_replicas,
               paste(unlist(description$devices), collapse = ", "), description$reason))
   py_demo <- demo_module()
-  every <- as.integer(py_demo$EVERY_STEPS)
-  current_epoch <- 0L  # 0-based, as in the checkpoints; keras3 hands R callbacks 1-based numbers
+  # The step numbers and the lines are Python's (kerasdist.demo), with its 0-based epochs and
+  # batches; keras3 hands R callbacks 1-based numbers.
+  current_epoch <- 0L
   progress <- keras3::callback_lambda(
     on_epoch_begin = function(epoch, logs) current_epoch <<- as.integer(epoch) - 1L,
     on_train_batch_end = function(batch, logs) {
-      step <- as.integer(batch) + if (current_epoch == resume[1]) as.integer(resume[2]) else 0L
-      if (step %% every == 0L) {
-        cat(sprintf("epoch %d step %2d  loss %.4f  accuracy %.4f\n", current_epoch + 1L, step, logs$loss, logs$accuracy))
-      }
+      step <- py_demo$step_in_epoch(current_epoch, as.integer(batch) - 1L, as.list(resume))
+      line <- py_demo$step_line(current_epoch, step, logs)
+      if (!is.null(line)) cat(line, "\n", sep = "")
       if (!is.null(kill_at) && current_epoch == kill_at[1] && step == kill_at[2]) {
-        cat(sprintf("epoch %d step %2d  SIGKILL (no clean-up, no save)\n", current_epoch + 1L, step))
+        cat(py_demo$kill_line(current_epoch, step), "\n", sep = "")
         flush(stdout())
         tools::pskill(Sys.getpid(), tools::SIGKILL)
       }
     },
-    on_epoch_end = function(epoch, logs) {
-      cat(sprintf("epoch %d done  loss %.4f  accuracy %.4f  val_loss %.4f  val_accuracy %.4f\n",
-                  as.integer(epoch), logs$loss, logs$accuracy, logs$val_loss, logs$val_accuracy))
-    }
+    on_epoch_end = function(epoch, logs) cat(py_demo$epoch_line(as.integer(epoch) - 1L, logs), "\n", sep = "")
   )
   digits <- demo_digits()
   history <- distributed_fit(
     demo_build_model, digits$x, digits$y, epochs = epochs,
     checkpoint_dir = file.path(run_dir, "checkpoints"), strategy = strategy,
     batch_size = py_demo$BATCH_SIZE, seed = py_demo$SEED, validation_split = py_demo$VALIDATION_SPLIT,
-    every_steps = every, keep = 3L,
+    every_steps = py_demo$EVERY_STEPS, keep = 3L,
     callbacks = list(progress, keras3::callback_csv_logger(file.path(run_dir, "log.csv"), append = TRUE)),
     verbose = 0L
   )

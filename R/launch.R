@@ -1,4 +1,4 @@
-# The local launcher: thin wrapper over python/kerasdist/launch.py.
+# The local launcher: thin wrapper over python/kerasdist/launch/.
 
 #' Run a command as a multi-worker cluster on this machine, restarting it on failure
 #'

@@ -247,3 +247,25 @@ as_training_history <- function(history) {
   params$epochs <- if (length(metrics) == 0) 0L else length(metrics[[1]])
   structure(class = "keras_training_history", list(params = params, metrics = metrics, model = history$model))
 }
+
+# A Python dataclass record (CheckpointInfo, ClusterInfo, DatasetInfo, ...) as a named R list:
+# its fields in their order, then the computed `properties` named (e.g. "is_chief"). None becomes
+# NULL, whole numbers become integers and a tuple of strings (an empty one too) a character
+# vector; other values are as reticulate converts them.
+py_record_to_r <- function(record, properties = character()) {
+  fields <- reticulate::import("dataclasses", convert = FALSE)$asdict(record)
+  names <- reticulate::py_to_r(reticulate::import_builtins(convert = FALSE)$list(fields))
+  values <- c(lapply(names, function(name) reticulate::py_get_item(fields, name)),
+              lapply(properties, function(name) reticulate::py_get_attr(record, name)))
+  values <- lapply(values, py_field_to_r)
+  names(values) <- c(names, properties)
+  values
+}
+
+py_field_to_r <- function(value) {
+  tuple <- inherits(value, "python.builtin.tuple")
+  value <- reticulate::py_to_r(value)
+  if (is.numeric(value) && all(value == round(value))) return(as.integer(value))
+  if (tuple && all(vapply(value, is.character, logical(1)))) return(as.character(unlist(value)))
+  value
+}

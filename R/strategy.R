@@ -80,7 +80,7 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
   structure(
     list(
       kind = plan$kind, reason = plan$reason, devices = as.character(unlist(plan$devices)),
-      tpu = plan$tpu, cluster = cluster_to_r(plan$cluster)
+      tpu = plan$tpu, cluster = py_record_to_r(plan$cluster, "is_chief")
     ),
     class = "kerasdist_strategy_plan"
   )
@@ -104,13 +104,7 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
 describe_strategy <- function(strategy = NULL) {
   description <- call_python(kerasdist_module()$describe_strategy, strategy)
   structure(
-    list(
-      kind = description$kind, reason = description$reason,
-      num_replicas = as.integer(description$num_replicas),
-      devices = as.character(unlist(description$devices)),
-      workers = as.integer(description$workers), task = description$task,
-      is_chief = description$is_chief
-    ),
+    py_record_to_r(description),
     text = reticulate::py_str(description),
     class = "kerasdist_strategy_description"
   )

@@ -20,7 +20,8 @@ import kerasdist  # noqa: E402
 from _common import figure, write_result  # noqa: E402
 
 # name: (model, timed steps); the CNN's steps take about 30x longer on a CPU.
-MODELS = {"tiny_dense": ("kerasdist.advisor:tiny_dense", 200), "mid_cnn": ("kerasdist.advisor:mid_cnn", 60)}
+MODELS = {"tiny_dense": ("kerasdist.example_models:tiny_dense", 200),
+          "mid_cnn": ("kerasdist.example_models:mid_cnn", 60)}
 
 
 def main() -> None:

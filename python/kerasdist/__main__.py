@@ -63,7 +63,7 @@ def _bench(args: argparse.Namespace) -> int:
         advisor.run_worker(args.worker_spec)
         return 0
     if not args.model:
-        raise ValueError("bench: --model is required, e.g. --model kerasdist.advisor:tiny_dense")
+        raise ValueError("bench: --model is required, e.g. --model kerasdist.example_models:tiny_dense")
     x = y = None
     if args.data:
         x, y = advisor.load_model_function(args.data)()
@@ -92,7 +92,7 @@ def _add_bench(commands) -> None:
             "global batch; prints steps/s, the step time split into compute and input wait,\n"
             "and the strategy to use with the reason."
         ),
-        epilog="example:\n  python -m kerasdist bench --model kerasdist.advisor:mid_cnn --batch-size 128",
+        epilog="example:\n  python -m kerasdist bench --model kerasdist.example_models:mid_cnn --batch-size 128",
     )
     bench.add_argument("--model", metavar="MODULE:FUNCTION",
                        help="function returning a compiled Keras model, as module:function or file.py:function")

@@ -30,6 +30,9 @@ from typing import Any
 
 from kerasdist._args import whole_number
 
+# The example models lived here once: "kerasdist.advisor:tiny_dense" still names them.
+from kerasdist.example_models import mid_cnn, tiny_dense  # noqa: F401
+
 STRATEGIES = ("default", "mirrored", "multi_worker")
 WARMUP_STEPS = 10
 # The timed steps are split into rounds, real input and held batch alternating, medians kept,
@@ -459,31 +462,3 @@ def _table(timings: Sequence[StrategyTiming]) -> str:
     text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     errors = [f"{t.strategy} failed: {t.error}" for t in timings if t.error]
     return "\n".join(text + errors)
-
-
-# --- example models, for trying the advisor (`--model kerasdist.advisor:tiny_dense`) ----------
-
-def tiny_dense() -> Any:
-    """A tiny dense regressor: 32 features -> 64 -> 1 (2,177 parameters)."""
-    import keras
-
-    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
-
-
-def mid_cnn() -> Any:
-    """A mid-sized CNN classifier on 32x32x3 images, 10 classes (about 0.6M parameters)."""
-    import keras
-
-    layers = keras.layers
-    model = keras.Sequential([
-        keras.Input((32, 32, 3)),
-        layers.Conv2D(32, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
-        layers.Conv2D(64, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
-        layers.Conv2D(128, 3, activation="relu", padding="same"), layers.MaxPooling2D(),
-        layers.Flatten(), layers.Dense(256, activation="relu"), layers.Dense(10),
-    ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model

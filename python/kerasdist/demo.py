@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +49,11 @@ def kerasdist_demo(
     started = time.monotonic()
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}.")
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run_dir {str(run_dir)!r} is a file, not a directory.")
+    run_dir = fresh_run_dir(run_dir)
     checkpoints = run_dir / "checkpoints"
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    for name in ("log.csv", "curves.png", "result.json"):
-        (run_dir / name).unlink(missing_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
     say = print if verbose else (lambda *a, **k: None)
-
-    steps = -(-TRAIN_SAMPLES // BATCH_SIZE)
-    kill_epoch, kill_step = epochs // 2, steps // 2
-    while (kill_epoch * steps + kill_step) % EVERY_STEPS != LOST_STEPS:  # mid-way between two saves
-        kill_step += 1
+    steps = steps_per_epoch()
+    kill_epoch, kill_step = kill_point(epochs)
     say(f"== kerasdist demo: {epochs} epoch(s) of a CNN on the UCI digits, run directory {run_dir}")
     say(f"== run 1 (child process): will be killed with SIGKILL at epoch {kill_epoch + 1}, step {kill_step}")
     child = subprocess.Popen(
@@ -111,6 +103,45 @@ def kerasdist_demo(
     say(f"== wrote {png} and {run_dir / 'result.json'}; {result['optimizer_steps']} optimizer steps in "
         f"{len(history.epoch)} epochs, {result['wall_seconds']} s in all")
     return result
+
+
+def steps_per_epoch() -> int:
+    """Training steps in one epoch of the demo (the last, smaller batch included)."""
+    return -(-TRAIN_SAMPLES // BATCH_SIZE)
+
+
+def kill_point(epochs: int) -> tuple[int, int]:
+    """(epoch, step) at which the first run kills itself: in epoch `epochs // 2` (0-based), from
+    its middle on, the first step `LOST_STEPS` steps after a mid-epoch checkpoint."""
+    steps = steps_per_epoch()
+    kill_epoch, kill_step = epochs // 2, steps // 2
+    while (kill_epoch * steps + kill_step) % EVERY_STEPS != LOST_STEPS:  # mid-way between two saves
+        kill_step += 1
+    return kill_epoch, kill_step
+
+
+def step_in_epoch(epoch: int, batch: int, resume: Sequence[int] = (0, 0)) -> int:
+    """The 1-based step that 0-based `batch` ends; a resumed epoch's count on from its checkpoint."""
+    return batch + 1 + (resume[1] if epoch == resume[0] else 0)
+
+
+def step_line(epoch: int, step: int, logs: Mapping[str, float]) -> str | None:
+    """The progress line after `step` of 0-based `epoch`, or None between every EVERY_STEPS."""
+    if step % EVERY_STEPS != 0:
+        return None
+    return (f"epoch {epoch + 1} step {step:>2}  loss {logs.get('loss', float('nan')):.4f}  "
+            f"accuracy {logs.get('accuracy', float('nan')):.4f}")
+
+
+def kill_line(epoch: int, step: int) -> str:
+    return f"epoch {epoch + 1} step {step:>2}  SIGKILL (no clean-up, no save)"
+
+
+def epoch_line(epoch: int, logs: Mapping[str, float]) -> str:
+    """The line at the end of 0-based `epoch`: training and validation loss and accuracy."""
+    return (f"epoch {epoch + 1} done  loss {logs.get('loss', 0):.4f}  accuracy "
+            f"{logs.get('accuracy', 0):.4f}  val_loss {logs.get('val_loss', 0):.4f}  "
+            f"val_accuracy {logs.get('val_accuracy', 0):.4f}")
 
 
 def build_model() -> Any:
@@ -182,21 +213,16 @@ def _progress_class():
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            logs = logs or {}
-            # A resumed epoch's batches count on from the checkpointed step.
-            step = batch + 1 + (self.resume[1] if self.epoch == self.resume[0] else 0)
-            if step % EVERY_STEPS == 0:
-                self.say(f"epoch {self.epoch + 1} step {step:>2}  loss {logs.get('loss', float('nan')):.4f}  "
-                         f"accuracy {logs.get('accuracy', float('nan')):.4f}", flush=True)
+            step = step_in_epoch(self.epoch, batch, self.resume)
+            line = step_line(self.epoch, step, logs or {})
+            if line is not None:
+                self.say(line, flush=True)
             if self.kill_at == (self.epoch, step):
-                self.say(f"epoch {self.epoch + 1} step {step:>2}  SIGKILL (no clean-up, no save)", flush=True)
+                self.say(kill_line(self.epoch, step), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_end(self, epoch, logs=None):
-            logs = logs or {}
-            self.say(f"epoch {epoch + 1} done  loss {logs.get('loss', 0):.4f}  accuracy "
-                     f"{logs.get('accuracy', 0):.4f}  val_loss {logs.get('val_loss', 0):.4f}  "
-                     f"val_accuracy {logs.get('val_accuracy', 0):.4f}", flush=True)
+            self.say(epoch_line(epoch, logs or {}), flush=True)
 
     return Progress
 
@@ -235,6 +261,18 @@ def plot_curves(history: dict[str, list[float]], path: Path, *, steps: int,
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def fresh_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """`run_dir`, created, without the checkpoints and outputs of an earlier demo."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run_dir {str(run_dir)!r} is a file, not a directory.")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    for name in ("log.csv", "curves.png", "result.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def _noise(line: str) -> bool:

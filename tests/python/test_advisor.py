@@ -70,7 +70,7 @@ def test_failed_runs_are_reported_and_not_recommended():
 
 
 def test_default_and_mirrored_really_run_and_are_compared(tmp_path):
-    report = kerasdist.bench_strategies("kerasdist.advisor:tiny_dense", strategies=["default", "mirrored"],
+    report = kerasdist.bench_strategies("kerasdist.example_models:tiny_dense", strategies=["default", "mirrored"],
                                         steps=20, batch_size=32, verbose=False)
     by_name = {t.strategy: t for t in report.timings}
     assert set(by_name) == {"default", "mirrored"}
@@ -111,6 +111,14 @@ def test_a_model_that_fails_to_build_is_reported_not_raised():
 def test_an_uncompiled_model_is_named_as_the_problem():
     report = kerasdist.bench_strategies(f"{MODELS}:uncompiled", strategies=["default"], steps=5, verbose=False)
     assert "must return a compiled Keras model" in report.timings[0].error
+
+
+def test_the_example_models_are_still_found_under_their_old_advisor_name():
+    from kerasdist import example_models
+    from kerasdist.advisor import load_model_function
+
+    assert load_model_function("kerasdist.advisor:tiny_dense") is example_models.tiny_dense
+    assert load_model_function("kerasdist.example_models:mid_cnn") is example_models.mid_cnn
 
 
 def test_help_lists_every_command():

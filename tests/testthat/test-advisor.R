@@ -20,7 +20,7 @@ test_that("bench_strategies times the default strategy on an R matrix and recomm
   set.seed(1)
   x <- matrix(rnorm(256 * 32), 256, 32)
   y <- rowSums(x)
-  report <- bench_strategies("kerasdist.advisor:tiny_dense", x, y, strategies = "default",
+  report <- bench_strategies("kerasdist.example_models:tiny_dense", x, y, strategies = "default",
                              steps = 10L, batch_size = 32L, verbose = FALSE)
   expect_s3_class(report, "kerasdist_strategy_benchmark")
   expect_s3_class(report$timings, "data.frame")

@@ -1,0 +1,199 @@
+"""`launch()`: run a command once per task of a local cluster, and restart the group on failure.
+
+The story of a run: check the arguments, then start attempts until one ends it. Each attempt
+picks fresh ports (`ports`), starts the group (`process_group`), waits for it to succeed, fail or
+time out, and stops it; a failure restarts the group while restarts remain. `result` holds what
+the run returns and the lines it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kerasdist.launch.command import resolve_command
+from kerasdist.launch.ports import PORT_CLASH_RETRIES, build_cluster, check_host
+from kerasdist.launch.process_group import Outcome, ProcessGroup
+from kerasdist.launch.result import (
+    TIMEOUT_EXIT_CODE,
+    LaunchResult,
+    TaskFailure,
+    finished_message,
+    no_restarts_message,
+    timeout_message,
+)
+
+
+def launch(
+    command: str | Sequence[str],
+    num_workers: int,
+    num_ps: int = 0,
+    max_restarts: int = 0,
+    host: str = "127.0.0.1",
+    timeout: float | None = None,
+    grace_period: float = 10.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    startup_timeout: float | None = None,
+) -> LaunchResult:
+    """Run `command` once per task of a local cluster; restart the whole group when one fails.
+
+    Each process gets `TF_CONFIG` (the shared cluster and its own task) and, for convenience,
+    `KERASDIST_TASK_TYPE`, `KERASDIST_TASK_INDEX` and `KERASDIST_RESTART` (0 on the first
+    attempt, 1 after the first restart, ...). Its output lines are echoed to this process's
+    stdout/stderr prefixed with its role and index: `[worker 0] Epoch 1/3`.
+
+    A process fails when it exits with a non-zero status (status 75,
+    `kerasdist.PREEMPTED_EXIT_CODE`, "preempted, checkpoint saved", included) or is killed by a
+    signal. The launcher then stops every process of the group (SIGTERM to its process group,
+    SIGKILL after `grace_period` seconds) and, while restarts remain, starts the whole group
+    again on fresh ports, so that training resumes from the latest checkpoint. A group start
+    whose server reports its port already taken (the ports are found free, then released, so
+    another program may grab one first) is retried up to 3 times without using a restart.
+
+    The run succeeds when every worker has exited with status 0 or, with parameter servers,
+    when the chief (the coordinator) has. Tasks still running then (parameter servers and
+    parameter-server workers, which serve until stopped) are stopped.
+
+    Security: TensorFlow's gRPC runtime has no authentication. TF_CONFIG names `host`
+    (127.0.0.1 by default), but TensorFlow's servers listen on their ports on every interface;
+    never expose those ports to an untrusted network (see the module docstring).
+
+    Example:
+
+    ```python
+    result = kerasdist.launch(["train.py", "--epochs", "5"], num_workers=2, max_restarts=3)
+    if not result.ok:
+        print(result.message)  # e.g. "worker 1 was killed by SIGKILL; no restarts left ..."
+    ```
+
+    Args:
+        command: the program and its arguments, as a list (or one string, split like a shell
+            would). A first word ending in `.py` runs with this Python interpreter, one ending
+            in `.R` with `Rscript`; anything else must be an executable file or on PATH.
+        num_workers: number of "worker" tasks, at least 1.
+        num_ps: number of "ps" (parameter server) tasks. With 1 or more, a "chief" task (the
+            coordinator) is added to the cluster, so `num_workers + num_ps + 1` processes run.
+        max_restarts: how many times the whole group may be restarted after a failure.
+        host: the local address the ports are picked on and TF_CONFIG names (the address
+            the processes connect to each other on).
+        timeout: wall-clock limit in seconds for the whole run, restarts included; None for
+            none. When reached, the group is stopped and `exit_code` is 124.
+        grace_period: seconds between SIGTERM and SIGKILL when a group is stopped (time for
+            `kerasdist` checkpoints to save on SIGTERM).
+        env: extra environment variables for every process.
+        cwd: working directory of the processes (and of a relative script path).
+        startup_timeout: seconds within which every worker and ps task must come up (its
+            TensorFlow server accepting connections on its port); a task that does not is named
+            ("worker 1 did not come up within 60 s ...") and counts as a failure. None (the
+            default) waits as long as TensorFlow does, which is forever.
+
+    Returns:
+        A `LaunchResult`: `exit_code`, `restarts`, `failures`, `failed`, `timed_out`, `message`.
+
+    Raises:
+        ValueError: naming the argument, before anything starts: `num_workers` < 1,
+            `num_ps` < 0, `max_restarts` < 0, `timeout` or `grace_period` not positive, an
+            empty `command`, a command or script that does not exist, a `host` this machine
+            cannot bind.
+    """
+    num_workers = _count("num_workers", num_workers, 1)
+    num_ps = _count("num_ps", num_ps, 0)
+    max_restarts = _count("max_restarts", max_restarts, 0)
+    timeout = _seconds("timeout", timeout, allow_none=True)
+    grace_period = _seconds("grace_period", grace_period, allow_zero=True)
+    startup_timeout = _seconds("startup_timeout", startup_timeout, allow_none=True)
+    argv = resolve_command(command, cwd)
+    check_host(host)
+    tasks = _task_list(num_workers, num_ps)
+    base_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
+    base_env.setdefault("PYTHONUNBUFFERED", "1")  # so output lines arrive as they are printed
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failures: list[TaskFailure] = []
+    restart = port_retries = 0
+    while True:
+        cluster = build_cluster(tasks, host)
+        group = ProcessGroup(argv, tasks, cluster, restart, base_env, cwd)
+        outcome = _attempt(group, deadline, startup_timeout, grace_period)
+        if outcome.timed_out:
+            exit_code, message = TIMEOUT_EXIT_CODE, timeout_message(timeout, restart)
+            break
+        if outcome.failure is None:
+            exit_code, message = 0, finished_message(num_workers, num_ps, restart)
+            break
+        if outcome.port_clash and port_retries < PORT_CLASH_RETRIES:
+            port_retries += 1
+            _say(f"a port was already in use; starting the group again on fresh ports "
+                 f"(port retry {port_retries} of {PORT_CLASH_RETRIES}).")
+            continue
+        failures.append(outcome.failure)
+        if restart >= max_restarts:
+            exit_code = outcome.failure.exit_code
+            message = no_restarts_message(outcome.failure, max_restarts)
+            break
+        restart += 1
+        _say(f"restarting the group ({restart} of {max_restarts}) on fresh ports.")
+    _say(message)
+    return LaunchResult(
+        exit_code, restart, tuple(failures), outcome.timed_out, message, cluster, port_retries
+    )
+
+
+def _attempt(
+    group: ProcessGroup, deadline: float | None, startup_timeout: float | None,
+    grace_period: float,
+) -> Outcome:
+    """Run one group to its end, and stop it (on success too: parameter servers never exit)."""
+    try:
+        outcome = group.run(deadline, startup_timeout)
+        if outcome.failure is not None:
+            group.finish_output_of(outcome.failure)
+            _say(f"{outcome.failure.description}; stopping the group.")
+    finally:
+        group.stop(grace_period)
+    return outcome
+
+
+def _task_list(num_workers: int, num_ps: int) -> list[tuple[str, int]]:
+    tasks = [("chief", 0)] if num_ps else []
+    tasks += [("worker", i) for i in range(num_workers)]
+    tasks += [("ps", i) for i in range(num_ps)]
+    return tasks
+
+
+def _say(message: str) -> None:
+    sys.stdout.flush()
+    print(f"kerasdist launch: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer():  # R gives doubles
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+    return value
+
+
+def _seconds(
+    name: str, value: Any, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(
+            f"{name} must be {'at least 0' if allow_zero else 'more than 0'} seconds, got {value}."
+        )
+    return float(value)
+

@@ -1,0 +1,229 @@
+"""One attempt of a launch: the group of task processes, their output, and stopping them.
+
+`ProcessGroup` starts one process per task, each with its own TF_CONFIG, in its own process group
+(so stopping it reaches its children) and, on Linux, set to get SIGTERM when the launcher dies.
+Every line a process writes is echoed with its role and index (`[worker 1] ...`). `run()` waits
+until the group succeeds, a process fails or does not come up in time, or the deadline passes;
+`stop()` sends SIGTERM and, after the grace period, SIGKILL.
+
+POSIX only (process groups and signals).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO
+
+from kerasdist.launch.ports import accepts_connections, port_clash
+from kerasdist.launch.result import TIMEOUT_EXIT_CODE, TaskFailure
+
+_POLL_SECONDS = 0.05
+
+
+@dataclass
+class Outcome:
+    """How one attempt ended: a failed task, the deadline, or (neither) success."""
+
+    failure: TaskFailure | None = None
+    timed_out: bool = False
+    port_clash: bool = False
+
+
+class _Task:
+    def __init__(self, task_type: str, index: int, process: subprocess.Popen[bytes]):
+        self.task_type = task_type
+        self.index = index
+        self.process = process
+        self.prefix = f"[{task_type} {index}]"
+        self.readers: list[threading.Thread] = []
+
+
+class ProcessGroup:
+    """The processes of one attempt. Reader threads queue whole lines; only the calling thread
+    writes them out, so lines never mix, and under reticulate no R code runs off R's thread."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        tasks: list[tuple[str, int]],
+        cluster: dict[str, list[str]],
+        restart: int,
+        base_env: Mapping[str, str],
+        cwd: str | os.PathLike[str] | None,
+    ):
+        self.restart = restart
+        self.cluster = cluster
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.port_clash = False
+        self.tasks: list[_Task] = []
+        try:
+            for task_type, index in tasks:
+                self.tasks.append(self._start(argv, task_type, index, base_env, cwd))
+        except OSError:
+            self.stop(0)
+            raise
+
+    def _start(self, argv, task_type, index, base_env, cwd) -> _Task:
+        env = dict(base_env)
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": self.cluster, "task": {"type": task_type, "index": index}}
+        )
+        env["KERASDIST_TASK_TYPE"] = task_type
+        env["KERASDIST_TASK_INDEX"] = str(index)
+        env["KERASDIST_RESTART"] = str(self.restart)
+        process = subprocess.Popen(
+            _dying_with_this_process(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: stopping it reaches its children
+        )
+        task = _Task(task_type, index, process)
+        for pipe, stream in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+            reader = threading.Thread(
+                target=self._pump, args=(pipe, task.prefix, stream), daemon=True,
+                name=f"kerasdist-launch {task.prefix} {stream}",
+            )
+            reader.start()
+            task.readers.append(reader)
+        return task
+
+    def _pump(self, pipe: IO[bytes], prefix: str, stream: str) -> None:
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if port_clash(line):
+                    self.port_clash = True
+                self.lines.put((stream, f"{prefix} {line}\n"))
+
+    def run(self, deadline: float | None, startup_timeout: float | None = None) -> Outcome:
+        """Echo output until the group succeeds, a process fails, or the deadline passes."""
+        has_chief = any(t.task_type == "chief" for t in self.tasks)
+        finishers = [t for t in self.tasks if t.task_type == ("chief" if has_chief else "worker")]
+        startup = _StartupWatch(self.tasks, self.cluster, startup_timeout)
+        while True:
+            self._echo(wait=_POLL_SECONDS)
+            late = startup.late_task()
+            if late is not None:
+                return Outcome(failure=late.failure(self.restart))
+            for task in self.tasks:
+                code = task.process.poll()
+                if code is not None and code != 0:
+                    failure = TaskFailure(task.task_type, task.index, code, self.restart)
+                    return Outcome(failure=failure, port_clash=self.port_clash)
+            if all(t.process.poll() == 0 for t in finishers):
+                return Outcome()
+            if deadline is not None and time.monotonic() >= deadline:
+                return Outcome(timed_out=True)
+
+    def finish_output_of(self, failure: TaskFailure) -> None:
+        """Echo the failed process's last lines before saying it failed."""
+        for task in self.tasks:
+            if (task.task_type, task.index) == (failure.task_type, failure.task_index):
+                for reader in task.readers:
+                    reader.join(timeout=2)
+        self._echo()
+
+    def stop(self, grace_period: float) -> None:
+        """SIGTERM every running process group, SIGKILL what is left after the grace period."""
+        self._signal_running(signal.SIGTERM)
+        end = time.monotonic() + grace_period
+        while any(t.process.poll() is None for t in self.tasks) and time.monotonic() < end:
+            self._echo(wait=_POLL_SECONDS)
+        self._signal_running(signal.SIGKILL)
+        for task in self.tasks:
+            task.process.wait()
+            for reader in task.readers:
+                reader.join(timeout=2)
+        self._echo()
+
+    def _signal_running(self, signum: int) -> None:
+        for task in self.tasks:
+            if task.process.poll() is None:
+                try:
+                    os.killpg(task.process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _echo(self, wait: float = 0.0) -> None:
+        try:
+            item = self.lines.get(timeout=wait) if wait else self.lines.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            stream, line = item
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.write(line)
+            try:
+                item = self.lines.get_nowait()
+            except queue.Empty:
+                break
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class _StartupWatch:
+    """Which worker/ps tasks have their server up (port accepting connections), and which one is
+    late once `timeout` has passed. Chief tasks are not watched: a coordinator need not serve."""
+
+    _PROBE_SECONDS = 0.5
+
+    def __init__(self, tasks: list[_Task], cluster: dict[str, list[str]], timeout: float | None):
+        self.pending = {} if timeout is None else {
+            task: cluster[task.task_type][task.index]
+            for task in tasks if task.task_type in ("worker", "ps")
+        }
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.next_probe = 0.0
+
+    def late_task(self) -> _LateTask | None:
+        if not self.pending or time.monotonic() < self.next_probe:
+            return None
+        self.next_probe = time.monotonic() + self._PROBE_SECONDS
+        for task, address in list(self.pending.items()):
+            if accepts_connections(address):
+                del self.pending[task]
+        if self.pending and self.deadline is not None and time.monotonic() >= self.deadline:
+            task, address = next(iter(self.pending.items()))
+            return _LateTask(task, address, self.timeout or 0)
+        return None
+
+
+@dataclass
+class _LateTask:
+    task: _Task
+    address: str
+    timeout: float
+
+    def failure(self, restart: int) -> TaskFailure:
+        return TaskFailure(
+            self.task.task_type, self.task.index, TIMEOUT_EXIT_CODE, restart,
+            never_up=f"did not come up within {self.timeout:g} s (nothing listens on {self.address})",
+        )
+
+
+# Runs first in each task's process, then execs the task's command in its place (same pid): asks
+# Linux to send the task SIGTERM when the launcher dies, so a launcher killed with SIGKILL, which
+# cannot stop its group, leaves no training processes behind. (subprocess's preexec_fn would do
+# it without the extra exec, but is unsafe with the launcher's output threads running.)
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the launcher died before the request was made
+    sys.exit(128 + signal.SIGTERM)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_this_process(argv: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
