@@ -27,8 +27,10 @@ from kerasdist.data import (
 )
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
+from kerasdist.evaluation import distributed_evaluate, distributed_predict
 from kerasdist.fit import resume_fit
 from kerasdist.launch import LaunchResult, TaskFailure, launch
+from kerasdist.loss_scaling import scaled_loss
 from kerasdist.ps import ps_fit, run_server
 from kerasdist.strategy import (
     StrategyDescription,
@@ -41,6 +43,10 @@ from kerasdist.strategy import (
 from kerasdist.train import check_step_functions, distributed_fit
 
 _startup.apply_requested_devices()
+
+# The names issue #13 gives them; distributed_* match distributed_fit and the R functions.
+evaluate = distributed_evaluate
+predict = distributed_predict
 
 __version__ = "0.1.0"
 
@@ -76,6 +82,12 @@ __all__ = [
     "distributed_fit",
     "ps_fit",
     "run_server",
+    "scaled_loss",
+    # evaluation and prediction
+    "distributed_evaluate",
+    "distributed_predict",
+    "evaluate",
+    "predict",
     # clusters on one machine
     "LaunchResult",
     "TaskFailure",

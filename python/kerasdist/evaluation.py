@@ -1,0 +1,227 @@
+"""Evaluation and prediction under the model's strategy, with exactly the single-device results.
+
+`distributed_evaluate(model, x, y)` and `distributed_predict(model, x)` (also exported as
+`kerasdist.evaluate` and `kerasdist.predict`) batch in-memory data with `make_dataset` (one
+pass, in order; a `tf.data.Dataset` is batched here, since make_dataset's stream of one runs on
+across epoch ends) and run Keras's own `evaluate`/`predict` under the strategy the model was built in.
+
+What Keras 3.15 gets right, and is used as is: on a finite dataset under a MirroredStrategy it
+splits each global batch into contiguous per-replica slices, also a last partial one (7 rows over
+2 replicas: 4 and 3; 1 row: 1 and 0), sums the metric states across replicas (accuracy and the
+sample-weighted mean loss equal the single-device values) and concatenates the replicas'
+predictions in order, with no padding rows.
+
+What it gets wrong, worked around here (kept out of compat.py, which other modules share):
+before the first step, `TensorFlowTrainer._maybe_symbolic_build` turns the first distributed
+batch into one tensor with `strategy.reduce("MEAN", batch, axis=None)`. When that batch is split
+unevenly (a batch size not divisible by the replicas, or fewer rows than the batch size) the
+replicas' slices differ in shape and the reduce fails with `InvalidArgumentError: Inputs to
+operation AddN of type AddN must have the same size and shape`. The symbolic build needs only the
+shapes and dtypes of one batch, so `_local_batch_build` hands it the replicas' slices concatenated
+instead, on the one model, for the length of one call. `KERAS_UNEVEN_BATCH_FIX_VERSIONS` says
+which Keras releases get it; tests/python/test_evaluation.py fails once upstream handles an
+uneven first batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+
+__all__ = ["distributed_evaluate", "distributed_predict"]
+
+# Keras releases whose symbolic build fails on an unevenly split first batch (3.15.1 checked).
+KERAS_UNEVEN_BATCH_FIX_VERSIONS = ((3, 0), (3, 16))
+
+
+def distributed_evaluate(
+    model: Any,
+    x: Any,
+    y: Any = None,
+    *,
+    sample_weight: Any = None,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    callbacks: Sequence[Any] | None = None,
+    verbose: Any = 0,
+) -> dict[str, float]:
+    """Evaluate a compiled model under its strategy: the same metrics as on one device.
+
+    The data is batched by `make_dataset` in its own order (no shuffle, one pass) and evaluated by
+    Keras under the strategy the model was built in (`model.distribute_strategy`), each global
+    batch split over the replicas. The result is that of a single-device `model.evaluate(x, y,
+    return_dict=True)`: losses and metrics over all samples, a last partial batch included, none
+    counted twice.
+
+    Example:
+
+    ```python
+    with kerasdist.select_strategy().scope():
+        model = kerasdist.make_or_restore_model("ckpt")  # the newest checkpoint, whole
+    scores = kerasdist.distributed_evaluate(model, x_test, y_test, batch_size=256)
+    scores["loss"], scores["accuracy"]
+    ```
+
+    Args:
+        model: a compiled Keras model, built (or restored) in a strategy's scope, or in none.
+        x: features: an array, a data frame, a list or dict of arrays (as `make_dataset` takes
+            them), or a finite, unbatched `tf.data.Dataset` of `(x, y)` or `(x, y, w)` elements,
+            read once in its order. Files are refused: read them into a dataset.
+        y: targets, for in-memory `x`; None when `x` carries them.
+        sample_weight: optional per-sample weights (in-memory `x` only).
+        batch_size: global batch size (all replicas together); default 32, as Keras.
+        per_replica_batch_size: instead, the batch size of one replica.
+        callbacks: Keras callbacks for `evaluate`.
+        verbose: Keras's verbosity; default 0 (silent).
+
+    Returns:
+        A dict of metric name to value (floats), as `model.evaluate(..., return_dict=True)`.
+    """
+    _check_model(model, "distributed_evaluate", needs_compile=True)
+    dataset = _one_pass(model, x, y, sample_weight, batch_size, per_replica_batch_size)
+    with _local_batch_build(model):
+        logs = model.evaluate(dataset, callbacks=callbacks, verbose=verbose, return_dict=True)
+    return {name: float(value) for name, value in logs.items()}
+
+
+def distributed_predict(
+    model: Any,
+    x: Any,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    callbacks: Sequence[Any] | None = None,
+    verbose: Any = 0,
+) -> Any:
+    """Predict under the model's strategy: one row per sample of `x`, in the order of `x`.
+
+    Example:
+
+    ```python
+    with kerasdist.select_strategy().scope():
+        model = kerasdist.make_or_restore_model("ckpt")
+    probabilities = kerasdist.distributed_predict(model, x_new, batch_size=256)
+    ```
+
+    Args:
+        model: a Keras model, built (or restored) in a strategy's scope, or in none.
+        x: features: an array, a data frame, a list or dict of arrays, or a finite, unbatched
+            `tf.data.Dataset` whose elements are `x` or `(x, y[, w])` (the targets are
+            dropped).
+        batch_size: global batch size (all replicas together); default 32, as Keras.
+        per_replica_batch_size: instead, the batch size of one replica.
+        callbacks: Keras callbacks for `predict`.
+        verbose: Keras's verbosity; default 0 (silent).
+
+    Returns:
+        What `model.predict(x)` returns on one device: a NumPy array with one row per sample (a
+        list or dict of them for a multi-output model), no padding rows.
+    """
+    _check_model(model, "distributed_predict", needs_compile=False)
+    dataset = _one_pass(model, x, None, None, batch_size, per_replica_batch_size)
+    dataset = dataset.map(_features_only)
+    with _local_batch_build(model):
+        return model.predict(dataset, callbacks=callbacks, verbose=verbose)
+
+
+def _check_model(model: Any, caller: str, needs_compile: bool) -> None:
+    import tensorflow as tf
+
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"{caller}: model must be a Keras model, got {type(model).__name__}.")
+    if needs_compile and not getattr(model, "compiled", False):
+        raise ValueError(
+            f"{caller}: the model is not compiled; compile it with a loss and metrics first "
+            "(a model restored from a checkpoint keeps its compile arguments)."
+        )
+    if isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ValueError(
+            f"{caller}: Keras 3 cannot evaluate or predict under a ParameterServerStrategy "
+            "(keras-team/keras#18624); restore the model without a strategy, or under a mirrored one."
+        )
+
+
+def _one_pass(model, x, y, sample_weight, batch_size, per_replica_batch_size):
+    """One pass over the data in its order, in global batches, the last one partial."""
+    import os
+
+    import tensorflow as tf
+
+    from kerasdist.data import batch_size_info, make_dataset
+
+    strategy = model.distribute_strategy
+    if isinstance(x, (str, os.PathLike)) or (
+        isinstance(x, (list, tuple)) and x and all(isinstance(p, (str, os.PathLike)) for p in x)
+    ):
+        raise ValueError(
+            "x is a file pattern: make_dataset's file pipelines interleave the files and run on "
+            "across epoch ends (they are made for training), so rows would be out of order or "
+            "counted twice. Read the files into an unbatched tf.data.Dataset, in the order you "
+            "want, and pass that."
+        )
+    if isinstance(x, tf.data.Dataset):
+        # make_dataset's stream of a dataset runs on across epochs too: one pass is batched here.
+        if y is not None or sample_weight is not None:
+            raise ValueError("y and sample_weight cannot be given with a tf.data.Dataset x: put them in its elements.")
+        if x.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise ValueError("x is an infinite tf.data.Dataset: give one pass over the data (no repeat()).")
+        size = batch_size_info(batch_size, per_replica_batch_size, strategy=strategy).batch_size
+        options = tf.data.Options()
+        options.deterministic = True
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        return x.batch(size).prefetch(tf.data.AUTOTUNE).with_options(options)
+    return make_dataset(
+        x, y, sample_weight=sample_weight, batch_size=batch_size,
+        per_replica_batch_size=per_replica_batch_size, strategy=strategy, shuffle=False, epochs=1,
+    )
+
+
+def _features_only(*element):
+    """A batch of x, (x,) or (x, y[, w]) -> x (a dataset given to predict may carry labels)."""
+    return element[0]
+
+
+def keras_needs_uneven_batch_fix(version: str = keras.__version__) -> bool:
+    """Whether this Keras version's symbolic build is known to fail on an uneven first batch."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    low, high = KERAS_UNEVEN_BATCH_FIX_VERSIONS
+    return low <= major_minor < high
+
+
+@contextlib.contextmanager
+def _local_batch_build(model: Any) -> Iterator[None]:
+    """For one call: build `model` from the first batch's per-replica slices, concatenated,
+    instead of Keras's cross-replica MEAN (which fails when the slices differ in shape). The
+    override is an attribute of this model object only; whatever the class does (also
+    compat.py's multi-worker patch) still runs, with the batch given."""
+    if not keras_needs_uneven_batch_fix() or model._distribute_strategy is None:
+        yield
+        return
+    build = model._maybe_symbolic_build  # the class's method, bound (patched or not)
+
+    def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
+        if iterator is not None and data_batch is None:
+            for _, _, batches in iterator:
+                data_batch = _concat_replicas(model.distribute_strategy, next(batches))
+                break
+        return build(data_batch=data_batch)
+
+    object.__setattr__(model, "_maybe_symbolic_build", maybe_symbolic_build)
+    try:
+        yield
+    finally:
+        object.__delattr__(model, "_maybe_symbolic_build")
+
+
+def _concat_replicas(strategy: Any, batch: Any) -> Any:
+    import tensorflow as tf
+
+    def concat(value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return tf.concat(strategy.experimental_local_results(value), axis=0)
+        return value
+
+    return tf.nest.map_structure(concat, batch)
