@@ -315,7 +315,10 @@ def _atomic_increments() -> Any:
 def _wants_settled_state(callback_list: Any) -> bool:
     """A kerasdist CheckpointCallback that caught SIGTERM saves at this batch end: let the
     steps in flight finish first, so the checkpoint holds their updates."""
-    return any(getattr(callback, "preempted", False) for callback in callback_list.callbacks)
+    from kerasdist.checkpoint import CheckpointCallback
+
+    return any(isinstance(callback, CheckpointCallback) and callback.wants_settled_state()
+               for callback in callback_list.callbacks)
 
 
 def _history_of(callback_list: Any, model: Any) -> keras.callbacks.History:

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
-    _check_callback_args,
-    check_checkpoint_dir,
+    CheckpointManager,
+    check_callback_args,
     checkpoint_callback,
     make_or_restore_model,
 )
@@ -119,11 +119,8 @@ def distributed_fit(
     extra = _check_dataset_args(dataset_args)
     if not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be True or False, got {shuffle!r}.")
-    _check_callback_args(True, every_steps, keep, "min", "loss")
-    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}.")
-    if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file, not a directory.")
+    check_callback_args(True, every_steps, keep, "min", "loss")
+    checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
 
     strategy = select_strategy(strategy) if isinstance(strategy, str) else strategy
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
@@ -143,10 +140,9 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, common)
     del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
-    check_checkpoint_dir(checkpoint_dir)
-    model = make_or_restore_model(checkpoint_dir, build_fn, strategy=strategy)
+    model = make_or_restore_model(checkpoints, build_fn, strategy=strategy)
     check_step_functions(model, strategy)
-    checkpoint = checkpoint_callback(checkpoint_dir, every_steps=every_steps, keep=keep)
+    checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
     with strategy.scope():
         return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
