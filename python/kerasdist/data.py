@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from kerasdist.strategy import run_context
+
 DEFAULT_BATCH_SIZE = 32
 FILE_FORMATS = ("tfrecord", "csv")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".csv": "csv"}
@@ -111,7 +113,7 @@ def batch_size_info(
     Returns:
         A `BatchSizeInfo`.
     """
-    replicas = _num_replicas(strategy) if num_replicas is None else _int_arg("num_replicas", num_replicas, 1)
+    replicas = run_context(strategy).num_replicas if num_replicas is None else _int_arg("num_replicas", num_replicas, 1)
     if batch_size is not None and per_replica_batch_size is not None:
         raise ValueError(
             f"Give batch_size or per_replica_batch_size, not both (got {batch_size!r} and "
@@ -254,11 +256,8 @@ def make_dataset(
         raise ValueError(
             f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
         )
-    if strategy is None:
-        import tensorflow as tf
-
-        strategy = tf.distribute.get_strategy()
-    replicas = _num_replicas(strategy)
+    context = run_context(strategy)
+    replicas = context.num_replicas
     n_val = 0
     if validation_split is not None:
         n_val = source.n - math.ceil(source.n * (1.0 - validation_split))
@@ -279,11 +278,11 @@ def make_dataset(
         map_fn=map_fn, cache=cache, shuffle_buffer=int(shuffle_buffer), check_finite=check_finite,
     )
     if per_worker:
-        dataset = _per_worker(source, plan, strategy, n_train)
+        dataset = _per_worker(source, plan, context.strategy, n_train)
         policy = "per_worker"
     else:
-        dataset, policy = _auto_sharded(source, plan, n_train, strategy)
-        dataset = _with_known_length(dataset, plan, strategy)
+        dataset, policy = _auto_sharded(source, plan, n_train, context.num_workers)
+        dataset = _with_known_length(dataset, plan, context.num_workers)
     info = DatasetInfo(
         source=source.kind, num_samples=n_train, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
@@ -376,24 +375,6 @@ def _hashable(obj: Any) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _num_replicas(strategy: Any) -> int:
-    import tensorflow as tf
-
-    strategy = tf.distribute.get_strategy() if strategy is None else strategy
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise ValueError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}.")
-    return int(strategy.num_replicas_in_sync)
-
-
-def _num_workers(strategy: Any) -> int:
-    try:
-        resolver = strategy.cluster_resolver
-        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-        return max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
-    except (AttributeError, NotImplementedError, ValueError):
-        return 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -676,18 +657,18 @@ def _finish(dataset, policy: str):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def _auto_sharded(source: _Source, plan: _Plan, n_train: int, strategy: Any):
+def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int):
+    """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)."""
     if source.kind == "memory":
         return _finish(_memory_pipeline(source.arrays, n_train, plan, plan.sizing.batch_size), "DATA"), "DATA"
     if source.kind == "files" and plan.cache in (None, False):
-        workers = _num_workers(strategy)
         policy = "FILE" if len(source.files) >= workers else "DATA"
         shares = workers if policy == "FILE" else 1
         return _finish(_file_pipeline(source, plan, plan.sizing.batch_size, shares=shares), policy), policy
     return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
 
 
-def _with_known_length(dataset, plan: _Plan, strategy: Any):
+def _with_known_length(dataset, plan: _Plan, workers: int):
     """Tell tf.data how many batches a finite pipeline has (its flat_map hides it). Keras then
     ends each pass cleanly instead of warning "Your input ran out of data" after every
     evaluation, and counts its steps right. Only where no worker's share is cut out of the
@@ -695,7 +676,7 @@ def _with_known_length(dataset, plan: _Plan, strategy: Any):
     import tensorflow as tf
 
     total = plan.num_batches()
-    if total is None or _num_workers(strategy) > 1:
+    if total is None or workers > 1:
         return dataset
     return dataset.apply(tf.data.experimental.assert_cardinality(total))
 

@@ -10,8 +10,9 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
-from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
+from kerasdist.ps import ps_fit, required_steps
 from kerasdist.step_guard import check_step_functions
+from kerasdist.strategy import run_context
 
 EpochData = Callable[[int], tf.data.Dataset]
 
@@ -77,8 +78,9 @@ def resume_fit(
     """
     _check_epochs(epochs)
     checkpoint = _checkpoint_of(model, checkpoint)
-    check_step_functions(model, model.distribute_strategy)
-    if is_parameter_server_strategy(getattr(model, "distribute_strategy", None)):
+    context = run_context(model.distribute_strategy)
+    check_step_functions(model, context.strategy)
+    if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
                               validation_data, validation_steps, verbose)
     if not callable(data) and not isinstance(data, tf.data.Dataset):

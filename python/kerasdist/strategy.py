@@ -342,7 +342,7 @@ def _cluster_of(strategy: Any) -> ClusterInfo:
     resolver = getattr(strategy, "cluster_resolver", None)
     try:
         return _cluster_of_resolver(resolver) if resolver is not None else ClusterInfo()
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, NotImplementedError):
         return ClusterInfo()
 
 

@@ -26,7 +26,7 @@ from kerasdist.checkpoint import (
 from kerasdist.data import dataset_info, make_dataset
 from kerasdist.fit import EpochRange, _check_epochs, resume_fit
 from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import KINDS, select_strategy
+from kerasdist.strategy import KINDS, run_context, select_strategy
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
 _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
@@ -122,9 +122,9 @@ def distributed_fit(
     check_callback_args(True, every_steps, keep, "min", "loss")
     checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
 
-    strategy = select_strategy(strategy) if isinstance(strategy, str) else strategy
+    context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
-                  per_replica_batch_size=per_replica_batch_size, strategy=strategy, seed=seed,
+                  per_replica_batch_size=per_replica_batch_size, strategy=context, seed=seed,
                   shuffle=shuffle, **extra)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
@@ -140,10 +140,10 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, common)
     del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
-    model = make_or_restore_model(checkpoints, build_fn, strategy=strategy)
-    check_step_functions(model, strategy)
+    model = make_or_restore_model(checkpoints, build_fn, strategy=context)
+    check_step_functions(model, context.strategy)
     checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
-    with strategy.scope():
+    with context.strategy.scope():
         return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
