@@ -1,4 +1,4 @@
-# Crash-safe checkpoints: thin wrappers over python/kerasdist/checkpoint.py.
+# Crash-safe checkpoints: thin wrappers over python/kerasdist/checkpoint/.
 
 #' Build a model, or restore it from the newest valid checkpoint
 #'

@@ -19,11 +19,13 @@ inside each file (or, with `cache`, a permutation inside each block of `shuffle_
 and batches run on across epoch ends (files are read 4 at a time, so records of neighbouring
 epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `e`: batches
 `e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records.
+
+This module holds the public functions and the argument checks; the sources are read in
+`_data_sources.py` and the pipelines built in `_data_pipelines.py`.
 """
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 import weakref
@@ -33,10 +35,18 @@ from typing import Any
 
 import numpy as np
 
+from kerasdist._data_pipelines import (
+    _auto_sharded,
+    _order,
+    _per_worker,
+    _Plan,
+    _validation,
+    _with_known_length,
+)
+from kerasdist._data_sources import FILE_FORMATS, _source  # noqa: F401  (FILE_FORMATS: kerasdist.data.FILE_FORMATS as before)
+from kerasdist.strategy import run_context
+
 DEFAULT_BATCH_SIZE = 32
-FILE_FORMATS = ("tfrecord", "csv")
-_EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".csv": "csv"}
-_MAX_EPOCH = 2**62
 
 # Datasets kerasdist built, with what it decided for them (weak: a dropped dataset is freed).
 _INFOS: weakref.WeakKeyDictionary[Any, DatasetInfo] = weakref.WeakKeyDictionary()
@@ -111,7 +121,7 @@ def batch_size_info(
     Returns:
         A `BatchSizeInfo`.
     """
-    replicas = _num_replicas(strategy) if num_replicas is None else _int_arg("num_replicas", num_replicas, 1)
+    replicas = run_context(strategy).num_replicas if num_replicas is None else _int_arg("num_replicas", num_replicas, 1)
     if batch_size is not None and per_replica_batch_size is not None:
         raise ValueError(
             f"Give batch_size or per_replica_batch_size, not both (got {batch_size!r} and "
@@ -254,11 +264,8 @@ def make_dataset(
         raise ValueError(
             f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
         )
-    if strategy is None:
-        import tensorflow as tf
-
-        strategy = tf.distribute.get_strategy()
-    replicas = _num_replicas(strategy)
+    context = run_context(strategy)
+    replicas = context.num_replicas
     n_val = 0
     if validation_split is not None:
         n_val = source.n - math.ceil(source.n * (1.0 - validation_split))
@@ -279,11 +286,11 @@ def make_dataset(
         map_fn=map_fn, cache=cache, shuffle_buffer=int(shuffle_buffer), check_finite=check_finite,
     )
     if per_worker:
-        dataset = _per_worker(source, plan, strategy, n_train)
+        dataset = _per_worker(source, plan, context.strategy, n_train)
         policy = "per_worker"
     else:
-        dataset, policy = _auto_sharded(source, plan, n_train, strategy)
-        dataset = _with_known_length(dataset, plan, strategy)
+        dataset, policy = _auto_sharded(source, plan, n_train, context.num_workers)
+        dataset = _with_known_length(dataset, plan, context.num_workers)
     info = DatasetInfo(
         source=source.kind, num_samples=n_train, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
@@ -376,483 +383,3 @@ def _hashable(obj: Any) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _num_replicas(strategy: Any) -> int:
-    import tensorflow as tf
-
-    strategy = tf.distribute.get_strategy() if strategy is None else strategy
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise ValueError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}.")
-    return int(strategy.num_replicas_in_sync)
-
-
-def _num_workers(strategy: Any) -> int:
-    try:
-        resolver = strategy.cluster_resolver
-        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-        return max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
-    except (AttributeError, NotImplementedError, ValueError):
-        return 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-
-
-@dataclass
-class _Source:
-    kind: str  # "memory", "files" or "dataset"
-    n: int
-    arrays: Any = None  # memory: the element structure of NumPy arrays
-    files: tuple[str, ...] = ()
-    reader: Callable[[Any], Any] | None = None  # files: path tensor -> dataset of elements
-    dataset: Any = None  # dataset: unbatched elements
-    counts: tuple[int, ...] = ()  # files: records per file
-
-
-def _source(x, y, sample_weight, file_format, label_column, features, check_finite) -> _Source:
-    import tensorflow as tf
-
-    if isinstance(x, (str, os.PathLike)) or (
-        isinstance(x, (list, tuple)) and x and all(isinstance(p, (str, os.PathLike)) for p in x)
-    ):
-        if y is not None or sample_weight is not None:
-            raise ValueError("y and sample_weight cannot be given with files: use label_column.")
-        return _file_source(x, file_format, label_column, features, check_finite)
-    if isinstance(x, tf.data.Dataset):
-        if y is not None or sample_weight is not None:
-            raise ValueError("y and sample_weight cannot be given with a tf.data.Dataset x: put them in its elements.")
-        return _dataset_source(x)
-    if _is_data_frame(x) and isinstance(y, str):
-        if y not in x.columns:
-            raise ValueError(f"y: the column {y!r} is not in the data frame.")
-        x, y = x.drop(columns=[y]), x[y]
-    xs = _arrays("x", x)
-    parts = [xs]
-    if y is not None:
-        parts.append(_arrays("y", y))
-    if sample_weight is not None:
-        if y is None:
-            raise ValueError("sample_weight needs y.")
-        parts.append(_arrays("sample_weight", sample_weight))
-    lengths = {}
-    # parts holds x, then y and sample_weight only when given: the names run out first.
-    for name, part in zip(("x", "y", "sample_weight"), parts, strict=False):
-        for leaf in tf.nest.flatten(part):
-            lengths.setdefault(name, set()).add(leaf.shape[0])
-    if len(lengths["x"]) > 1:
-        raise ValueError(f"x: the inputs have different numbers of samples: {sorted(lengths['x'])}.")
-    n = next(iter(lengths["x"]))
-    for name in ("y", "sample_weight"):
-        if name in lengths and lengths[name] != {n}:
-            raise ValueError(
-                f"x and {name} have different lengths: {n} samples in x, "
-                f"{sorted(lengths[name])[0]} in {name}."
-            )
-    if n == 0:
-        raise ValueError("x has zero samples: there is nothing to batch.")
-    if check_finite:
-        for i, leaf in enumerate(tf.nest.flatten(xs)):
-            if np.issubdtype(leaf.dtype, np.floating) and not np.isfinite(leaf).all():
-                bad = int(np.argwhere(~np.isfinite(leaf))[0][0])
-                raise ValueError(
-                    f"x has NaN or Inf values (check_finite=True): first in sample {bad}"
-                    + (f" of input {i}" if len(tf.nest.flatten(xs)) > 1 else "") + "."
-                )
-    arrays = tuple(parts)  # (x,), (x, y) or (x, y, w): Keras reads a 1-tuple as x alone
-    return _Source("memory", n, arrays=arrays)
-
-
-def _is_data_frame(x: Any) -> bool:
-    return type(x).__name__ == "DataFrame" and hasattr(x, "dtypes")
-
-
-def _arrays(name: str, value: Any) -> Any:
-    """NumPy arrays in C order (R hands over Fortran-ordered ones), floats as float32."""
-    if isinstance(value, Mapping):
-        if not value:
-            raise ValueError(f"{name} is an empty dict.")
-        return {str(k): _arrays(f"{name}[{k!r}]", v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and value and all(_array_like(v) for v in value):
-        return tuple(_arrays(f"{name}[{i}]", v) for i, v in enumerate(value))
-    if _is_data_frame(value):
-        from pandas.api.types import is_bool_dtype, is_numeric_dtype
-
-        bad = [str(c) for c, t in value.dtypes.items() if not (is_numeric_dtype(t) or is_bool_dtype(t))]
-        if bad:
-            raise ValueError(
-                f"{name}: the data frame has non-numeric columns: {', '.join(bad)}. Encode them "
-                "as numbers first (factors/strings as integer codes or one-hot columns)."
-            )
-        value = value.to_numpy(dtype="float32")
-    elif type(value).__name__ == "Series":
-        from pandas.api.types import is_bool_dtype, is_numeric_dtype
-
-        if not (is_numeric_dtype(value.dtype) or is_bool_dtype(value.dtype)):
-            raise ValueError(f"{name} is not numeric (dtype {value.dtype}).")
-        value = value.to_numpy()
-    array = np.asarray(value)
-    if array.ndim == 0:
-        raise ValueError(f"{name} must have a sample axis; got a scalar.")
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-        raise ValueError(f"{name} is not numeric (dtype {array.dtype}).")
-    if np.issubdtype(array.dtype, np.floating):
-        return np.ascontiguousarray(array, dtype=np.float32)  # one copy, also for R's column order
-    return np.ascontiguousarray(array)
-
-
-def _array_like(v: Any) -> bool:
-    return isinstance(v, np.ndarray) or _is_data_frame(v) or type(v).__name__ == "Series" or (
-        isinstance(v, (list, tuple)) and len(v) > 0 and not isinstance(v[0], (int, float))
-    )
-
-
-def _dataset_source(dataset: Any) -> _Source:
-    import tensorflow as tf
-
-    n = int(dataset.cardinality())
-    if n == tf.data.INFINITE_CARDINALITY:
-        raise ValueError("x is an infinite tf.data.Dataset: give one pass over the data (no repeat()).")
-    if n == tf.data.UNKNOWN_CARDINALITY:
-        n = int(dataset.reduce(np.int64(0), lambda count, *_: count + 1))
-    if n == 0:
-        raise ValueError("x has zero samples: the tf.data.Dataset is empty.")
-    return _Source("dataset", n, dataset=dataset)
-
-
-def _file_source(pattern, file_format, label_column, features, check_finite) -> _Source:
-    patterns = [os.fspath(pattern)] if isinstance(pattern, (str, os.PathLike)) else [os.fspath(p) for p in pattern]
-    files = tuple(sorted({f for p in patterns for f in glob.glob(p)}))
-    if not files:
-        raise ValueError(f"x: the file pattern {', '.join(map(repr, patterns))} matches no file.")
-    if file_format is None:
-        formats = {_EXTENSIONS.get(os.path.splitext(f)[1].lower()) for f in files}
-        if len(formats) != 1 or None in formats:
-            raise ValueError(
-                "file_format: cannot tell the format from the extensions of "
-                f"{files[0]!r}...; give file_format='tfrecord' or 'csv'."
-            )
-        file_format = formats.pop()
-    if file_format not in FILE_FORMATS:
-        raise ValueError(f"Unknown file_format {file_format!r}. Expected one of: {', '.join(FILE_FORMATS)}.")
-    if file_format == "csv":
-        reader = _csv_reader(files, label_column, check_finite)
-    else:
-        reader = _tfrecord_reader(features, label_column, check_finite)
-    counts = _count(files, reader)
-    if sum(counts) == 0:
-        raise ValueError(f"x: the files {patterns} hold zero records.")
-    return _Source("files", sum(counts), files=files, reader=reader, counts=tuple(counts))
-
-
-def _csv_reader(files, label_column, check_finite):
-    import csv
-
-    import tensorflow as tf
-
-    with open(files[0], newline="") as handle:
-        rows = csv.reader(handle)
-        header = next(rows, None)
-        first = next(rows, None)
-    if not header:
-        raise ValueError(f"x: {files[0]!r} has no header line (CSV files need column names).")
-    if label_column is not None and label_column not in header:
-        raise ValueError(f"label_column {label_column!r} is not a column of {files[0]!r} ({', '.join(header)}).")
-    if first is not None:
-        # A row with too few or too many fields is not this check's business: decode_csv names it.
-        bad = [name for name, value in zip(header, first, strict=False) if not _is_number(value)]
-        if bad:
-            raise ValueError(f"x: {files[0]!r} has non-numeric columns: {', '.join(bad)}.")
-    label = header.index(label_column) if label_column is not None else None
-    feature_idx = [i for i in range(len(header)) if i != label]
-
-    def read(path):
-        # TextLineDataset + decode_csv rather than CsvDataset: FILE auto-shard knows only the
-        # line/record readers (TextLine, TFRecord, FixedLengthRecord) as file sources.
-        lines = tf.data.TextLineDataset(path).skip(1)
-        records = lines.map(lambda line: tf.io.decode_csv(line, [[0.0]] * len(header)))
-
-        def to_element(*columns):
-            xs = tf.stack([columns[i] for i in feature_idx])
-            xs = _finite(xs, check_finite)
-            return xs if label is None else (xs, columns[label])
-
-        return records.map(to_element)
-
-    return read
-
-
-def _tfrecord_reader(features, label_column, check_finite):
-    import tensorflow as tf
-
-    if not features:
-        raise ValueError('features: TFRecord files need {name: shape}, e.g. {"x": [3], "y": []}.')
-    if label_column is not None and label_column not in features:
-        raise ValueError(f"label_column {label_column!r} is not one of features ({', '.join(features)}).")
-    spec = {
-        name: shape if isinstance(shape, tf.io.FixedLenFeature)
-        else tf.io.FixedLenFeature([int(s) for s in np.atleast_1d(shape)] if np.size(shape) else [], tf.float32)
-        for name, shape in features.items()
-    }
-    names = [name for name in spec if name != label_column]
-
-    def read(path):
-        def parse(record):
-            parsed = tf.io.parse_single_example(record, spec)
-            parts = [tf.reshape(tf.cast(parsed[k], tf.float32), [-1]) for k in names]
-            xs = _finite(parts[0] if len(parts) == 1 else tf.concat(parts, 0), check_finite)
-            return xs if label_column is None else (xs, parsed[label_column])
-
-        return tf.data.TFRecordDataset(path).map(parse)
-
-    return read
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _finite(tensor, check):
-    import tensorflow as tf
-
-    return tf.debugging.check_numerics(tensor, "x has NaN or Inf values (check_finite=True)") if check else tensor
-
-
-def _count(files, reader) -> list[int]:
-    """Records per file (one read of every file: steps per epoch and the shuffle need them)."""
-    return [int(reader(f).reduce(np.int64(0), lambda count, *_: count + 1)) for f in files]
-
-
-# ---------------------------------------------------------------------------------------------
-# Pipelines
-
-
-@dataclass(frozen=True)
-class _Plan:
-    sizing: BatchSizeInfo
-    shuffle: bool
-    seed: int
-    initial_epoch: int
-    skip_batches: int
-    epochs: int | None
-    map_fn: Any
-    cache: Any
-    shuffle_buffer: int
-    check_finite: bool
-
-    def num_batches(self) -> int | None:
-        if self.epochs is None:
-            return None
-        return (self.epochs - self.initial_epoch) * self.sizing.steps_per_epoch - self.skip_batches
-
-    def epoch_range(self):
-        import tensorflow as tf
-
-        end = _MAX_EPOCH if self.epochs is None else self.epochs
-        return tf.data.Dataset.range(self.initial_epoch, end)
-
-
-def _order(n, seed, epoch):
-    """The epoch's permutation of range(n), in the graph: a pure function of (seed, epoch)."""
-    import tensorflow as tf
-
-    index = tf.range(tf.cast(n, tf.int64), dtype=tf.int64)
-    seeds = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    return tf.random.experimental.index_shuffle(index, seeds, tf.cast(n, tf.int64) - 1)
-
-
-def _finish(dataset, policy: str):
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.deterministic = True
-    policies = tf.data.experimental.AutoShardPolicy
-    options.experimental_distribute.auto_shard_policy = getattr(policies, policy)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
-
-
-def _auto_sharded(source: _Source, plan: _Plan, n_train: int, strategy: Any):
-    if source.kind == "memory":
-        return _finish(_memory_pipeline(source.arrays, n_train, plan, plan.sizing.batch_size), "DATA"), "DATA"
-    if source.kind == "files" and plan.cache in (None, False):
-        workers = _num_workers(strategy)
-        policy = "FILE" if len(source.files) >= workers else "DATA"
-        shares = workers if policy == "FILE" else 1
-        return _finish(_file_pipeline(source, plan, plan.sizing.batch_size, shares=shares), policy), policy
-    return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
-
-
-def _with_known_length(dataset, plan: _Plan, strategy: Any):
-    """Tell tf.data how many batches a finite pipeline has (its flat_map hides it). Keras then
-    ends each pass cleanly instead of warning "Your input ran out of data" after every
-    evaluation, and counts its steps right. Only where no worker's share is cut out of the
-    pipeline later (one worker): a sharded share would trip the assertion."""
-    import tensorflow as tf
-
-    total = plan.num_batches()
-    if total is None or _num_workers(strategy) > 1:
-        return dataset
-    return dataset.apply(tf.data.experimental.assert_cardinality(total))
-
-
-def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
-    """Per epoch: the epoch's permutation (or range), this pipeline's share, batched, gathered."""
-    import tensorflow as tf
-
-    tensors = tf.nest.map_structure(tf.constant, arrays)
-    index, count = share
-    skip = plan.skip_batches * batch  # elements of this pipeline's share
-    first = plan.initial_epoch
-    drop = plan.sizing.drop_remainder
-
-    def gather(indices):
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
-
-    def epoch(ep):
-        order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
-        ds = tf.data.Dataset.from_tensor_slices(order[index::count])
-        ds = ds.skip(tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0))
-        if plan.map_fn is None:
-            return ds.batch(batch, drop_remainder=drop).map(
-                gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-            )
-        ds = ds.map(gather).map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return ds.batch(batch, drop_remainder=drop)
-
-    return plan.epoch_range().flat_map(epoch)
-
-
-def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
-    """Files permuted per epoch, records permuted inside each file; FILE auto-shard finds the
-    file-name stream (range -> map -> unbatch) in front of the reader and shards it.
-
-    `shares`: how many workers the file names will be dealt out to (by FILE auto-shard, or by
-    `share`). The reader interleaves no more files than one worker gets per epoch, so with
-    files of equal length a worker's epoch holds exactly its files' records, not some of the
-    next epoch's."""
-    import tensorflow as tf
-
-    files = tf.constant(list(source.files))
-    counts = tf.constant(list(source.counts), tf.int64)
-    n_files = len(source.files)
-
-    def epoch_files(ep):
-        idx = _order(n_files, plan.seed, ep) if plan.shuffle else tf.range(n_files, dtype=tf.int64)
-        return tf.gather(files, idx), tf.fill([n_files], ep), idx, tf.gather(counts, idx)
-
-    def read(path, ep, file_id, count):
-        records = source.reader(path)
-        if not plan.shuffle:
-            return records
-        block = records.batch(tf.maximum(count, 1))  # the whole file
-
-        def permute(*element):  # tf.data spreads a tuple element over the arguments
-            element = element[0] if len(element) == 1 else element
-            size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
-            seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(plan.seed, tf.int64), ep]), file_id)
-            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
-            return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
-
-        return block.map(permute).unbatch()
-
-    names = tf.data.Dataset.range(0, _MAX_EPOCH).map(epoch_files).unbatch()
-    if share is not None and share[1] > 1 and n_files >= share[1]:
-        names = names.shard(share[1], share[0])
-        shares, share = share[1], None
-    records = names.interleave(
-        read, cycle_length=max(1, min(n_files // shares, 4)), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    if share is not None and share[1] > 1:
-        records = records.shard(share[1], share[0])
-    return _batch_stream(records, plan, batch)
-
-
-def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
-    """An existing dataset, or cached file records: blocks of shuffle_buffer records, each
-    permuted with a seed folded from (seed, block number) along the repeated stream."""
-    import tensorflow as tf
-
-    if source.kind == "files":
-        records = tf.data.Dataset.from_tensor_slices(list(source.files)).interleave(
-            source.reader, cycle_length=1
-        )
-    else:
-        records = source.dataset
-    if plan.cache not in (None, False):
-        records = records.cache("" if plan.cache in (True, "memory") else os.fspath(plan.cache))
-    if share is not None and share[1] > 1:
-        records = records.shard(share[1], share[0])
-    if plan.shuffle:
-        blocks = records.batch(plan.shuffle_buffer).repeat()
-        numbered = tf.data.Dataset.zip((tf.data.Dataset.counter(), blocks))
-
-        def permute(number, element):
-            size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
-            seed = tf.random.experimental.stateless_fold_in(
-                tf.constant([plan.seed, 0], tf.int64), number
-            )
-            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
-            return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
-
-        records = numbered.map(permute).unbatch()
-    else:
-        records = records.repeat()
-    return _batch_stream(records, plan, batch)
-
-
-def _batch_stream(records, plan: _Plan, batch):
-    """A continuous record stream -> batches; epoch e starts at batch e * steps_per_epoch."""
-    import tensorflow as tf
-
-    if plan.map_fn is not None:
-        records = records.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    batches = records.batch(batch, drop_remainder=True)
-    start = plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
-    if start:
-        batches = batches.skip(start)
-    total = plan.num_batches()
-    return batches if total is None else batches.take(total)
-
-
-def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
-    """One pipeline per worker: its share of each epoch's order, batched per replica."""
-    import tensorflow as tf
-
-    global_batch = plan.sizing.batch_size
-
-    def dataset_fn(context: tf.distribute.InputContext):
-        per_replica = context.get_per_replica_batch_size(global_batch)
-        share = (context.input_pipeline_id, context.num_input_pipelines)
-        # A global step takes one per-replica batch from each replica; this pipeline feeds
-        # replicas_in_sync / num_input_pipelines of them, so skipping k steps skips k such groups.
-        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-        worker_plan = replace(plan, skip_batches=plan.skip_batches * replicas_here)
-        if source.kind == "memory":
-            ds = _memory_pipeline(source.arrays, n_train, worker_plan, per_replica, share)
-        elif source.kind == "files" and plan.cache in (None, False):
-            ds = _file_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
-        else:
-            ds = _stream_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
-        return _finish(ds, "OFF")
-
-    return strategy.distribute_datasets_from_function(dataset_fn)
-
-
-def _stream_plan(plan: _Plan, replicas_here: int) -> _Plan:
-    """Stream sources count epochs in batches: a worker's epoch is replicas_here times as many."""
-    sizing = replace(plan.sizing, steps_per_epoch=plan.sizing.steps_per_epoch * replicas_here)
-    return replace(plan, sizing=sizing)
-
-
-def _validation(source: _Source, sizing: BatchSizeInfo, n_train: int, drop_remainder: bool):
-    import tensorflow as tf
-
-    tail = tf.nest.map_structure(lambda a: a[n_train:], source.arrays)
-    ds = tf.data.Dataset.from_tensor_slices(tail).batch(sizing.batch_size, drop_remainder=drop_remainder)
-    return _finish(ds, "DATA")

@@ -9,14 +9,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerasdist.checkpoint import (
-    CheckpointCallback,
-    checkpoint_callback,
-    latest_checkpoint,
-    remembered_checkpoint_dir,
-)
-from kerasdist.ps import is_parameter_server_strategy, ps_fit, required_steps
+from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
+from kerasdist.ps import ps_fit, required_steps
 from kerasdist.step_guard import check_step_functions
+from kerasdist.strategy import run_context
 
 EpochData = Callable[[int], tf.data.Dataset]
 
@@ -81,23 +77,16 @@ def resume_fit(
         A `History` whose `history` and `epoch` cover all epochs, earlier runs included.
     """
     _check_epochs(epochs)
-    if checkpoint is None:
-        checkpoint = remembered_checkpoint_dir(model)
-        if checkpoint is None:
-            raise ValueError(
-                "checkpoint is required: give a checkpoint_callback() or a directory, or make the "
-                "model with make_or_restore_model(checkpoint_dir, build_fn), which remembers it."
-            )
-    if not isinstance(checkpoint, CheckpointCallback):
-        checkpoint = checkpoint_callback(checkpoint)
-    check_step_functions(model, model.distribute_strategy)
-    if is_parameter_server_strategy(getattr(model, "distribute_strategy", None)):
+    checkpoint = _checkpoint_of(model, checkpoint)
+    context = run_context(model.distribute_strategy)
+    check_step_functions(model, context.strategy)
+    if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
                               validation_data, validation_steps, verbose)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     epoch_data = data if callable(data) else (lambda epoch: data)
-    epoch, skip, prior = _resume_point(checkpoint)
+    epoch, skip, prior = _resume_point(model, checkpoint)
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
@@ -108,12 +97,9 @@ def resume_fit(
     # optimizer iteration more than the batches it trained on, which would shift every later step.
     steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
     if skip > 0:
-        checkpoint.step_offset = skip
-        try:
+        with checkpoint.resuming_mid_epoch(skip):
             histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
                                        epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
-        finally:
-            checkpoint.step_offset = 0
         epoch += 1
     if epoch < epochs:
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
@@ -134,17 +120,14 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             "more often."
         )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    epoch, skip, prior = _resume_point(checkpoint)
+    epoch, skip, prior = _resume_point(model, checkpoint)
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     validation_steps=validation_steps, verbose=verbose)
     histories = []
     if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
-        checkpoint.step_offset = skip
-        try:
+        with checkpoint.resuming_mid_epoch(skip):
             histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=steps_per_epoch - skip, **fit_args))
-        finally:
-            checkpoint.step_offset = 0
         epoch += 1
     if epoch < epochs:
         histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
@@ -152,12 +135,31 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
     return _merged_history(model, prior, histories)
 
 
-def _resume_point(checkpoint: CheckpointCallback) -> tuple[int, int, list[dict[str, float]]]:
-    """(epoch, batches of it already trained, history so far) from the newest checkpoint."""
-    latest = latest_checkpoint(checkpoint.checkpoint_dir)
-    if latest is None:
+def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:
+    """resume_fit's `checkpoint` as a callback; a directory (or None) goes through the manager
+    the model was restored by when it is the same directory, so the resume point comes from
+    the read that restored the model."""
+    if isinstance(checkpoint, CheckpointCallback):
+        return checkpoint
+    if checkpoint is None:
+        checkpoint = manager_of(model)
+        if checkpoint is None:
+            raise ValueError(
+                "checkpoint is required: give a checkpoint_callback() or a directory, or make the "
+                "model with make_or_restore_model(checkpoint_dir, build_fn), which remembers it."
+            )
+    if not isinstance(checkpoint, CheckpointManager):
+        checkpoint = as_manager(checkpoint, model)
+    return CheckpointCallback(checkpoint)
+
+
+def _resume_point(model: Any, checkpoint: CheckpointCallback) -> tuple[int, int, list[dict[str, float]]]:
+    """(epoch, batches of it already trained, history so far) from the checkpoint training
+    continues from (`CheckpointManager.resume_point`)."""
+    point = checkpoint.manager.resume_point(model)
+    if point is None:
         return 0, 0, []
-    return latest.epoch, latest.step_in_epoch, list(latest.history)
+    return point.epoch, point.step_in_epoch, list(point.history)
 
 
 def _check_epochs(epochs: Any) -> None:

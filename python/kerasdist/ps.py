@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from kerasdist._args import whole_number
 from kerasdist.step_guard import check_step_functions
+from kerasdist.strategy import run_context
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVER_TASK_TYPES = ("worker", "ps")
@@ -66,11 +67,6 @@ def run_server(tf_config: str | dict[str, Any] | None = None) -> None:
         task_index=cluster.task_index, protocol="grpc", start=True,
     )
     server.join()
-
-
-def is_parameter_server_strategy(strategy: Any) -> bool:
-    """Whether `strategy` is a `tf.distribute.ParameterServerStrategy` (TF 2 API)."""
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
 def ps_fit(
@@ -184,15 +180,15 @@ def _loop(model, coordinator, callback_list, train_step, train_iterator, test_st
 def _ps_strategy_of(model: Any) -> Any:
     if not isinstance(model, keras.Model):
         raise ValueError(f"model must be a Keras model, got {type(model).__name__}.")
-    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
-    if not is_parameter_server_strategy(strategy):
+    context = run_context(getattr(model, "distribute_strategy", None))
+    if not context.is_parameter_server:
         raise ValueError(
             "model is not under a parameter-server strategy (its distribute_strategy is "
-            f"{type(strategy).__name__}): build it inside `with strategy.scope():` of "
+            f"{type(context.strategy).__name__}): build it inside `with strategy.scope():` of "
             'select_strategy("parameter_server") (or "auto" with ps tasks in TF_CONFIG), on the '
             "chief. For other strategies use model.fit or resume_fit."
         )
-    return strategy
+    return context.strategy
 
 
 def _check_compiled(model: Any) -> None:
@@ -315,7 +311,10 @@ def _atomic_increments() -> Any:
 def _wants_settled_state(callback_list: Any) -> bool:
     """A kerasdist CheckpointCallback that caught SIGTERM saves at this batch end: let the
     steps in flight finish first, so the checkpoint holds their updates."""
-    return any(getattr(callback, "preempted", False) for callback in callback_list.callbacks)
+    from kerasdist.checkpoint import CheckpointCallback
+
+    return any(isinstance(callback, CheckpointCallback) and callback.wants_settled_state()
+               for callback in callback_list.callbacks)
 
 
 def _history_of(callback_list: Any, model: Any) -> keras.callbacks.History:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 
 def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
@@ -39,7 +38,10 @@ def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
     Raises:
         ValueError: under more than one replica, naming each place and what to use instead.
     """
-    strategy = strategy or tf.distribute.get_strategy()
+    if strategy is None:
+        from kerasdist.strategy import run_context
+
+        strategy = run_context().strategy
     found = [where for where, value in _step_functions(model) if _is_r_function(value)]
     replicas = int(strategy.num_replicas_in_sync)
     if found and replicas > 1:

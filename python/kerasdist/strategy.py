@@ -151,6 +151,7 @@ def select_strategy(
     if plan.kind == "multi_worker" and plan.cluster.num_workers > 1:
         _check_cluster_agreement(strategy, plan.cluster)
     _PLANS[strategy] = plan
+    _CONTEXTS.pop(strategy, None)  # decided anew from this plan (the default strategy is reused)
     if key is not None:
         _CREATED[key] = strategy
     return strategy
@@ -172,6 +173,76 @@ def _reuse_key(plan: StrategyPlan, cross_device_ops: Any, communication: str,
             cross_device_ops, communication)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """Where this process is, decided once per strategy by `run_context` and passed down, so the
+    data pipeline, checkpoints and parameter-server training read it instead of re-deriving it.
+
+    Attributes:
+        strategy: the `tf.distribute.Strategy` training runs under.
+        kind: its kind ("default", "mirrored", "multi_worker", "parameter_server", ...).
+        num_replicas: replicas in sync (all workers together).
+        num_workers: tasks that run training steps and read data: workers, plus the chief except
+            under parameter servers, where the chief only coordinates (`ClusterInfo.num_workers`).
+        task_type: "chief", "worker", ... or None outside a cluster.
+        task_index: the index within `task_type`, or None.
+        is_chief: whether this process writes checkpoints and logs.
+    """
+
+    strategy: Any
+    kind: str
+    num_replicas: int
+    num_workers: int = 1
+    task_type: str | None = None
+    task_index: int | None = None
+    is_chief: bool = True
+
+    @property
+    def task(self) -> str | None:
+        """"worker:0", "chief:0", ... or None outside a cluster."""
+        return f"{self.task_type}:{self.task_index}" if self.task_type else None
+
+    @property
+    def is_parameter_server(self) -> bool:
+        return self.kind == "parameter_server"
+
+
+# Contexts decided so far, one per strategy (weak: a dropped strategy is freed).
+_CONTEXTS: weakref.WeakKeyDictionary[Any, RunContext] = weakref.WeakKeyDictionary()
+
+
+def run_context(strategy: Any = None) -> RunContext:
+    """The run context of `strategy` (default: the strategy whose scope is active, the default
+    strategy outside any scope); a `RunContext` is returned as it is.
+
+    The one place kerasdist asks TensorFlow for the active strategy and works out the replicas,
+    the workers, this task and whether it is the chief.
+    """
+    import tensorflow as tf
+
+    if isinstance(strategy, RunContext):
+        return strategy
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}.")
+    context = _CONTEXTS.get(strategy)
+    if context is None:
+        plan = _PLANS.get(strategy)
+        cluster = plan.cluster if plan else _cluster_of(strategy)
+        context = RunContext(
+            strategy=strategy,
+            kind=plan.kind if plan else _kind_of(strategy),
+            num_replicas=int(strategy.num_replicas_in_sync),
+            num_workers=cluster.num_workers,
+            task_type=cluster.task_type,
+            task_index=cluster.task_index,
+            is_chief=cluster.is_chief,
+        )
+        _CONTEXTS[strategy] = context
+    return context
+
+
 def describe_strategy(strategy: Any = None) -> StrategyDescription:
     """Describe a strategy: kind, the signal that chose it, replicas, devices, workers, chief.
 
@@ -179,25 +250,16 @@ def describe_strategy(strategy: Any = None) -> StrategyDescription:
         strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; default the
             strategy whose scope is active (the default strategy outside any scope).
     """
-    import tensorflow as tf
-
-    if strategy is None:
-        strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise ValueError(
-            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}."
-        )
-    plan = _PLANS.get(strategy)
-    cluster = plan.cluster if plan else _cluster_of(strategy)
-    task = f"{cluster.task_type}:{cluster.task_index}" if cluster.task_type else None
+    context = run_context(strategy)
+    plan = _PLANS.get(context.strategy)
     return StrategyDescription(
-        kind=plan.kind if plan else _kind_of(strategy),
+        kind=context.kind,
         reason=plan.reason if plan else "created outside kerasdist",
-        num_replicas=int(strategy.num_replicas_in_sync),
-        devices=_worker_devices(strategy),
-        workers=cluster.num_workers,
-        task=task,
-        is_chief=cluster.is_chief,
+        num_replicas=context.num_replicas,
+        devices=_worker_devices(context.strategy),
+        workers=context.num_workers,
+        task=context.task,
+        is_chief=context.is_chief,
     )
 
 
@@ -304,7 +366,7 @@ def _cluster_of(strategy: Any) -> ClusterInfo:
     resolver = getattr(strategy, "cluster_resolver", None)
     try:
         return _cluster_of_resolver(resolver) if resolver is not None else ClusterInfo()
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, NotImplementedError):
         return ClusterInfo()
 
 

@@ -18,15 +18,15 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
-    _check_callback_args,
-    check_checkpoint_dir,
+    CheckpointManager,
+    check_callback_args,
     checkpoint_callback,
     make_or_restore_model,
 )
 from kerasdist.data import dataset_info, make_dataset
 from kerasdist.fit import EpochRange, _check_epochs, resume_fit
 from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import KINDS, select_strategy
+from kerasdist.strategy import KINDS, run_context, select_strategy
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
 _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
@@ -119,15 +119,12 @@ def distributed_fit(
     extra = _check_dataset_args(dataset_args)
     if not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be True or False, got {shuffle!r}.")
-    _check_callback_args(True, every_steps, keep, "min", "loss")
-    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}.")
-    if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file, not a directory.")
+    check_callback_args(True, every_steps, keep, "min", "loss")
+    checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
 
-    strategy = select_strategy(strategy) if isinstance(strategy, str) else strategy
+    context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
-                  per_replica_batch_size=per_replica_batch_size, strategy=strategy, seed=seed,
+                  per_replica_batch_size=per_replica_batch_size, strategy=context, seed=seed,
                   shuffle=shuffle, **extra)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
@@ -143,11 +140,10 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, common)
     del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
-    check_checkpoint_dir(checkpoint_dir)
-    model = make_or_restore_model(checkpoint_dir, build_fn, strategy=strategy)
-    check_step_functions(model, strategy)
-    checkpoint = checkpoint_callback(checkpoint_dir, every_steps=every_steps, keep=keep)
-    with strategy.scope():
+    model = make_or_restore_model(checkpoints, build_fn, strategy=context)
+    check_step_functions(model, context.strategy)
+    checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
+    with context.strategy.scope():
         return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 

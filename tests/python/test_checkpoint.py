@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -17,6 +18,8 @@ import tensorflow as tf
 
 import kerasdist
 from conftest import CASES_DIR
+from kerasdist.checkpoint import format as checkpoint_format
+from kerasdist.checkpoint import manager as checkpoint_manager
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -177,6 +180,80 @@ def test_interrupted_save_leaves_only_an_ignored_temporary(ckpt_dir):
     model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     kerasdist.resume_fit(model, dataset(), 3, kerasdist.checkpoint_callback(ckpt_dir, keep=5), verbose=0)
     assert not partial.exists()  # the chief cleans temporaries when training starts
+
+
+def counting(calls: list, fn):
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return fn(*args, **kwargs)
+    return counted
+
+
+def test_distributed_fit_checks_the_directory_once_and_checksums_each_checkpoint_once(tmp_path, monkeypatch):
+    x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
+    args = dict(checkpoint_dir=tmp_path / "ckpt", strategy="default", batch_size=4, keep=5, verbose=0)
+    kerasdist.distributed_fit(build_model, x, x.sum(1), epochs=2, **args)
+    existing = sorted(str(c.path) for c in kerasdist.list_checkpoints(tmp_path / "ckpt"))
+    assert len(existing) == 2
+    checked, probed, verified = [], [], []
+    monkeypatch.setattr(checkpoint_manager, "_checked_path", counting(checked, checkpoint_manager._checked_path))
+    monkeypatch.setattr(checkpoint_manager, "probe_writable", counting(probed, checkpoint_manager.probe_writable))
+    monkeypatch.setattr(checkpoint_manager, "read_checkpoint", counting(verified, checkpoint_manager.read_checkpoint))
+    history = kerasdist.distributed_fit(build_model, x, x.sum(1), epochs=4, **args)
+    assert history.epoch == [0, 1, 2, 3] and int(history.model.optimizer.iterations.numpy()) == 4 * BATCHES_PER_EPOCH
+    assert len(checked) == 1 and len(probed) == 1  # one validation of checkpoint_dir
+    assert sorted(map(str, verified)) == existing  # one checksum pass over the kept checkpoints
+    assert len(kerasdist.list_checkpoints(tmp_path / "ckpt")) == 4
+
+
+def test_resume_point_is_the_checkpoint_restored_even_if_a_newer_one_appears(ckpt_dir):
+    model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    newer = build_model()
+    newer.optimizer.build(newer.trainable_variables)
+    newer.optimizer.iterations.assign(5 * BATCHES_PER_EPOCH)
+    kerasdist.checkpoint.save_checkpoint(newer, ckpt_dir, epoch=5)  # e.g. written by another process
+    history = kerasdist.resume_fit(model, dataset(), 3, verbose=0)
+    assert history.epoch == [0, 1, 2]  # continued from epoch 2, the one restored, not from epoch 5
+    assert int(model.optimizer.iterations.numpy()) == 3 * BATCHES_PER_EPOCH
+
+
+class _Crash(BaseException):
+    """A crash at a chosen point of a save."""
+
+
+def test_crash_between_the_two_renames_of_a_resave_keeps_the_only_checkpoint(tmp_path, monkeypatch):
+    """#15: with keep=1, re-saving a step renames the old checkpoint aside, then the new one into
+    place. A crash between the two must not leave only temporary folders, which the next start
+    deletes."""
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    kerasdist.resume_fit(model, dataset(), 1, kerasdist.checkpoint_callback(tmp_path, keep=1), verbose=0)
+    renames = []
+
+    def crash_on_second_rename(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:
+            raise _Crash
+        os.replace(src, dst)
+
+    monkeypatch.setattr(checkpoint_format.os, "rename", crash_on_second_rename)
+    with pytest.raises(_Crash):
+        kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=1)
+    monkeypatch.undo()
+    assert [(c.epoch, c.global_step) for c in kerasdist.list_checkpoints(tmp_path)] == [(1, BATCHES_PER_EPOCH)]
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)  # the next start
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
+    kerasdist.resume_fit(model, dataset(), 2, kerasdist.checkpoint_callback(tmp_path, keep=1), verbose=0)
+    assert [(c.epoch, c.global_step) for c in kerasdist.list_checkpoints(tmp_path)] == [(2, 2 * BATCHES_PER_EPOCH)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ckpt-{2 * BATCHES_PER_EPOCH}"]
+
+
+def test_a_completed_resave_replaces_the_checkpoint_of_that_step(tmp_path):
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    model.optimizer.build(model.trainable_variables)
+    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=0, step_in_epoch=0)
+    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=1, step_in_epoch=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0"]
+    assert [c.epoch for c in kerasdist.list_checkpoints(tmp_path)] == [1]
 
 
 # ---------------------------------------------------------------------------------------------

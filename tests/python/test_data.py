@@ -288,6 +288,22 @@ def test_auto_shard_gives_each_worker_a_disjoint_share(files, source):
             assert files_read == sorted(f for f in names[worker::2] for _ in range(5))
 
 
+def test_sharding_reads_the_worker_count_from_the_run_context(files):
+    """More workers (RunContext.num_workers, the one definition) than files: whole files cannot be
+    dealt out, so records are (DATA), and the length is left to tf.data (a share is cut later)."""
+    import dataclasses
+
+    from kerasdist.strategy import run_context
+
+    four_workers = dataclasses.replace(run_context(), kind="multi_worker", num_workers=4)
+    ds = kerasdist.make_dataset(str(files / "*.csv"), label_column="label", batch_size=5, epochs=1,
+                                strategy=four_workers)
+    assert kerasdist.dataset_info(ds).shard_policy == "DATA"
+    assert int(ds.cardinality()) < 0
+    one = kerasdist.make_dataset(str(files / "*.csv"), label_column="label", batch_size=5, epochs=1)
+    assert kerasdist.dataset_info(one).shard_policy == "FILE" and int(one.cardinality()) == 3
+
+
 def test_finite_pipelines_tell_their_length_so_keras_ends_passes_without_warning():
     x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20, dtype=np.float32)
     finite = kerasdist.make_dataset(x, y, batch_size=8, epochs=3, skip_batches=1)

@@ -211,3 +211,25 @@ def test_select_strategy_reuses_its_mirrored_strategy_because_two_collide_upstre
     ours = run_python(TWO_STRATEGIES, "kerasdist")
     assert ours.returncode == 0, ours.stderr[-2000:]
     assert ours.stdout.strip() == "same strategy trained"
+
+
+def test_run_context_is_decided_once_per_strategy_and_passed_through():
+    from kerasdist.strategy import RunContext, run_context
+
+    strategy = kerasdist.select_strategy("default", environ={}, tpu=False)
+    context = run_context(strategy)
+    assert isinstance(context, RunContext) and context.strategy is strategy
+    assert (context.kind, context.num_replicas, context.num_workers) == ("default", 1, 1)
+    assert (context.task, context.is_chief, context.is_parameter_server) == (None, True, False)
+    assert run_context(strategy) is context and run_context(context) is context
+    assert run_context() is context  # outside any scope: the default strategy, whose context this is
+    with pytest.raises(ValueError, match="strategy must be a tf.distribute.Strategy, got str"):
+        run_context("mirrored")
+
+
+def test_only_the_run_context_asks_tensorflow_for_the_active_strategy():
+    from pathlib import Path
+
+    package = Path(kerasdist.__file__).parent
+    askers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "get_strategy()" in p.read_text())
+    assert askers == ["strategy.py"]  # run_context, and building kind="default"

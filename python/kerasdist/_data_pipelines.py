@@ -1,0 +1,240 @@
+"""make_dataset's pipelines: per-epoch orders as pure functions of (seed, epoch), sharding, batching."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kerasdist._data_sources import _Source
+
+if TYPE_CHECKING:
+    from kerasdist.data import BatchSizeInfo
+
+_MAX_EPOCH = 2**62
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sizing: BatchSizeInfo
+    shuffle: bool
+    seed: int
+    initial_epoch: int
+    skip_batches: int
+    epochs: int | None
+    map_fn: Any
+    cache: Any
+    shuffle_buffer: int
+    check_finite: bool
+
+    def num_batches(self) -> int | None:
+        if self.epochs is None:
+            return None
+        return (self.epochs - self.initial_epoch) * self.sizing.steps_per_epoch - self.skip_batches
+
+    def epoch_range(self):
+        import tensorflow as tf
+
+        end = _MAX_EPOCH if self.epochs is None else self.epochs
+        return tf.data.Dataset.range(self.initial_epoch, end)
+
+
+def _order(n, seed, epoch):
+    """The epoch's permutation of range(n), in the graph: a pure function of (seed, epoch)."""
+    import tensorflow as tf
+
+    index = tf.range(tf.cast(n, tf.int64), dtype=tf.int64)
+    seeds = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.experimental.index_shuffle(index, seeds, tf.cast(n, tf.int64) - 1)
+
+
+def _finish(dataset, policy: str):
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = True
+    policies = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = getattr(policies, policy)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int):
+    """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)."""
+    if source.kind == "memory":
+        return _finish(_memory_pipeline(source.arrays, n_train, plan, plan.sizing.batch_size), "DATA"), "DATA"
+    if source.kind == "files" and plan.cache in (None, False):
+        policy = "FILE" if len(source.files) >= workers else "DATA"
+        shares = workers if policy == "FILE" else 1
+        return _finish(_file_pipeline(source, plan, plan.sizing.batch_size, shares=shares), policy), policy
+    return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
+
+
+def _with_known_length(dataset, plan: _Plan, workers: int):
+    """Tell tf.data how many batches a finite pipeline has (its flat_map hides it). Keras then
+    ends each pass cleanly instead of warning "Your input ran out of data" after every
+    evaluation, and counts its steps right. Only where no worker's share is cut out of the
+    pipeline later (one worker): a sharded share would trip the assertion."""
+    import tensorflow as tf
+
+    total = plan.num_batches()
+    if total is None or workers > 1:
+        return dataset
+    return dataset.apply(tf.data.experimental.assert_cardinality(total))
+
+
+def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
+    """Per epoch: the epoch's permutation (or range), this pipeline's share, batched, gathered."""
+    import tensorflow as tf
+
+    tensors = tf.nest.map_structure(tf.constant, arrays)
+    index, count = share
+    skip = plan.skip_batches * batch  # elements of this pipeline's share
+    first = plan.initial_epoch
+    drop = plan.sizing.drop_remainder
+
+    def gather(indices):
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+
+    def epoch(ep):
+        order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
+        ds = tf.data.Dataset.from_tensor_slices(order[index::count])
+        ds = ds.skip(tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0))
+        if plan.map_fn is None:
+            return ds.batch(batch, drop_remainder=drop).map(
+                gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            )
+        ds = ds.map(gather).map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.batch(batch, drop_remainder=drop)
+
+    return plan.epoch_range().flat_map(epoch)
+
+
+def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
+    """Files permuted per epoch, records permuted inside each file; FILE auto-shard finds the
+    file-name stream (range -> map -> unbatch) in front of the reader and shards it.
+
+    `shares`: how many workers the file names will be dealt out to (by FILE auto-shard, or by
+    `share`). The reader interleaves no more files than one worker gets per epoch, so with
+    files of equal length a worker's epoch holds exactly its files' records, not some of the
+    next epoch's."""
+    import tensorflow as tf
+
+    files = tf.constant(list(source.files))
+    counts = tf.constant(list(source.counts), tf.int64)
+    n_files = len(source.files)
+
+    def epoch_files(ep):
+        idx = _order(n_files, plan.seed, ep) if plan.shuffle else tf.range(n_files, dtype=tf.int64)
+        return tf.gather(files, idx), tf.fill([n_files], ep), idx, tf.gather(counts, idx)
+
+    def read(path, ep, file_id, count):
+        records = source.reader(path)
+        if not plan.shuffle:
+            return records
+        block = records.batch(tf.maximum(count, 1))  # the whole file
+
+        def permute(*element):  # tf.data spreads a tuple element over the arguments
+            element = element[0] if len(element) == 1 else element
+            size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
+            seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(plan.seed, tf.int64), ep]), file_id)
+            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
+            return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
+
+        return block.map(permute).unbatch()
+
+    names = tf.data.Dataset.range(0, _MAX_EPOCH).map(epoch_files).unbatch()
+    if share is not None and share[1] > 1 and n_files >= share[1]:
+        names = names.shard(share[1], share[0])
+        shares, share = share[1], None
+    records = names.interleave(
+        read, cycle_length=max(1, min(n_files // shares, 4)), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    if share is not None and share[1] > 1:
+        records = records.shard(share[1], share[0])
+    return _batch_stream(records, plan, batch)
+
+
+def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
+    """An existing dataset, or cached file records: blocks of shuffle_buffer records, each
+    permuted with a seed folded from (seed, block number) along the repeated stream."""
+    import tensorflow as tf
+
+    if source.kind == "files":
+        records = tf.data.Dataset.from_tensor_slices(list(source.files)).interleave(
+            source.reader, cycle_length=1
+        )
+    else:
+        records = source.dataset
+    if plan.cache not in (None, False):
+        records = records.cache("" if plan.cache in (True, "memory") else os.fspath(plan.cache))
+    if share is not None and share[1] > 1:
+        records = records.shard(share[1], share[0])
+    if plan.shuffle:
+        blocks = records.batch(plan.shuffle_buffer).repeat()
+        numbered = tf.data.Dataset.zip((tf.data.Dataset.counter(), blocks))
+
+        def permute(number, element):
+            size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
+            seed = tf.random.experimental.stateless_fold_in(
+                tf.constant([plan.seed, 0], tf.int64), number
+            )
+            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
+            return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
+
+        records = numbered.map(permute).unbatch()
+    else:
+        records = records.repeat()
+    return _batch_stream(records, plan, batch)
+
+
+def _batch_stream(records, plan: _Plan, batch):
+    """A continuous record stream -> batches; epoch e starts at batch e * steps_per_epoch."""
+    import tensorflow as tf
+
+    if plan.map_fn is not None:
+        records = records.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = records.batch(batch, drop_remainder=True)
+    start = plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
+    if start:
+        batches = batches.skip(start)
+    total = plan.num_batches()
+    return batches if total is None else batches.take(total)
+
+
+def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
+    """One pipeline per worker: its share of each epoch's order, batched per replica."""
+    import tensorflow as tf
+
+    global_batch = plan.sizing.batch_size
+
+    def dataset_fn(context: tf.distribute.InputContext):
+        per_replica = context.get_per_replica_batch_size(global_batch)
+        share = (context.input_pipeline_id, context.num_input_pipelines)
+        # A global step takes one per-replica batch from each replica; this pipeline feeds
+        # replicas_in_sync / num_input_pipelines of them, so skipping k steps skips k such groups.
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+        worker_plan = replace(plan, skip_batches=plan.skip_batches * replicas_here)
+        if source.kind == "memory":
+            ds = _memory_pipeline(source.arrays, n_train, worker_plan, per_replica, share)
+        elif source.kind == "files" and plan.cache in (None, False):
+            ds = _file_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
+        else:
+            ds = _stream_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
+        return _finish(ds, "OFF")
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _stream_plan(plan: _Plan, replicas_here: int) -> _Plan:
+    """Stream sources count epochs in batches: a worker's epoch is replicas_here times as many."""
+    sizing = replace(plan.sizing, steps_per_epoch=plan.sizing.steps_per_epoch * replicas_here)
+    return replace(plan, sizing=sizing)
+
+
+def _validation(source: _Source, sizing: BatchSizeInfo, n_train: int, drop_remainder: bool):
+    import tensorflow as tf
+
+    tail = tf.nest.map_structure(lambda a: a[n_train:], source.arrays)
+    ds = tf.data.Dataset.from_tensor_slices(tail).batch(sizing.batch_size, drop_remainder=drop_remainder)
+    return _finish(ds, "DATA")

@@ -1,0 +1,44 @@
+"""Crash-safe checkpoints: atomic commit, validation on restore, chief-only writes, preemption.
+
+- `format`: the on-disk format of one checkpoint and its atomic commit.
+- `model_state`: what a checkpoint holds beyond `model.save` (seed states) and must check
+  (weight signature).
+- `manager`: `CheckpointManager`, one object per directory (validation, listing and checksums
+  once, restore and resume point from one read, save, prune), and the public functions on it.
+- `callback`: the Keras callback that saves through a manager, and preemption (SIGTERM).
+"""
+
+from kerasdist.checkpoint.callback import (
+    PREEMPTED_EXIT_CODE,
+    CheckpointCallback,
+    check_callback_args,
+    checkpoint_callback,
+)
+from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
+from kerasdist.checkpoint.manager import (
+    CheckpointManager,
+    as_manager,
+    latest_checkpoint,
+    list_checkpoints,
+    make_or_restore_model,
+    manager_of,
+    remembered_checkpoint_dir,
+    save_checkpoint,
+)
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "CheckpointCallback",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "CheckpointWarning",
+    "as_manager",
+    "check_callback_args",
+    "checkpoint_callback",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "make_or_restore_model",
+    "manager_of",
+    "remembered_checkpoint_dir",
+    "save_checkpoint",
+]

@@ -1,0 +1,206 @@
+"""The Keras callback that writes crash-safe checkpoints through a `CheckpointManager`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from kerasdist.checkpoint.format import CheckpointInfo
+from kerasdist.checkpoint.manager import CheckpointManager, as_manager
+from kerasdist.checkpoint.model_state import optimizer_step, plain
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
+
+
+def checkpoint_callback(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    every_epoch: bool = True,
+    every_steps: int | None = None,
+    keep: int = 3,
+    keep_best: bool = False,
+    monitor: str = "loss",
+    mode: str = "min",
+    handle_sigterm: bool = True,
+) -> CheckpointCallback:
+    """A Keras callback that writes crash-safe checkpoints.
+
+    Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` optimizer steps,
+    atomically; keeps the `keep` newest (plus the best by `monitor` when `keep_best`), never
+    deleting the newest valid one. Under multi-worker strategies only the chief writes. On SIGTERM
+    it saves at the next step boundary, stops training and exits with `PREEMPTED_EXIT_CODE` (75).
+
+    Args:
+        checkpoint_dir: where checkpoints go; created if missing.
+        every_epoch: save at each epoch end.
+        every_steps: also save every this many steps (None: only at epoch ends).
+        keep: how many of the newest checkpoints to keep (>= 1).
+        keep_best: also keep the checkpoint with the best `monitor` value.
+        monitor: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
+        mode: "min" or "max": whether a smaller or larger `monitor` is better.
+        handle_sigterm: save and exit on SIGTERM (preemption); default True.
+    """
+    return CheckpointCallback(
+        checkpoint_dir, every_epoch=every_epoch, every_steps=every_steps, keep=keep,
+        keep_best=keep_best, monitor=monitor, mode=mode, handle_sigterm=handle_sigterm,
+    )
+
+
+def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any) -> None:
+    if not isinstance(every_epoch, bool):
+        raise ValueError(f"every_epoch must be TRUE/True or FALSE/False, got {every_epoch!r}.")
+    if every_steps is not None and (
+        isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+    ):
+        raise ValueError(f"every_steps must be a positive integer or None, got {every_steps!r}.")
+    if not every_epoch and every_steps is None:
+        raise ValueError("every_epoch is False and every_steps is None: the callback would never save.")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an integer >= 1 (the newest checkpoint is always kept), got {keep!r}.")
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}.")
+    if not isinstance(monitor, str) or not monitor:
+        raise ValueError(f"monitor must be a metric name such as 'loss', got {monitor!r}.")
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`."""
+
+    def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
+                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True):
+        super().__init__()
+        check_callback_args(every_epoch, every_steps, keep, mode, monitor)
+        self.manager: CheckpointManager = as_manager(checkpoint_dir)
+        self.every_epoch = every_epoch
+        self.every_steps = every_steps
+        self.keep = keep
+        self.keep_best = keep_best
+        self.monitor = monitor
+        self.mode = mode
+        self.handle_sigterm = handle_sigterm
+        self.saved: list[CheckpointInfo] = []
+        self._preempted = False
+        self._step_offset = 0  # batches of the first epoch already trained before this fit
+        self._first_epoch: int | None = None
+        self._epoch = 0
+        self._step = 0
+        self._batches_seen = 0  # in this fit's current epoch
+        self._history: list[dict[str, float]] = []
+        self._best: CheckpointInfo | None = None
+        self._previous_handler: Any = None
+        self._is_chief = True
+        self._task: str | None = None
+
+    # -- what trainers ask and tell --------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.manager.directory
+
+    @property
+    def preempted(self) -> bool:
+        """SIGTERM was caught: the callback saves at the next batch end and stops training."""
+        return self._preempted
+
+    def wants_settled_state(self) -> bool:
+        """Whether the next batch end saves a checkpoint on preemption, so a trainer that runs
+        steps asynchronously (`ps_fit`) must let the steps in flight finish first."""
+        return self._preempted
+
+    @contextlib.contextmanager
+    def resuming_mid_epoch(self, steps_done: int) -> Iterator[None]:
+        """For a fit that starts `steps_done` batches into its first epoch: checkpoints then
+        record the step within the epoch, not within the fit."""
+        self._step_offset = int(steps_done)
+        try:
+            yield
+        finally:
+            self._step_offset = 0
+
+    # -- Keras hooks ------------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        from kerasdist.strategy import run_context
+
+        context = run_context(self.model.distribute_strategy)
+        self._is_chief, self._task = context.is_chief, context.task
+        start = self.manager.resume_point(self.model)
+        self._history = list(start.history) if start is not None else []
+        self._best = self.manager.best(self._better) if self.keep_best else None
+        self._first_epoch = None
+        if self._is_chief:
+            self.manager.remove_temporary()
+        self._install_sigterm_handler()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        first = self._first_epoch is None
+        self._first_epoch = epoch if first else self._first_epoch
+        self._epoch = epoch
+        self._step = self._step_offset if first else 0
+        self._batches_seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        self._batches_seen = batch + 1
+        if self._preempted:
+            self._save(self._epoch, self._step, logs)
+            self.model.stop_training = True
+            return
+        last_batch = self.params.get("steps") is not None and batch + 1 >= self.params["steps"]
+        if self.every_steps and not last_batch and optimizer_step(self.model) % self.every_steps == 0:
+            self._save(self._epoch, self._step, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        steps = self.params.get("steps")
+        if self._preempted and (steps is None or self._batches_seen < steps):
+            return  # stopped mid-epoch: the step checkpoint is the resume point
+        self._history.append(plain(logs or {}))
+        if self.every_epoch or self._preempted:
+            self._save(epoch + 1, 0, logs)
+
+    def on_train_end(self, logs=None):
+        self._restore_sigterm_handler()
+        if self._preempted:
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _save(self, epoch: int, step: int, logs: dict | None) -> None:
+        if not self._is_chief:
+            return
+        info = self.manager.save(
+            self.model, epoch=epoch, step_in_epoch=step, history=self._history,
+            metrics=plain(logs or {}), writer=self._task,
+        )
+        self.saved.append(info)
+        if self.keep_best and step == 0 and self._better(info, self._best):
+            self._best = info
+        self.manager.prune(self.keep, protect=(self._best, info))
+
+    def _better(self, info: CheckpointInfo, best: CheckpointInfo | None) -> bool:
+        value = info.metrics.get(self.monitor)
+        if value is None:
+            return False
+        if best is None or best.metrics.get(self.monitor) is None:
+            return True
+        return value < best.metrics[self.monitor] if self.mode == "min" else value > best.metrics[self.monitor]
+
+    def _install_sigterm_handler(self) -> None:
+        self._preempted = False
+        if not self.handle_sigterm:
+            return
+        try:
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread: leave signals to the caller
+            self._previous_handler = None
+
+    def _restore_sigterm_handler(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._preempted = True
