@@ -99,7 +99,7 @@ def report(results: dict[str, list[dict]], args) -> None:
         repeats=args.repeats, strategy="default", order="warm-up in each worker, then R, Python, ... interleaved",
         final_loss={name: [r["loss"] for r in runs] for name, runs in results.items()},
         r_side=("bench/r_worker.R: x a plain R numeric matrix (double), y an R integer vector; "
-                "build_model an R function using keras <- reticulate::import('keras'); "
+                "build_model an R function built with keras3 (keras_model_sequential |> layer_dense |> compile); "
                 "kerasdist::distributed_fit(build_model, x, y, strategy='default', batch_size=128, seed=0)"),
         python_side=("x a C-ordered float64 NumPy array, y int32; build_model a Python function; "
                      "kerasdist.distributed_fit(build_model, x, y, strategy='default', batch_size=128, seed=0)"),
