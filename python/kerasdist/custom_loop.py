@@ -172,7 +172,11 @@ def custom_fit(
             apply_to_optimizer(optimizer, settings)
             optimizer.build(model.trainable_variables)
             train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile)
-            history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks, verbose)
+            # A mid-epoch checkpoint's metrics are the running means of the batches before it:
+            # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
+            partial = dict(point.metrics) if point is not None and skip else {}
+            history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
+                           verbose, partial)
     return _merged_history(model, prior, [history] if history is not None else [])
 
 
@@ -180,7 +184,7 @@ def custom_fit(
 # The loop
 
 
-def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint, callbacks, verbose):
+def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint, callbacks, verbose, partial):
     if first_epoch >= epochs:
         return None
     steps = pipeline.steps
@@ -198,10 +202,15 @@ def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint,
             iterator = pipeline.iterator(epoch, start)
             callback_list.on_epoch_begin(epoch)
             sums: dict[str, Any] | None = None
-            for count, batch in enumerate(range(start, steps), start=1):
+            if start and partial:
+                sums = {name: tf.constant(value * start, tf.float32) for name, value in partial.items()}
+            for count, batch in enumerate(range(start, steps), start=start + 1 if sums else 1):
                 callback_list.on_train_batch_begin(batch)
                 outputs = train_function(iterator)
-                sums = outputs if sums is None else {name: sums[name] + value for name, value in outputs.items()}
+                sums = outputs if sums is None else {
+                    name: sums[name] + tf.cast(value, sums[name].dtype) if name in sums else value * count
+                    for name, value in outputs.items()
+                }
                 logs = {name: total / count for name, total in sums.items()}
                 callback_list.on_train_batch_end(batch, logs)
                 if model.stop_training:
@@ -232,7 +241,8 @@ def _train_function(strategy, model, optimizer, step_fn, jit_compile):
                 "step_fn must return a dict of scalars, e.g. {'loss': loss} (scaled with "
                 f"kerasdist.scaled_loss), got {type(outputs).__name__}."
             )
-        return {str(name): strategy.reduce("SUM", value, axis=None) for name, value in outputs.items()}
+        return {str(name): tf.cast(strategy.reduce("SUM", value, axis=None), tf.float32)
+                for name, value in outputs.items()}
 
     return train_function
 
@@ -249,7 +259,7 @@ class _Pipeline:
         self.data = data
         self._stream = None
         if isinstance(data, tf.data.Dataset):
-            self.steps = steps_per_epoch or _cardinality(data, "data")
+            self.steps = steps_per_epoch or _made_steps(data) or _cardinality(data, "data")
             self.first_epoch, self.is_stream = _stream_of(data, self.steps)
         elif callable(data) and not isinstance(data, tf.distribute.DistributedDataset):
             if steps_per_epoch is None:
@@ -278,6 +288,16 @@ class _Pipeline:
             return dataset.skip(skip) if skip else dataset
 
         return iter(self.strategy.distribute_datasets_from_function(per_replica))
+
+
+def _made_steps(dataset: tf.data.Dataset) -> int | None:
+    """Batches per epoch of a make_dataset pipeline (its cardinality may span epochs)."""
+    from kerasdist.data import dataset_info
+
+    try:
+        return dataset_info(dataset).steps_per_epoch
+    except ValueError:
+        return None
 
 
 def _stream_of(dataset: tf.data.Dataset, steps: int) -> tuple[int, bool]:
