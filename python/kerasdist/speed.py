@@ -62,6 +62,14 @@ def check_resumed_settings(recorded: dict[str, Any] | None, settings: TrainingSe
             )
 
 
+def check_resumed_settings_of(manager: Any, settings: TrainingSettings) -> None:
+    """`check_resumed_settings` against the newest checkpoint of a manager's directory, read
+    without creating it."""
+    latest = manager.latest()
+    if latest is not None:
+        check_resumed_settings(latest.settings, settings, latest.path)
+
+
 def precision_policy_name() -> str:
     """`mixed_float16` where TensorFlow sees a GPU, `mixed_bfloat16` on CPU and TPU."""
     import tensorflow as tf

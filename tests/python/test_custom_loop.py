@@ -138,3 +138,24 @@ def test_killed_run_resumes_bitwise_on_default_strategy(tmp_path):
                 np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         # the interrupted epoch's mean comes from the checkpoint's running mean plus the rest
         np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_speed_options_train_are_recorded_and_restore_the_policy(tmp_path):
+    x, y = _data()
+    before = keras.config.dtype_policy().name
+    history = kerasdist.distributed_fit(_build, x, y, epochs=1, checkpoint_dir=tmp_path / "fit", batch_size=8,
+                                        strategy="default", mixed_precision=True, gradient_accumulation_steps=2,
+                                        verbose=0)
+    assert history.model.dtype_policy.name == "mixed_bfloat16"  # no GPU here
+    assert history.model.optimizer.gradient_accumulation_steps == 2
+    assert keras.config.dtype_policy().name == before
+    assert kerasdist.latest_checkpoint(tmp_path / "fit").settings["mixed_precision"] is True
+    with pytest.raises(ValueError, match="mixed_precision=False differs"):
+        kerasdist.distributed_fit(_build, x, y, epochs=2, checkpoint_dir=tmp_path / "fit", batch_size=8,
+                                  strategy="default", gradient_accumulation_steps=2, verbose=0)
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    history = kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path / "custom", verbose=0,
+                                   mixed_precision=True, jit_compile=True, gradient_accumulation_steps=2)
+    assert np.isfinite(history.history["loss"]).all() and len(history.epoch) == 2
+    assert int(history.model.optimizer.iterations.numpy()) == 5  # 10 batches, applied every 2
+    assert keras.config.dtype_policy().name == before
