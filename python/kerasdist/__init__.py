@@ -17,6 +17,7 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.cluster import ClusterInfo, parse_tf_config
+from kerasdist.custom_loop import custom_fit, fit_step
 from kerasdist.data import (
     BatchSizeInfo,
     DatasetInfo,
@@ -79,7 +80,9 @@ __all__ = [
     "make_dataset",
     # training
     "check_step_functions",
+    "custom_fit",
     "distributed_fit",
+    "fit_step",
     "ps_fit",
     "run_server",
     "scaled_loss",

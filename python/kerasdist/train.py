@@ -25,6 +25,13 @@ from kerasdist.checkpoint import (
 )
 from kerasdist.data import dataset_info, make_dataset
 from kerasdist.fit import EpochRange, _check_epochs, resume_fit
+from kerasdist.speed import (
+    check_jit,
+    check_resumed_settings_of,
+    precision_policy,
+    training_settings,
+    with_build_settings,
+)
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, run_context, select_strategy
 
@@ -54,6 +61,9 @@ def distributed_fit(
     callbacks: Sequence[Any] | None = None,
     dataset_args: Mapping[str, Any] | None = None,
     verbose: Any = "auto",
+    mixed_precision: bool = False,
+    jit_compile: bool = False,
+    gradient_accumulation_steps: int | None = None,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -95,6 +105,9 @@ def distributed_fit(
             checkpoints are added by distributed_fit itself.
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
         verbose: passed to `fit`.
+        mixed_precision, jit_compile, gradient_accumulation_steps: speed options (see
+            `kerasdist.speed`), recorded in every checkpoint; a resumed run with other values
+            is refused, naming the setting.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -120,7 +133,9 @@ def distributed_fit(
     if not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be True or False, got {shuffle!r}.")
     check_callback_args(True, every_steps, keep, "min", "loss")
+    settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
+    check_resumed_settings_of(checkpoints, settings)
 
     context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
@@ -140,12 +155,16 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, common)
     del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
-    model = make_or_restore_model(checkpoints, build_fn, strategy=context)
-    check_step_functions(model, context.strategy)
-    checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
-    with context.strategy.scope():
-        return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
-                          callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+    check_jit(settings, context)
+    with precision_policy(settings):
+        model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
+        model.jit_compile = settings.jit_compile
+        check_step_functions(model, context.strategy)
+        checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
+        checkpoint.settings = settings.record()
+        with context.strategy.scope():
+            return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
+                              callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

@@ -96,6 +96,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._previous_handler: Any = None
         self._is_chief = True
         self._task: str | None = None
+        self.settings: dict[str, Any] = {}  # the run's training settings, recorded in each checkpoint
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
@@ -173,7 +174,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         info = self.manager.save(
             self.model, epoch=epoch, step_in_epoch=step, history=self._history,
-            metrics=plain(logs or {}), writer=self._task,
+            metrics=plain(logs or {}), writer=self._task, **({"settings": self.settings} if self.settings else {}),
         )
         self.saved.append(info)
         if self.keep_best and step == 0 and self._better(info, self._best):

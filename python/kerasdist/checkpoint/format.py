@@ -56,6 +56,9 @@ class CheckpointInfo:
         history: per-epoch logs of all completed epochs, earlier runs included.
         metrics: the logs at save time (epoch metrics for epoch-end checkpoints).
         writer: the task that wrote it ("worker:0", "chief:0"), or None outside a cluster.
+        settings: the training settings the run used (`speed.TrainingSettings`: mixed
+            precision, XLA, gradient accumulation); empty for checkpoints written before they
+            were recorded.
     """
 
     path: str
@@ -65,6 +68,7 @@ class CheckpointInfo:
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     writer: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -127,6 +131,7 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
         history=list(record.get("history", [])),
         metrics=dict(record.get("metrics", {})),
         writer=record.get("writer"),
+        settings=dict(record.get("settings") or {}),
     )
 
 
@@ -162,8 +167,11 @@ def write_checkpoint(
     history: list[dict[str, float]] | None = None,
     metrics: dict[str, float] | None = None,
     writer: str | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
-    """Write one checkpoint of `model` into `directory` atomically and return it."""
+    """Write one checkpoint of `model` into `directory` atomically and return it. `settings`
+    (the run's training settings) goes into the record only when given, so records of runs
+    without settings are as before."""
     global_step = optimizer_step(model)
     temp = directory / f"{TEMP_PREFIX}{global_step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temp.mkdir(parents=True)
@@ -180,6 +188,7 @@ def write_checkpoint(
             "signature": signature(model),
             "history": plain(history or []),
             "metrics": plain(metrics or {}),
+            **({"settings": dict(settings)} if settings else {}),
             "files": {name: _fsync_and_describe(temp / name) for name in (MODEL_FILE, RNG_FILE)},
         }
         _write_durably(temp / RECORD_FILE, json.dumps(record, indent=1))

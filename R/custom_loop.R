@@ -1,0 +1,89 @@
+# Custom training loops: thin wrapper over python/kerasdist/custom_loop.py.
+
+#' Train with your own step function, distributed, checkpointed and resumable
+#'
+#' Runs `step_fn(model, optimizer, batch)` on every replica through
+#' `strategy.run` inside one `tf.function`, sums the scalars it returns across
+#' replicas, averages them over the epoch, logs like keras3's `fit()`, runs
+#' Keras callbacks, and checkpoints (every epoch, every `every_steps` steps,
+#' on SIGTERM) so the same call after a crash continues at the next unseen
+#' batch.
+#'
+#' `step_fn` must be a **Python** function: TensorFlow calls it on one thread
+#' per replica, where R code cannot run. Write it with
+#' `reticulate::py_run_string()` and pass `py$step`; it computes the gradients
+#' of a loss scaled with `kerasdist.scaled_loss` (Python) and applies them, and
+#' returns a dict of scalars such as `{"loss": loss}`.
+#'
+#' @param model A built keras3 model (from [make_or_restore_model()]), or a
+#'   function with no arguments that builds and compiles one (then built in
+#'   the strategy's scope and restored from `checkpoint_dir`).
+#' @param data A `tf.data.Dataset` of global batches (e.g. from
+#'   [make_dataset()]), or a Python function of a `tf.distribute.InputContext`
+#'   (with `steps_per_epoch`).
+#' @param step_fn A Python function `step_fn(model, optimizer, batch)`;
+#'   `NULL` for Keras's own step of the compiled model.
+#' @param epochs Total number of epochs, counting those done by earlier runs.
+#' @param checkpoint_dir Directory of checkpoints; `NULL` for the one `model`
+#'   was made or restored from.
+#' @param optimizer `NULL` for the compiled model's optimizer.
+#' @param strategy Where a build function builds the model; `NULL` for the
+#'   active strategy.
+#' @param steps_per_epoch Batches per epoch when `data` cannot tell.
+#' @param every_steps Also checkpoint every this many steps; `NULL`: epoch
+#'   ends only.
+#' @param keep How many of the newest checkpoints to keep.
+#' @param callbacks A Keras callback or a list of them.
+#' @param verbose 0, 1, 2 or `"auto"`.
+#' @param mixed_precision Train under `mixed_float16` (GPU) or
+#'   `mixed_bfloat16` (CPU); `model` must then be a build function.
+#' @param jit_compile Compile the per-replica step with XLA.
+#' @param gradient_accumulation_steps Apply the optimizer every this many
+#'   steps; `NULL`: every step.
+#' @returns The training history of all epochs, earlier runs included,
+#'   invisibly: a `keras_training_history`, as keras3's `fit()` returns.
+#' @family training
+#' @seealso Python: `kerasdist.custom_fit()`, `kerasdist.scaled_loss()`.
+#' @examples
+#' \dontrun{
+#' reticulate::py_run_string("
+#' import keras, tensorflow as tf, kerasdist
+#' def step(model, optimizer, batch):
+#'     x, y = batch
+#'     with tf.GradientTape() as tape:
+#'         per_example = keras.losses.mean_squared_error(y, model(x, training=True))
+#'         loss = kerasdist.scaled_loss(per_example, model=model)
+#'     grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
+#'     optimizer.apply(grads, model.trainable_variables)
+#'     return {'loss': loss}
+#' ")
+#' x <- matrix(rnorm(400), ncol = 4)
+#' history <- custom_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam")
+#' }, make_dataset(x, rowSums(x), batch_size = 20, epochs = 1), reticulate::py$step,
+#' epochs = 3, checkpoint_dir = "ckpt")
+#' }
+#' @export
+custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NULL, optimizer = NULL,
+                       strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
+                       callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
+                       gradient_accumulation_steps = NULL) {
+  if (is.function(step_fn) && !inherits(step_fn, "python.builtin.object")) {
+    kerasdist_abort(paste(
+      "step_fn is an R function: TensorFlow runs the training step on one thread per replica,",
+      "and R code cannot run off R's main thread (R aborts with 'C stack usage ... is too close",
+      "to the limit'). Write the step in Python with reticulate::py_run_string(\"def step(model,",
+      "optimizer, batch): ...\") and pass py$step."
+    ))
+  }
+  history <- call_python(
+    kerasdist_module()$custom_fit, model, data, step_fn, as_py_int(epochs), checkpoint_dir,
+    optimizer = optimizer, strategy = strategy, steps_per_epoch = as_py_int(steps_per_epoch),
+    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
+    verbose = as_py_int(verbose), mixed_precision = mixed_precision, jit_compile = jit_compile,
+    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps),
+    .checkpoint_dir = checkpoint_dir
+  )
+  invisible(as_training_history(history))
+}

@@ -1,0 +1,389 @@
+"""`custom_fit`: a custom training step, distributed, logged like Keras, checkpointed and resumable.
+
+The step is a Python function `step_fn(model, optimizer, batch)` that computes its gradients,
+applies them and returns a dict of per-replica scalars scaled with `scaled_loss` (each replica's
+share of the global mean). `custom_fit` runs it through `strategy.run` inside one `tf.function`,
+sums the scalars across replicas, averages them over the epoch's steps, drives Keras callbacks
+(progress bar, History, the user's own) and kerasdist's `CheckpointCallback` exactly as `fit`
+does, and resumes at the next unseen batch from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerasdist.checkpoint import CheckpointCallback, as_manager, check_callback_args, manager_of
+from kerasdist.checkpoint.manager import make_or_restore_model
+from kerasdist.fit import _cardinality, _check_epochs, _merged_history
+from kerasdist.speed import (
+    apply_to_optimizer,
+    check_jit,
+    check_model_precision,
+    check_resumed_settings,
+    precision_policy,
+    training_settings,
+    with_build_settings,
+)
+from kerasdist.step_guard import _is_r_function
+from kerasdist.strategy import run_context
+
+StepFn = Callable[[Any, Any, Any], Mapping[str, Any]]
+
+
+def fit_step(model: Any, optimizer: Any, batch: Any) -> dict[str, Any]:
+    """`fit`'s training step for a compiled model, as a `custom_fit` step function.
+
+    The loss is the compiled loss (plus the model's regularization losses) computed as Keras's
+    `train_step` does, already divided by the replicas for distribution; the gradients of
+    `optimizer.scale_loss(loss)` (loss scaling under `mixed_float16`) are applied. Returns
+    `{"loss": loss}`.
+    """
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+        scaled = optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled, model.trainable_variables)
+    optimizer.apply(gradients, model.trainable_variables)
+    return {"loss": loss}
+
+
+def custom_fit(
+    model: Any,
+    data: Any,
+    step_fn: StepFn | None = None,
+    epochs: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    *,
+    optimizer: Any = None,
+    strategy: Any = None,
+    steps_per_epoch: int | None = None,
+    every_steps: int | None = None,
+    keep: int = 3,
+    callbacks: Sequence[Any] | None = None,
+    verbose: Any = "auto",
+    mixed_precision: bool = False,
+    jit_compile: bool = False,
+    gradient_accumulation_steps: int | None = None,
+) -> keras.callbacks.History:
+    """Train with your own step function under the model's strategy, surviving restarts.
+
+    ```python
+    def step(model, optimizer, batch):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(y, model(x, training=True))
+            loss = kerasdist.scaled_loss(per_example, model=model)
+        grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return {"loss": loss}
+
+    history = kerasdist.custom_fit(build_model, data, step, epochs=5, checkpoint_dir="ckpt")
+    ```
+
+    Every epoch, `data`'s batches are distributed and `step_fn(model, optimizer, batch)` runs on
+    every replica through `strategy.run`, all in one `tf.function`. The dict it returns holds
+    per-replica scalars already scaled with `scaled_loss` (each replica's share of the global
+    mean): they are summed across replicas, averaged over the epoch's steps and logged as Keras
+    logs them (`verbose`, callbacks, History). Checkpoints are written through kerasdist's
+    checkpoint callback at every epoch end (and every `every_steps` steps, and on SIGTERM, which
+    then exits with status 75); the same call after a crash continues at the next unseen batch,
+    bit for bit on the default strategy with seeded data and op determinism.
+
+    Args:
+        model: a built Keras model (made in the strategy's scope, e.g. by
+            `make_or_restore_model`), or a function with no arguments returning one: it is then
+            built in the strategy's scope (under the mixed precision policy if asked) and restored
+            from `checkpoint_dir`. A model given built is restored from `checkpoint_dir` unless
+            `make_or_restore_model` already did.
+        data: a `tf.data.Dataset` of global batches: a `make_dataset` stream over several epochs
+            (or for ever), or one epoch that is the same every epoch; or a function of a
+            `tf.distribute.InputContext` (or of the context and the 0-based epoch) returning
+            that input pipeline's per-replica batches (`distribute_datasets_from_function`);
+            `steps_per_epoch` is then required.
+        step_fn: a Python function `step_fn(model, optimizer, batch) -> dict of scalars`; it runs
+            on the replicas' threads, so it cannot be an R function. Default `fit_step`, Keras's
+            own step for a compiled model.
+        epochs: total number of epochs, counting those done by earlier runs.
+        checkpoint_dir: directory of checkpoints; None for the one the model was made or
+            restored from by `make_or_restore_model`.
+        optimizer: default the compiled model's optimizer; an optimizer given for a model
+            compiled without one is attached (`model.compile(optimizer=...)`), so checkpoints
+            hold its state.
+        strategy: where a build function builds the model; default the active strategy. A
+            model given built trains under its own strategy.
+        steps_per_epoch: batches per epoch, when `data` cannot tell.
+        every_steps: also checkpoint every this many optimizer steps; None: epoch ends only.
+        keep: how many of the newest checkpoints to keep.
+        callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
+        verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
+        mixed_precision: train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
+            model must be built under it (pass a build function).
+        jit_compile: compile the per-replica step with XLA.
+        gradient_accumulation_steps: apply the optimizer once every this many steps (Keras 3
+            optimizers accumulate the gradients); None or 1: every step.
+
+    Returns:
+        A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
+
+    Raises:
+        ValueError: a bad argument, an R `step_fn`, or a checkpoint written with other
+            speed settings (named), before anything is trained or written.
+    """
+    _check_epochs(epochs)
+    step_fn = _check_step_fn(step_fn)
+    check_callback_args(True, every_steps, keep, "min", "loss")
+    callbacks = _check_callbacks(callbacks)
+    settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
+    verbose = 1 if verbose == "auto" else verbose
+    if verbose not in (0, 1, 2):
+        raise ValueError(f'verbose must be 0, 1, 2 or "auto", got {verbose!r}.')
+
+    if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
+        checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None)
+        latest = checkpoint_dir.latest()
+        if latest is not None:
+            check_resumed_settings(latest.settings, settings, latest.path)
+    with precision_policy(settings):
+        model = _model_of(model, checkpoint_dir, strategy, settings)
+        context = run_context(model.distribute_strategy)
+        check_jit(settings, context)
+        check_model_precision(model, settings)
+        manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
+        if manager_of(model) is not manager:
+            with context.strategy.scope():
+                manager.restore(model)
+        optimizer = _optimizer_of(model, optimizer, context)
+        point = manager.resume_point(model)
+        if point is not None:
+            check_resumed_settings(point.settings, settings, point.path)
+        epoch, skip = (point.epoch, point.step_in_epoch) if point is not None else (0, 0)
+        prior = list(point.history) if point is not None else []
+        pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
+        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep)
+        checkpoint.settings = settings.record()
+        with context.strategy.scope():
+            apply_to_optimizer(optimizer, settings)
+            optimizer.build(model.trainable_variables)
+            train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile)
+            # A mid-epoch checkpoint's metrics are the running means of the batches before it:
+            # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
+            partial = dict(point.metrics) if point is not None and skip else {}
+            history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
+                           verbose, partial)
+    return _merged_history(model, prior, [history] if history is not None else [])
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+
+
+def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint, callbacks, verbose, partial):
+    if first_epoch >= epochs:
+        return None
+    steps = pipeline.steps
+    history = keras.callbacks.History()
+    callback_list = keras.callbacks.CallbackList(
+        [checkpoint, *callbacks, history], add_progbar=verbose != 0, model=model,
+        verbose=verbose, epochs=epochs, steps=steps,
+    )
+    model.stop_training = False
+    logs: dict[str, Any] = {}
+    with checkpoint.resuming_mid_epoch(skip):
+        callback_list.on_train_begin()
+        for epoch in range(first_epoch, epochs):
+            start = skip if epoch == first_epoch else 0
+            iterator = pipeline.iterator(epoch, start)
+            callback_list.on_epoch_begin(epoch)
+            sums: dict[str, Any] | None = None
+            if start and partial:
+                sums = {name: tf.constant(value * start, tf.float32) for name, value in partial.items()}
+            for count, batch in enumerate(range(start, steps), start=start + 1 if sums else 1):
+                callback_list.on_train_batch_begin(batch)
+                outputs = train_function(iterator)
+                sums = outputs if sums is None else {
+                    name: sums[name] + tf.cast(value, sums[name].dtype) if name in sums else value * count
+                    for name, value in outputs.items()
+                }
+                logs = {name: total / count for name, total in sums.items()}
+                callback_list.on_train_batch_end(batch, logs)
+                if model.stop_training:
+                    break
+            logs = {name: float(value) for name, value in logs.items()}
+            callback_list.on_epoch_end(epoch, dict(logs))
+            if model.stop_training:
+                break
+        callback_list.on_train_end(logs)
+    return history
+
+
+def _train_function(strategy, model, optimizer, step_fn, jit_compile):
+    """One `tf.function`: the next batch of the distributed iterator, `step_fn` on every
+    replica, the returned scalars summed across replicas."""
+
+    def replica_step(batch):
+        return step_fn(model, optimizer, batch)
+
+    if jit_compile:
+        replica_step = tf.function(replica_step, jit_compile=True, reduce_retracing=True)
+
+    @tf.function
+    def train_function(iterator):
+        outputs = strategy.run(replica_step, args=(next(iterator),))
+        if not isinstance(outputs, Mapping) or not outputs:
+            raise ValueError(
+                "step_fn must return a dict of scalars, e.g. {'loss': loss} (scaled with "
+                f"kerasdist.scaled_loss), got {type(outputs).__name__}."
+            )
+        return {str(name): tf.cast(strategy.reduce("SUM", value, axis=None), tf.float32)
+                for name, value in outputs.items()}
+
+    return train_function
+
+
+class _Pipeline:
+    """`data` as distributed iterators: one per epoch (an epoch dataset, an input function), or
+    one for the whole run (a stream over epochs), each started at the next unseen batch."""
+
+    def __init__(self, data: Any, strategy: Any, steps_per_epoch: Any):
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                            or steps_per_epoch < 1):
+            raise ValueError(f"steps_per_epoch must be a positive integer or None, got {steps_per_epoch!r}.")
+        self.strategy = strategy
+        self.data = data
+        self._stream = None
+        if isinstance(data, tf.data.Dataset):
+            self.steps = steps_per_epoch or _made_steps(data) or _cardinality(data, "data")
+            self.first_epoch, self.is_stream = _stream_of(data, self.steps)
+        elif callable(data) and not isinstance(data, tf.distribute.DistributedDataset):
+            if steps_per_epoch is None:
+                raise ValueError("data is a function of an input context: pass steps_per_epoch.")
+            self.steps, self.is_stream, self.first_epoch = steps_per_epoch, False, 0
+            self._with_epoch = _positional_count(data) >= 2
+        else:
+            raise ValueError(
+                "data must be a tf.data.Dataset of global batches (e.g. from make_dataset) or a "
+                f"function of a tf.distribute.InputContext, got {type(data).__name__}."
+            )
+
+    def iterator(self, epoch: int, skip: int) -> Any:
+        if self.is_stream:
+            if self._stream is None:
+                offset = (epoch - self.first_epoch) * self.steps + skip
+                self._stream = iter(self.strategy.experimental_distribute_dataset(self.data.skip(offset)))
+            return self._stream
+        if isinstance(self.data, tf.data.Dataset):
+            dataset = self.data.skip(skip) if skip else self.data
+            return iter(self.strategy.experimental_distribute_dataset(dataset))
+        make = self.data
+
+        def per_replica(input_context):
+            dataset = make(input_context, epoch) if self._with_epoch else make(input_context)
+            return dataset.skip(skip) if skip else dataset
+
+        return iter(self.strategy.distribute_datasets_from_function(per_replica))
+
+
+def _made_steps(dataset: tf.data.Dataset) -> int | None:
+    """Batches per epoch of a make_dataset pipeline (its cardinality may span epochs)."""
+    from kerasdist.data import dataset_info
+
+    try:
+        return dataset_info(dataset).steps_per_epoch
+    except ValueError:
+        return None
+
+
+def _stream_of(dataset: tf.data.Dataset, steps: int) -> tuple[int, bool]:
+    """(first epoch, whether the dataset runs on across epochs) of a dataset of batches."""
+    from kerasdist.data import dataset_info
+
+    try:
+        info = dataset_info(dataset)
+    except ValueError:
+        info = None
+    if info is not None:
+        return info.initial_epoch, info.epochs is None or info.epochs - info.initial_epoch > 1
+    count = int(dataset.cardinality())
+    return 0, count == tf.data.INFINITE_CARDINALITY or count > steps
+
+
+def _positional_count(fn: Any) -> int:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in parameters if p.kind in kinds)
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _check_step_fn(step_fn: Any) -> StepFn:
+    if step_fn is None:
+        return fit_step
+    if _is_r_function(step_fn):
+        raise ValueError(
+            "step_fn is an R function: TensorFlow runs the step on one thread per replica, and R "
+            "code cannot run off R's main thread (R aborts with 'C stack usage ... is too close to "
+            "the limit'). Write the step in Python, e.g. reticulate::py_run_string(\"def step(model, "
+            "optimizer, batch): ...\") and pass py$step."
+        )
+    if not callable(step_fn):
+        raise ValueError(f"step_fn must be a function step_fn(model, optimizer, batch), got {type(step_fn).__name__}.")
+    return step_fn
+
+
+def _check_callbacks(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
+        raise ValueError(f"callbacks must be a list of Keras callbacks, got {type(callbacks).__name__}.")
+    for index, callback in enumerate(callbacks):
+        if isinstance(callback, CheckpointCallback):
+            raise ValueError(
+                f"callbacks[{index}] is a kerasdist checkpoint callback: custom_fit adds its own; "
+                "set checkpoint_dir, every_steps and keep instead."
+            )
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ValueError(f"callbacks[{index}] must be a Keras callback, got {type(callback).__name__}.")
+    return list(callbacks)
+
+
+def _model_of(model: Any, checkpoint_dir: Any, strategy: Any, settings: Any) -> Any:
+    if isinstance(model, keras.Model):
+        if not model.built:
+            raise ValueError("model is not built: give it an Input, or pass a function that builds it.")
+        return model
+    if callable(model):
+        if checkpoint_dir is None:
+            raise ValueError("model is a build function: pass checkpoint_dir.")
+        return make_or_restore_model(checkpoint_dir, with_build_settings(model, settings), strategy=strategy)
+    raise ValueError(f"model must be a Keras model or a function that builds one, got {type(model).__name__}.")
+
+
+def _optimizer_of(model: Any, optimizer: Any, context: Any) -> Any:
+    compiled = getattr(model, "optimizer", None)
+    if optimizer is None:
+        if compiled is None:
+            raise ValueError("model has no optimizer: compile it, or pass optimizer.")
+        return compiled
+    if compiled is not None and compiled is not optimizer:
+        raise ValueError(
+            "optimizer differs from the model's compiled optimizer: checkpoints save the model's, "
+            "so compile the model with it (or leave optimizer out)."
+        )
+    if compiled is None:
+        with context.strategy.scope():
+            model.compile(optimizer=optimizer)
+    return optimizer

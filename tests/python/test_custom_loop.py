@@ -1,0 +1,161 @@
+"""custom_fit: fit's step on one device, 2 replicas, kill/resume bitwise, settings recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist
+from conftest import run_python
+
+SCRIPT = Path(__file__).parent / "scripts" / "custom_fit_resumable.py"
+
+
+def _build():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=False)
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 4), dtype=np.float32)
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def test_default_step_equals_fit_on_one_device(tmp_path):
+    tf.config.experimental.enable_op_determinism()
+    x, y = _data()
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    reference = _build()
+    expected = reference.fit(batches, epochs=2, shuffle=False, verbose=0)
+    history = kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path, verbose=0)
+    for got, want in zip(history.model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert history.epoch == [0, 1]
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
+    assert kerasdist.latest_checkpoint(tmp_path).settings == {
+        "mixed_precision": False, "jit_compile": False, "gradient_accumulation_steps": None}
+
+
+def test_history_spans_earlier_runs_and_settings_mismatch_is_refused(tmp_path):
+    x, y = _data()
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    kerasdist.custom_fit(_build, batches, epochs=1, checkpoint_dir=tmp_path, verbose=0)
+    before = [info.path for info in kerasdist.list_checkpoints(tmp_path)]
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2 differs from the checkpoint"):
+        kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path, verbose=0,
+                             gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="jit_compile=True differs"):
+        kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path, verbose=0, jit_compile=True)
+    assert [info.path for info in kerasdist.list_checkpoints(tmp_path)] == before  # nothing written
+    history = kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path, verbose=0)
+    assert history.epoch == [0, 1] and len(history.history["loss"]) == 2
+
+
+def test_checkpoint_without_settings_still_resumes(tmp_path):
+    x, y = _data()
+    model = kerasdist.make_or_restore_model(tmp_path, _build)
+    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=1, history=[{"loss": 9.0}])
+    record = json.loads(next(tmp_path.glob("ckpt-*/state.json")).read_text())
+    assert "settings" not in record  # as written before settings existed
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    history = kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path, verbose=0,
+                                   gradient_accumulation_steps=2)
+    assert history.history["loss"][0] == 9.0 and len(history.epoch) == 2
+
+
+def test_bad_arguments_are_named(tmp_path):
+    x, y = _data()
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(ValueError, match="step_fn must be a function"):
+        kerasdist.custom_fit(_build, batches, 3, epochs=1, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        kerasdist.custom_fit(_build, lambda context: batches, epochs=1, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="mixed_precision must be"):
+        kerasdist.custom_fit(_build, batches, epochs=1, checkpoint_dir=tmp_path, mixed_precision="yes")
+
+
+def test_two_replicas_match_one_device():
+    result = run_python("""
+        import numpy as np, keras, tensorflow as tf, kerasdist, tempfile
+        kerasdist.simulate_devices(2)
+        def build():
+            keras.utils.set_random_seed(2)
+            m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+            m.compile(optimizer=keras.optimizers.SGD(0.05))
+            return m
+        def step(model, optimizer, batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                loss = kerasdist.scaled_loss(keras.losses.mean_squared_error(y, model(x, training=True)))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return {"loss": loss}
+        rng = np.random.default_rng(0)
+        x = rng.random((30, 4), dtype=np.float32); y = x.sum(axis=1, keepdims=True)
+        weights, losses = [], []
+        for kind in ("mirrored", "default"):
+            strategy = kerasdist.select_strategy(kind)
+            data = kerasdist.make_dataset(x, y, batch_size=8, seed=1, epochs=2, strategy=strategy)
+            h = kerasdist.custom_fit(build, data, step, epochs=2, checkpoint_dir=tempfile.mkdtemp(),
+                                     strategy=strategy, verbose=0)
+            assert h.model.distribute_strategy.num_replicas_in_sync == (2 if kind == "mirrored" else 1)
+            weights.append(h.model.get_weights()); losses.append(h.history["loss"])
+        for a, b in zip(*weights):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+        print("OK", losses[0])
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
+
+
+def test_killed_run_resumes_bitwise_on_default_strategy(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+                              text=True, timeout=300)
+
+    whole = run(tmp_path / "whole", tmp_path / "whole.npz")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = run(tmp_path / "ckpt", tmp_path / "resumed.npz", 12)  # mid epoch 2 (8 batches an epoch)
+    assert killed.returncode == -9
+    latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
+    assert (latest.epoch, latest.step_in_epoch) == (1, 4)
+    resumed = run(tmp_path / "ckpt", tmp_path / "resumed.npz")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with np.load(tmp_path / "whole.npz") as a, np.load(tmp_path / "resumed.npz") as b:
+        assert a.files == b.files
+        for name in a.files:
+            if name != "loss":
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        # the interrupted epoch's mean comes from the checkpoint's running mean plus the rest
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_speed_options_train_are_recorded_and_restore_the_policy(tmp_path):
+    x, y = _data()
+    before = keras.config.dtype_policy().name
+    history = kerasdist.distributed_fit(_build, x, y, epochs=1, checkpoint_dir=tmp_path / "fit", batch_size=8,
+                                        strategy="default", mixed_precision=True, gradient_accumulation_steps=2,
+                                        verbose=0)
+    assert history.model.dtype_policy.name == "mixed_bfloat16"  # no GPU here
+    assert history.model.optimizer.gradient_accumulation_steps == 2
+    assert keras.config.dtype_policy().name == before
+    assert kerasdist.latest_checkpoint(tmp_path / "fit").settings["mixed_precision"] is True
+    with pytest.raises(ValueError, match="mixed_precision=False differs"):
+        kerasdist.distributed_fit(_build, x, y, epochs=2, checkpoint_dir=tmp_path / "fit", batch_size=8,
+                                  strategy="default", gradient_accumulation_steps=2, verbose=0)
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    history = kerasdist.custom_fit(_build, batches, epochs=2, checkpoint_dir=tmp_path / "custom", verbose=0,
+                                   mixed_precision=True, jit_compile=True, gradient_accumulation_steps=2)
+    assert np.isfinite(history.history["loss"]).all() and len(history.epoch) == 2
+    assert int(history.model.optimizer.iterations.numpy()) == 5  # 10 batches, applied every 2
+    assert keras.config.dtype_policy().name == before

@@ -1,0 +1,50 @@
+# custom_fit from R: an R step_fn is refused, a Python one trains and resumes, keras3 history.
+
+custom_loop_build <- function() {
+  keras_model_sequential(input_shape = 4) |>
+    layer_dense(8, activation = "relu") |>
+    layer_dense(1) |>
+    compile(optimizer = optimizer_sgd(0.05), loss = "mse")
+}
+
+test_that("custom_fit refuses an R step_fn, saying why", {
+  skip_if_no_kerasdist()
+  expect_error(
+    custom_fit(custom_loop_build, NULL, function(model, optimizer, batch) NULL, epochs = 1,
+               checkpoint_dir = withr::local_tempdir()),
+    "R function.*thread", class = "kerasdist_error"
+  )
+})
+
+test_that("a Python step_fn trains, resumes to the total and returns a keras_training_history", {
+  skip_if_no_kerasdist()
+  reticulate::py_run_string("
+import keras, tensorflow as tf, kerasdist
+def custom_loop_step(model, optimizer, batch):
+    x, y = batch
+    with tf.GradientTape() as tape:
+        per_example = keras.losses.mean_squared_error(y, model(x, training=True))
+        loss = kerasdist.scaled_loss(per_example, model=model)
+    grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    return {'loss': loss}
+")
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  set.seed(1)
+  x <- matrix(runif(160), ncol = 4)
+  data <- make_dataset(x, rowSums(x), batch_size = 8, seed = 1, epochs = 1, shuffle = FALSE)
+  first <- custom_fit(custom_loop_build, data, reticulate::py$custom_loop_step, epochs = 1,
+                      checkpoint_dir = dir, every_steps = 2, verbose = 0)
+  expect_s3_class(first, "keras_training_history")
+  expect_length(first$metrics$loss, 1)
+  expect_identical(as.integer(first$model$optimizer$iterations$numpy()), 5L)
+  second <- custom_fit(custom_loop_build, data, reticulate::py$custom_loop_step, epochs = 3,
+                       checkpoint_dir = dir, verbose = 0)
+  expect_length(second$metrics$loss, 3)
+  expect_identical(second$metrics$loss[1], first$metrics$loss[1])
+  expect_identical(as.integer(second$model$optimizer$iterations$numpy()), 15L)
+  expect_identical(latest_checkpoint(dir)$epoch, 3L)
+  expect_error(custom_fit(custom_loop_build, data, reticulate::py$custom_loop_step, epochs = 4,
+                          checkpoint_dir = dir, verbose = 0, gradient_accumulation_steps = 2),
+               "gradient_accumulation_steps=2 differs", class = "kerasdist_error")
+})
