@@ -24,6 +24,7 @@ from kerasdist.data import (
     dataset_info,
     epoch_order,
     make_dataset,
+    plan_dataset,
 )
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
@@ -77,6 +78,7 @@ __all__ = [
     "dataset_info",
     "epoch_order",
     "make_dataset",
+    "plan_dataset",
     # training
     "check_step_functions",
     "distributed_fit",
