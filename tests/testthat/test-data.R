@@ -170,7 +170,8 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
     with(strategy$scope(), {
       model <- keras_model_sequential(input_shape = 2) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
     })
-    ds <- make_dataset(x, y = 1:12, per_replica_batch_size = 2, strategy = strategy, per_worker = TRUE)
+    ds <- make_dataset(x, y = 1:12, per_replica_batch_size = 2, strategy = strategy, per_worker = TRUE,
+                       repeat_epochs = TRUE)
     fit(model, ds, epochs = 2, steps_per_epoch = 3, verbose = 0)
     list(g = g[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
          p = p[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
