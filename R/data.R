@@ -6,10 +6,13 @@
 #' an existing `tf.data.Dataset` or TFRecord/CSV files into a `tf.data.Dataset`
 #' of batches for `fit()` under the active strategy.
 #'
-#' The dataset is a stream of batches over epochs: epoch `initial_epoch`
-#' first, then the following ones, for ever unless `epochs` is given. Give
-#' `fit()` the `steps_per_epoch` that [dataset_info()] reports; Keras then keeps
-#' one iterator across its epochs. Each epoch's order is a pure function of
+#' By default the dataset is one epoch, as tf.data users expect:
+#' `model |> fit(ds, epochs = 2)` and `reticulate::iterate()` work, and each
+#' new pass over it (read to the end) is the next epoch: pass k is epoch
+#' `initial_epoch + k`, the same in every process and after a restart. With
+#' `epochs` (or `repeat_epochs = TRUE`) it is instead one stream of batches over
+#' epochs `initial_epoch` .. `epochs - 1` (endless with `repeat_epochs`); give `fit()`
+#' the `steps_per_epoch` that [dataset_info()] reports. Each epoch's order is a pure function of
 #' `(seed, epoch)`: the permutation [epoch_order()] returns, computed with
 #' TensorFlow's stateless `index_shuffle`, so it does not depend on the global
 #' seed, the process or the worker. A run resumed after `k` batches of epoch
@@ -40,9 +43,11 @@
 #' @param initial_epoch The first epoch of the stream, 0-based as in keras3's
 #'   `fit(initial_epoch = )`.
 #' @param skip_batches Batches of `initial_epoch` already consumed (a
-#'   mid-epoch resume).
-#' @param epochs Stop before this epoch (as `fit(epochs = )`); `NULL` repeats
-#'   for ever.
+#'   mid-epoch resume); needs `epochs` or `repeat_epochs`.
+#' @param epochs `NULL` (default): one epoch, the next one on each pass. A
+#'   number: one stream that stops before this epoch (as `fit(epochs = )`).
+#' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's
+#'   `repeat=True`; `repeat` is a reserved word in R).
 #' @param validation_split Fraction in (0, 1) of the samples kept out for
 #'   validation: the last ones, as in keras3. Then a list `train`,
 #'   `validation` is returned; validation is one unshuffled pass. In-memory
@@ -77,18 +82,17 @@
 #' y <- rowSums(x)
 #' strategy <- select_strategy()
 #' ds <- make_dataset(x, y, per_replica_batch_size = 32, strategy = strategy, seed = 1)
-#' info <- dataset_info(ds)
-#' model$fit(ds, epochs = 5L, steps_per_epoch = info$steps_per_epoch)
-#' # resumed after 7 batches of epoch 3 (0-based):
+#' model |> fit(ds, epochs = 5)   # one epoch per pass, reshuffled each pass
+#' # one stream, resumed after 7 batches of epoch 3 (0-based):
 #' ds <- make_dataset(x, y, per_replica_batch_size = 32, strategy = strategy, seed = 1,
-#'                    initial_epoch = 3, skip_batches = 7)
+#'                    initial_epoch = 3, skip_batches = 7, epochs = 5)
 #' }
 #' @export
 make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
                          per_replica_batch_size = NULL, strategy = NULL,
                          drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
                          initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
-                         validation_split = NULL, per_worker = FALSE, cache = NULL,
+                         repeat_epochs = FALSE, validation_split = NULL, per_worker = FALSE, cache = NULL,
                          map_fn = NULL, check_finite = FALSE, file_format = NULL,
                          label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
   if (is.function(map_fn) && !inherits(map_fn, "python.builtin.object")) {
@@ -104,7 +108,7 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
     per_replica_batch_size = as_py_int(per_replica_batch_size), strategy = strategy,
     drop_remainder = drop_remainder, shuffle = shuffle, seed = as_py_int(seed),
     initial_epoch = as_py_int(initial_epoch), skip_batches = as_py_int(skip_batches),
-    epochs = as_py_int(epochs), validation_split = validation_split,
+    epochs = as_py_int(epochs), `repeat` = repeat_epochs, validation_split = validation_split,
     per_worker = per_worker, cache = cache, map_fn = map_fn, check_finite = check_finite,
     file_format = file_format, label_column = label_column,
     features = if (is.null(features)) NULL else lapply(features, as_py_shape),

@@ -25,6 +25,7 @@ from kerasdist.data import (
     dataset_info,
     epoch_order,
     make_dataset,
+    plan_dataset,
 )
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
@@ -78,6 +79,7 @@ __all__ = [
     "dataset_info",
     "epoch_order",
     "make_dataset",
+    "plan_dataset",
     # training
     "check_step_functions",
     "custom_fit",

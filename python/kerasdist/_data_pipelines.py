@@ -26,9 +26,10 @@ class _Plan:
     cache: Any
     shuffle_buffer: int
     check_finite: bool
+    one_epoch: bool = False  # the finite default: one epoch per pass, the next one on each new pass
 
     def num_batches(self) -> int | None:
-        if self.epochs is None:
+        if self.epochs is None or self.one_epoch:
             return None
         return (self.epochs - self.initial_epoch) * self.sizing.steps_per_epoch - self.skip_batches
 
@@ -48,25 +49,80 @@ def _order(n, seed, epoch):
     return tf.random.experimental.index_shuffle(index, seeds, tf.cast(n, tf.int64) - 1)
 
 
-def _finish(dataset, policy: str):
+def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1):
+    """Prefetch and options; for a one-epoch dataset (with its `counter`) also drop the batch
+    indices and count the pass done when its last batch leaves the prefetch buffer. Under DATA
+    auto-sharding over `shares` workers each worker sees one of the last `shares` indices."""
     import tensorflow as tf
 
     options = tf.data.Options()
     options.deterministic = True
     policies = tf.data.experimental.AutoShardPolicy
     options.experimental_distribute.auto_shard_policy = getattr(policies, policy)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    if counter is not None:
+        last = max(steps - max(shares, 1), 0)
+
+        def hand_out(index, batch):
+            done = counter.assign_add(tf.cast(index >= last, tf.int64))
+            with tf.control_dependencies([done]):
+                return tf.nest.map_structure(tf.identity, batch)
+
+        dataset = dataset.map(hand_out)
+        if shares <= 1:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
+    return dataset.with_options(options)
 
 
 def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int):
     """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)."""
+    batch = plan.sizing.batch_size
     if source.kind == "memory":
-        return _finish(_memory_pipeline(source.arrays, n_train, plan, plan.sizing.batch_size), "DATA"), "DATA"
-    if source.kind == "files" and plan.cache in (None, False):
+        policy = "DATA"
+        build = lambda p: _memory_pipeline(source.arrays, n_train, p, batch)  # noqa: E731
+    elif source.kind == "files" and plan.cache in (None, False):
         policy = "FILE" if len(source.files) >= workers else "DATA"
         shares = workers if policy == "FILE" else 1
-        return _finish(_file_pipeline(source, plan, plan.sizing.batch_size, shares=shares), policy), policy
-    return _finish(_stream_pipeline(source, plan, plan.sizing.batch_size), "DATA"), "DATA"
+        build = lambda p: _file_pipeline(source, p, batch, shares=shares)  # noqa: E731
+    else:
+        policy = "DATA"
+        build = lambda p: _stream_pipeline(source, p, batch)  # noqa: E731
+    if not plan.one_epoch:
+        return _finish(build(plan), policy), policy
+    counter = _epoch_counter(plan.initial_epoch)
+    dataset = _one_epoch_per_pass(build, plan, counter)
+    return _finish(dataset, policy, counter, plan.sizing.steps_per_epoch, workers), policy
+
+
+def _epoch_counter(start: int):
+    """The epoch the next pass of a one-epoch dataset reads: a plain int64 variable on the CPU.
+
+    Made on a thread of its own, where no strategy scope is active: inside `strategy.scope()`
+    a variable would be mirrored over the replicas, and the pipeline needs one plain counter."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tensorflow as tf
+
+    def make():
+        with tf.device("/CPU:0"):
+            return tf.Variable(tf.constant(start, tf.int64), trainable=False, name="kerasdist_epoch")
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(make).result()
+
+
+def _one_epoch_per_pass(build, plan: _Plan, counter):
+    """Each pass (each new iterator) is one whole epoch: the one the counter holds. Batches carry
+    their index in the pass, so `_finish` can advance the counter once the last one is handed
+    out, after the prefetch: a pass abandoned early (Keras peeks at one batch to build the model
+    under a strategy, and makes a spare iterator at each epoch end) does not count as an epoch."""
+    import tensorflow as tf
+
+    def one_pass(_):
+        epoch = counter.read_value()
+        return build(replace(plan, initial_epoch=epoch, epochs=epoch + 1, one_epoch=False)).enumerate()
+
+    return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(one_pass)
 
 
 def _with_known_length(dataset, plan: _Plan, workers: int):
@@ -196,7 +252,7 @@ def _batch_stream(records, plan: _Plan, batch):
         records = records.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = records.batch(batch, drop_remainder=True)
     start = plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
-    if start:
+    if not isinstance(start, int) or start:  # a tensor in a one-epoch pass
         batches = batches.skip(start)
     total = plan.num_batches()
     return batches if total is None else batches.take(total)
@@ -216,13 +272,20 @@ def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
         worker_plan = replace(plan, skip_batches=plan.skip_batches * replicas_here)
         if source.kind == "memory":
-            ds = _memory_pipeline(source.arrays, n_train, worker_plan, per_replica, share)
+            build = lambda p: _memory_pipeline(source.arrays, n_train, p, per_replica, share)  # noqa: E731
         elif source.kind == "files" and plan.cache in (None, False):
-            ds = _file_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
+            build = lambda p: _file_pipeline(source, _stream_plan(p, replicas_here), per_replica, share)  # noqa: E731
         else:
-            ds = _stream_pipeline(source, _stream_plan(worker_plan, replicas_here), per_replica, share)
-        return _finish(ds, "OFF")
+            build = lambda p: _stream_pipeline(source, _stream_plan(p, replicas_here), per_replica, share)  # noqa: E731
+        if not plan.one_epoch:
+            return _finish(build(worker_plan), "OFF")
+        steps = plan.sizing.steps_per_epoch * replicas_here
+        if source.kind == "memory":  # this pipeline's share of the samples, in per-replica batches
+            mine = len(range(share[0], n_train, share[1]))
+            steps = mine // per_replica if plan.sizing.drop_remainder else -(-mine // per_replica)
+        return _finish(_one_epoch_per_pass(build, worker_plan, counter), "OFF", counter, steps)
 
+    counter = _epoch_counter(plan.initial_epoch) if plan.one_epoch else None
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 

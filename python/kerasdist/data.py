@@ -3,9 +3,19 @@
 `make_dataset` turns arrays, data frames, an existing `tf.data.Dataset` or TFRecord/CSV files into
 a dataset of batches for `model.fit` under the active strategy.
 
-The dataset is a *stream of batches over epochs*: epoch `initial_epoch` first, then the next ones
-(for ever when `epochs` is None, so give `fit` the `steps_per_epoch` that `dataset_info()` reports;
-Keras then keeps one iterator across its epochs). The order is a pure function of `(seed, epoch)`:
+By default the dataset is *one epoch*, as tf.data users expect: `model.fit(ds, epochs=N)` and a
+plain `for` loop work, its cardinality is known, and each new pass over it (each new iterator that
+reads it to the end) is the next epoch: pass k is epoch `initial_epoch + k`, reproducibly, like
+`shuffle(reshuffle_each_iteration=True)` but the same in every process and after a restart. A pass
+counts once its last batch is handed out, so one abandoned early does not (Keras peeks at a batch
+under a strategy and makes a spare iterator at each epoch end); tf.distribute prefetches about 2
+batches ahead, so on epochs of 3 batches or fewer such a spare pass can count and skip an epoch
+number (still the same in every run). resume_fit and distributed_fit never rely on the count:
+they rebuild the stream of the epochs they need.
+
+With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epochs*: epoch
+`initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
+the `steps_per_epoch` that `dataset_info()` reports). The order is a pure function of `(seed, epoch)`:
 each epoch's permutation is `tf.random.experimental.index_shuffle(i, [seed, epoch], n - 1)`,
 computed in the graph, so it depends on nothing else (not the global seed, not the process, not
 the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
@@ -28,7 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,9 +56,8 @@ from kerasdist._data_sources import FILE_FORMATS, _source  # noqa: F401  (FILE_F
 from kerasdist.strategy import run_context
 
 DEFAULT_BATCH_SIZE = 32
-
-# Datasets kerasdist built, with what it decided for them (weak: a dropped dataset is freed).
-_INFOS: weakref.WeakKeyDictionary[Any, DatasetInfo] = weakref.WeakKeyDictionary()
+_INFO_ATTR = "_kerasdist_info"  # the DatasetInfo a dataset made by make_dataset carries
+_REBUILD_ATTR = "_kerasdist_rebuild"  # make_dataset with the same arguments, for other epochs
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class DatasetInfo:
     num_batches: int | None
     validation_samples: int = 0
     role: str = "train"
+    form: str = "one_epoch"  # "one_epoch" (the default), "epochs" (epochs=) or "repeat" (repeat=True)
 
 
 def batch_size_info(
@@ -162,9 +171,12 @@ def epoch_order(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
 
 
 def dataset_info(dataset: Any) -> DatasetInfo:
-    """What `make_dataset` decided for `dataset`: sizes, steps per epoch, sharding, order."""
-    info = _INFOS.get(dataset) if _hashable(dataset) else None
-    if info is None:
+    """What `make_dataset` decided for `dataset`: sizes, steps per epoch, sharding, order.
+
+    The plan travels on the dataset object itself; a dataset derived from it (`ds.take(3)`) is a
+    new dataset without one. `plan_dataset()` gives the same without building a pipeline."""
+    info = getattr(dataset, _INFO_ATTR, None)
+    if not isinstance(info, DatasetInfo):
         raise ValueError(
             f"dataset was not made by make_dataset (got {type(dataset).__name__}); only those "
             "carry their sizing."
@@ -186,6 +198,7 @@ def make_dataset(
     initial_epoch: int = 0,
     skip_batches: int = 0,
     epochs: int | None = None,
+    repeat: bool = False,
     validation_split: float | None = None,
     per_worker: bool = False,
     cache: bool | str | None = None,
@@ -203,10 +216,11 @@ def make_dataset(
     ```python
     strategy = kerasdist.select_strategy()
     ds = kerasdist.make_dataset(x, y, per_replica_batch_size=32, strategy=strategy, seed=1)
-    info = kerasdist.dataset_info(ds)
-    model.fit(ds, epochs=10, steps_per_epoch=info.steps_per_epoch)
-    # resumed after 7 batches of epoch 3 (0-based):
-    ds = kerasdist.make_dataset(x, y, ..., initial_epoch=3, skip_batches=7)
+    model.fit(ds, epochs=10)          # one epoch per pass, reshuffled reproducibly each pass
+    kerasdist.dataset_info(ds).steps_per_epoch
+    # one stream, resumed after 7 batches of epoch 3 (0-based):
+    ds = kerasdist.make_dataset(x, y, ..., initial_epoch=3, skip_batches=7, epochs=10)
+    model.fit(ds, initial_epoch=3, epochs=10, steps_per_epoch=...)  # or let resume_fit do it
     ```
 
     Args:
@@ -223,9 +237,15 @@ def make_dataset(
         drop_remainder: drop each epoch's last, smaller batch.
         shuffle: permute each epoch; the order is a pure function of (seed, epoch).
         seed: the shuffle seed (an integer).
-        initial_epoch: the first epoch of the stream (0-based, like Keras's `initial_epoch`).
-        skip_batches: batches of `initial_epoch` already consumed (a mid-epoch resume).
-        epochs: stop after this epoch (exclusive, like Keras's `epochs`); None repeats for ever.
+        initial_epoch: the epoch of the first pass (0-based, like Keras's `initial_epoch`), or
+            the first epoch of the stream.
+        skip_batches: batches of `initial_epoch` already consumed (a mid-epoch resume); needs
+            the stream form (`epochs` or `repeat`), since a one-epoch dataset's passes all have
+            the same length.
+        epochs: None (default): the dataset is one epoch, the next one on each new pass.
+            An integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive,
+            like Keras's `epochs`).
+        repeat: True for one endless stream of epochs (give `fit` its `steps_per_epoch`).
         validation_split: fraction (0, 1) of the samples kept out for validation: the last ones,
             as in Keras. Then returns `(train, validation)`; the validation dataset is one
             unshuffled pass. In-memory sources only.
@@ -252,19 +272,110 @@ def make_dataset(
         A `tf.data.Dataset` (a distributed dataset with per_worker=True), or a tuple
         (train, validation) with validation_split. `dataset_info()` tells what was decided.
     """
+    args = dict(
+        sample_weight=sample_weight, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
+        strategy=strategy, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed,
+        initial_epoch=initial_epoch, skip_batches=skip_batches, epochs=epochs, repeat=repeat,
+        validation_split=validation_split, per_worker=per_worker, cache=cache, map_fn=map_fn,
+        check_finite=check_finite, file_format=file_format, label_column=label_column,
+        features=features, shuffle_buffer=shuffle_buffer,
+    )
+    return _plan(x, y, **args).build()
+
+
+def plan_dataset(x: Any, y: Any = None, **kwargs: Any) -> DatasetInfo:
+    """What `make_dataset(x, y, **kwargs)` would decide (sizes, steps per epoch, sharding),
+    without building its pipeline: the same `DatasetInfo` that `dataset_info()` returns."""
+    return _plan(x, y, **kwargs).info
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A dataset planned but not built: its source read once, its sizing decided."""
+
+    x: Any
+    y: Any
+    args: Mapping[str, Any]
+    source: Any
+    info: DatasetInfo
+    plan: _Plan
+    context: Any
+    sizing: BatchSizeInfo
+
+    def build(self, **epochs: Any) -> Any:
+        """The pipeline; `epochs` may move the stream (initial_epoch, skip_batches, epochs)."""
+        if epochs:
+            return replace_epochs(self, **epochs).build()
+        info, plan = self.info, self.plan
+        if info.per_worker:
+            dataset = _per_worker(self.source, plan, self.context.strategy, info.num_samples)
+        else:
+            dataset, _ = _auto_sharded(self.source, plan, info.num_samples, self.context.num_workers)
+            if plan.one_epoch and self.context.num_workers > 1:
+                pass  # cardinality asserted per pass only where no worker's share is cut out
+            elif not plan.one_epoch:
+                dataset = _with_known_length(dataset, plan, self.context.num_workers)
+        _attach(dataset, info, self)
+        if self.args.get("validation_split") is None:
+            return dataset
+        validation = _validation(self.source, self.sizing, info.num_samples, bool(info.drop_remainder))
+        n_val = info.validation_samples
+        size = info.batch_size
+        val_steps = (n_val // size) if info.drop_remainder else math.ceil(n_val / size)
+        _attach(validation, replace(
+            info, num_samples=n_val, steps_per_epoch=val_steps, shuffle=False, initial_epoch=0,
+            skip_batches=0, epochs=1, num_batches=val_steps, shard_policy="DATA", per_worker=False,
+            role="validation", form="epochs",
+        ), None)
+        return dataset, validation
+
+
+def replace_epochs(planned: _Planned, **epochs: Any) -> _Planned:
+    """The same plan over other epochs: a resumed run moves the stream, not the data."""
+    args = {**planned.args, "repeat": False, **epochs}
+    return _plan(planned.x, planned.y, _source_of=planned, **args)
+
+
+def _attach(dataset: Any, info: DatasetInfo, planned: _Planned | None) -> None:
+    setattr(dataset, _INFO_ATTR, info)
+    if planned is not None:
+        setattr(dataset, _REBUILD_ATTR, lambda **epochs: replace_epochs(planned, **epochs).build())
+
+
+def _plan(x: Any, y: Any = None, *, _source_of: _Planned | None = None, **args: Any) -> _Planned:
+    """Check every argument, read the source (once), decide sizes and steps: no pipeline yet."""
+    full = dict(
+        sample_weight=None, batch_size=None, per_replica_batch_size=None, strategy=None,
+        drop_remainder=False, shuffle=True, seed=0, initial_epoch=0, skip_batches=0, epochs=None,
+        repeat=False, validation_split=None, per_worker=False, cache=None, map_fn=None,
+        check_finite=False, file_format=None, label_column=None, features=None, shuffle_buffer=10_000,
+    )
+    unknown = sorted(set(args) - set(full))
+    if unknown:
+        raise TypeError(f"make_dataset() got unexpected arguments: {', '.join(unknown)}.")
+    full.update(args)
+    a = full
+    batch_size, per_replica_batch_size = a["batch_size"], a["per_replica_batch_size"]
+    drop_remainder = a["drop_remainder"]
+    shuffle, seed, initial_epoch, skip_batches = a["shuffle"], a["seed"], a["initial_epoch"], a["skip_batches"]
+    epochs, repeat, validation_split, per_worker = a["epochs"], a["repeat"], a["validation_split"], a["per_worker"]
+    cache, map_fn, check_finite, shuffle_buffer = a["cache"], a["map_fn"], a["check_finite"], a["shuffle_buffer"]
     check = _Check(
         batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
         drop_remainder=drop_remainder, seed=seed, initial_epoch=initial_epoch,
         skip_batches=skip_batches, epochs=epochs, validation_split=validation_split,
-        cache=cache, map_fn=map_fn, shuffle_buffer=shuffle_buffer,
+        cache=cache, map_fn=map_fn, shuffle_buffer=shuffle_buffer, repeat=repeat,
     )
     check.scalars()
-    source = _source(x, y, sample_weight, file_format, label_column, features, check_finite)
+    if _source_of is not None:
+        source = _source_of.source
+    else:
+        source = _source(x, y, a["sample_weight"], a["file_format"], a["label_column"], a["features"], check_finite)
     if validation_split is not None and source.kind != "memory":
         raise ValueError(
             f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
         )
-    context = run_context(strategy)
+    context = run_context(a["strategy"])
     replicas = context.num_replicas
     n_val = 0
     if validation_split is not None:
@@ -280,37 +391,30 @@ def make_dataset(
         drop_remainder=drop_remainder, require_even_split=per_worker,
     )
     check.resume(sizing.steps_per_epoch)
+    form = "repeat" if repeat else ("one_epoch" if epochs is None else "epochs")
     plan = _Plan(
         sizing=sizing, shuffle=bool(shuffle), seed=int(seed), initial_epoch=int(initial_epoch),
         skip_batches=int(skip_batches), epochs=None if epochs is None else int(epochs),
         map_fn=map_fn, cache=cache, shuffle_buffer=int(shuffle_buffer), check_finite=check_finite,
+        one_epoch=form == "one_epoch",
     )
     if per_worker:
-        dataset = _per_worker(source, plan, context.strategy, n_train)
         policy = "per_worker"
+    elif source.kind == "files" and cache in (None, False) and len(source.files) >= context.num_workers:
+        policy = "FILE"
     else:
-        dataset, policy = _auto_sharded(source, plan, n_train, context.num_workers)
-        dataset = _with_known_length(dataset, plan, context.num_workers)
+        policy = "DATA"
     info = DatasetInfo(
         source=source.kind, num_samples=n_train, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
         sizing=sizing.sizing, steps_per_epoch=sizing.steps_per_epoch,
         drop_remainder=bool(drop_remainder), shard_policy=policy, per_worker=bool(per_worker),
         shuffle=bool(shuffle), seed=int(seed), initial_epoch=int(initial_epoch),
-        skip_batches=int(skip_batches), epochs=plan.epochs, num_batches=plan.num_batches(),
-        validation_samples=n_val,
+        skip_batches=int(skip_batches), epochs=plan.epochs,
+        num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
+        validation_samples=n_val, form=form,
     )
-    _INFOS[dataset] = info
-    if validation_split is None:
-        return dataset
-    validation = _validation(source, sizing, n_train, drop_remainder)
-    val_steps = (n_val // sizing.batch_size) if drop_remainder else math.ceil(n_val / sizing.batch_size)
-    _INFOS[validation] = replace(
-        info, num_samples=n_val, steps_per_epoch=val_steps, shuffle=False, initial_epoch=0,
-        skip_batches=0, epochs=1, num_batches=val_steps, shard_policy="DATA", per_worker=False,
-        role="validation",
-    )
-    return dataset, validation
+    return _Planned(x, y, dict(args), source, info, plan, context, sizing)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,8 +434,16 @@ class _Check:
     cache: Any
     map_fn: Any
     shuffle_buffer: Any
+    repeat: Any = False
 
     def scalars(self) -> None:
+        if not isinstance(self.repeat, bool):
+            raise ValueError(f"repeat must be True or False, got {self.repeat!r}.")
+        if self.repeat and self.epochs is not None:
+            raise ValueError(
+                f"repeat=True and epochs={self.epochs!r}: give one of them (repeat is the endless "
+                "stream, epochs a stream that stops before that epoch)."
+            )
         if self.batch_size is not None:
             _int_arg("batch_size", self.batch_size, 1)
         if self.per_replica_batch_size is not None:
@@ -365,6 +477,11 @@ class _Check:
                 "batches of an epoch: count whole epochs in initial_epoch."
             )
 
+        if self.skip_batches and self.epochs is None and not self.repeat:
+            raise ValueError(
+                f"skip_batches ({self.skip_batches}) needs the stream form: give epochs= (or "
+                "repeat=True). A one-epoch dataset (the default) has passes of the same length."
+            )
 
 def _int_arg(name: str, value: Any, minimum: int | None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or (
@@ -376,10 +493,3 @@ def _int_arg(name: str, value: Any, minimum: int | None) -> int:
         raise ValueError(f"{name} must be >= {minimum}, got {value}.")
     return value
 
-
-def _hashable(obj: Any) -> bool:
-    try:
-        hash(obj)
-        return True
-    except TypeError:
-        return False

@@ -85,6 +85,7 @@ def resume_fit(
                               validation_data, validation_steps, verbose)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
+    data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
     epoch, skip, prior = _resume_point(model, checkpoint)
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
@@ -107,6 +108,21 @@ def resume_fit(
         stream = _epochs(epoch_data, epoch, epochs)
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
     return _merged_history(model, prior, histories)
+
+
+def _epochs_of_planned(data: Any) -> Any:
+    """A one-epoch `make_dataset` dataset as the epochs it stands for: resume_fit rebuilds the
+    stream of the epochs it runs (at the resume point) instead of counting passes."""
+    rebuild = getattr(data, "_kerasdist_rebuild", None)
+    info = getattr(data, "_kerasdist_info", None)
+    if rebuild is None or info is None or info.form != "one_epoch":
+        return data
+
+    def make(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
+        built = rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
+        return built[0] if isinstance(built, tuple) else built
+
+    return EpochRange(make)
 
 
 def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, validation_data,

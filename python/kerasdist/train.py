@@ -23,7 +23,7 @@ from kerasdist.checkpoint import (
     checkpoint_callback,
     make_or_restore_model,
 )
-from kerasdist.data import dataset_info, make_dataset
+from kerasdist.data import _plan, make_dataset, replace_epochs
 from kerasdist.fit import EpochRange, _check_epochs, resume_fit
 from kerasdist.speed import (
     check_jit,
@@ -142,18 +142,19 @@ def distributed_fit(
                   per_replica_batch_size=per_replica_batch_size, strategy=context, seed=seed,
                   shuffle=shuffle, **extra)
 
-    def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
-        dataset = make_dataset(x, y, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip,
-                               validation_split=validation_split, **common)
-        return dataset[0] if validation_split is not None else dataset
+    # Plan once (checks every argument and the data, reads the source, sizes the epochs), then
+    # build only the pipelines training runs: the epochs left, as one stream.
+    planned = _plan(x, y, validation_split=validation_split, **common)
+    steps = planned.info.steps_per_epoch
 
-    first = make_dataset(x, y, initial_epoch=0, epochs=1, validation_split=validation_split, **common)
-    steps = dataset_info(first[0] if validation_split is not None else first).steps_per_epoch
+    def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
+        built = replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
+        return built[0] if validation_split is not None else built  # (train, validation) with a split
+
     if validation_split is not None:
-        validation_data = first[1]
+        validation_data = replace_epochs(planned, epochs=1).build()[1]
     elif isinstance(validation_data, (tuple, list)):
         validation_data = _validation_dataset(validation_data, common)
-    del first  # it served the checks: training gets one pipeline over all its epochs, not two copies
 
     check_jit(settings, context)
     with precision_policy(settings):

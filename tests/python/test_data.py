@@ -79,7 +79,7 @@ def test_resume_is_the_tail_of_the_uninterrupted_stream(epoch, skip):
 
 
 def test_endless_stream_runs_epochs_in_order():
-    stream = ids_dataset(batch_size=5, seed=2, initial_epoch=3).take(6)
+    stream = ids_dataset(batch_size=5, seed=2, initial_epoch=3, repeat=True).take(6)
     expected = [kerasdist.epoch_order(10, 2, e).tolist() for e in (3, 4, 5)]
     assert labels(stream) == [i for order in expected for i in order]
 
@@ -220,6 +220,39 @@ def test_dataset_info_refuses_other_datasets():
         kerasdist.dataset_info(tf.data.Dataset.range(3))
 
 
+# --- the finite default: one epoch per pass (issue #12) --------------------------------------
+
+def test_default_is_one_epoch_and_each_pass_is_the_next_epoch():
+    ds = ids_dataset(n=10, batch_size=4, seed=7, initial_epoch=2)
+    assert int(ds.cardinality()) == 3 and kerasdist.dataset_info(ds).form == "one_epoch"
+    next(iter(ds))  # a pass abandoned early is not an epoch
+    passes = [labels(ds) for _ in range(3)]
+    assert passes == [kerasdist.epoch_order(10, 7, e).tolist() for e in (2, 3, 4)]
+    again = ids_dataset(n=10, batch_size=4, seed=7, initial_epoch=2)  # a new process or a restart
+    assert labels(again) == passes[0]
+
+
+def test_fit_on_the_default_runs_each_epoch_once_without_warnings():
+    x = np.arange(20, dtype="float32").reshape(10, 2)
+    ds = kerasdist.make_dataset(x, np.arange(10, dtype="float32"), batch_size=4, seed=1)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(ds, epochs=2, verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
+    assert labels(ds) == kerasdist.epoch_order(10, 1, 2).tolist()  # fit read epochs 0 and 1
+
+
+def test_forms_are_checked():
+    with pytest.raises(ValueError, match="skip_batches .* needs the stream form"):
+        ids_dataset(batch_size=4, skip_batches=1)
+    with pytest.raises(ValueError, match="repeat=True and epochs=3"):
+        ids_dataset(batch_size=4, repeat=True, epochs=3)
+    assert kerasdist.plan_dataset(np.zeros((10, 1)), batch_size=4).steps_per_epoch == 3
+
+
 # --- 2 simulated devices (fresh process) -----------------------------------------------------
 
 def test_two_devices_global_per_replica_and_per_worker():
@@ -247,9 +280,17 @@ def test_two_devices_global_per_replica_and_per_worker():
         with strategy.scope():
             model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
-        ds = kerasdist.make_dataset(x, y, per_replica_batch_size=2, strategy=strategy, seed=1)
+        ds = kerasdist.make_dataset(x, y, per_replica_batch_size=2, strategy=strategy, seed=1, repeat=True)
         model.fit(ds, epochs=2, steps_per_epoch=kerasdist.dataset_info(ds).steps_per_epoch, verbose=0)
         out["steps"] = int(model.optimizer.iterations.numpy())
+        # Keras peeks at a batch under a strategy, and tf.distribute prefetches ~2 batches: on
+        # epochs of more than a few batches neither counts as a pass.
+        x40 = np.arange(80, dtype="float32").reshape(40, 2); y40 = np.arange(40, dtype="float32")
+        one = kerasdist.make_dataset(x40, y40, per_replica_batch_size=2, strategy=strategy, seed=1)
+        model.fit(one, epochs=2, verbose=0)
+        out["one_epoch_steps"] = int(model.optimizer.iterations.numpy()) - out["steps"]
+        out["next_pass"] = [int(v) for b in one for v in b[1].numpy()]
+        out["epoch2"] = kerasdist.epoch_order(40, 1, 2).tolist()
         print(json.dumps(out))
         """
     )
@@ -263,6 +304,7 @@ def test_two_devices_global_per_replica_and_per_worker():
     assert out["per_worker_policy"] == "per_worker"
     assert "batch_size 5 is not divisible by the 2 replicas" in out["uneven"]
     assert out["steps"] == 6
+    assert out["one_epoch_steps"] == 20 and out["next_pass"] == out["epoch2"]
 
 
 @pytest.mark.parametrize("source", ["memory", "files"])
@@ -308,7 +350,7 @@ def test_finite_pipelines_tell_their_length_so_keras_ends_passes_without_warning
     x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20, dtype=np.float32)
     finite = kerasdist.make_dataset(x, y, batch_size=8, epochs=3, skip_batches=1)
     assert int(finite.cardinality()) == 3 * 3 - 1 == len(list(finite))
-    endless = int(kerasdist.make_dataset(x, y, batch_size=8).cardinality())
+    endless = int(kerasdist.make_dataset(x, y, batch_size=8, repeat=True).cardinality())
     assert endless in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")

@@ -65,15 +65,15 @@ def test_distributed_fit_feeds_all_epochs_from_one_pipeline_in_the_per_epoch_ord
     x, y = digits()
     calls = []
 
-    def counting_make_dataset(*args, **kwargs):
+    def counting_replace_epochs(planned, **kwargs):
         calls.append((kwargs["initial_epoch"], kwargs["epochs"]))
-        return kerasdist.make_dataset(*args, **kwargs)
+        return kerasdist.data.replace_epochs(planned, **kwargs)
 
-    monkeypatch.setattr(kerasdist.train, "make_dataset", counting_make_dataset)
+    monkeypatch.setattr(kerasdist.train, "replace_epochs", counting_replace_epochs)
     keras.utils.set_random_seed(5)
     ours = kerasdist.distributed_fit(build_model, x, y, epochs=4, checkpoint_dir=tmp_path / "ckpt",
                                      strategy="default", batch_size=64, seed=2, verbose=0)
-    assert calls == [(0, 1), (0, 4)]  # the checks, then one stream: one copy of the data, not one an epoch
+    assert calls == [(0, 4)]  # planned once, then one stream built: one copy of the data, not one an epoch
 
     keras.utils.set_random_seed(5)
     model = build_model()

@@ -170,7 +170,8 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
     with(strategy$scope(), {
       model <- keras_model_sequential(input_shape = 2) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
     })
-    ds <- make_dataset(x, y = 1:12, per_replica_batch_size = 2, strategy = strategy, per_worker = TRUE)
+    ds <- make_dataset(x, y = 1:12, per_replica_batch_size = 2, strategy = strategy, per_worker = TRUE,
+                       repeat_epochs = TRUE)
     fit(model, ds, epochs = 2, steps_per_epoch = 3, verbose = 0)
     list(g = g[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
          p = p[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
@@ -181,4 +182,26 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
                                   sizing = "per_replica_batch_size"))
   expect_match(result$uneven, "batch_size 5 is not divisible by the 2 replicas")
   expect_identical(result$steps, 6L)
+})
+
+test_that("the default dataset is one epoch: keras3 fit and a for-style loop end, each pass the next epoch", {
+  skip_if_no_kerasdist()
+  x <- matrix(runif(1000 * 2), ncol = 2)
+  ds <- make_dataset(x, y = seq_len(1000) - 1, batch_size = 100, seed = 7)
+  expect_equal(dataset_info(ds)$steps_per_epoch, 10)
+  expect_equal(as.integer(ds$cardinality()$numpy()), 10L)
+  model <- keras3::keras_model_sequential(input_shape = 2) |> keras3::layer_dense(1)
+  model |> keras3::compile(optimizer = "sgd", loss = "mse")
+  model |> keras3::fit(ds, epochs = 2, verbose = 0)
+  expect_equal(as.integer(model$optimizer$iterations$numpy()), 20L)
+  seen <- list()
+  reticulate::iterate(ds, function(batch) seen[[length(seen) + 1]] <<- as.numeric(batch[[2]]$numpy()))
+  expect_length(seen, 10)
+  expect_equal(unlist(seen), as.numeric(epoch_order(1000, seed = 7, epoch = 2) - 1L))  # fit read epochs 0, 1 (1-based order)
+  expect_equal(labels_of(ds), as.numeric(epoch_order(1000, seed = 7, epoch = 3) - 1L))
+  again <- make_dataset(x, y = seq_len(1000) - 1, batch_size = 100, seed = 7, initial_epoch = 3)
+  expect_equal(labels_of(again), labels_of(make_dataset(x, y = seq_len(1000) - 1, batch_size = 100,
+                                                        seed = 7, initial_epoch = 3)))
+  endless <- make_dataset(x, y = seq_len(1000) - 1, batch_size = 100, seed = 7, repeat_epochs = TRUE)
+  expect_true(as.integer(endless$cardinality()$numpy()) < 0)
 })
