@@ -55,7 +55,7 @@ def main() -> None:
     steps = -(-args.samples // args.batch)
 
     start = time.perf_counter()
-    ours = kerasdist.make_dataset(x, y, batch_size=args.batch, seed=0)
+    ours = kerasdist.make_dataset(x, y, batch_size=args.batch, seed=0, repeat=True)
     build_s = time.perf_counter() - start
     assert kerasdist.dataset_info(ours).steps_per_epoch == steps
     naive = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)

@@ -315,7 +315,7 @@ def run_worker(spec_path: str) -> None:
     _check_compiled(model)
     x, y = _load_data(spec["data"]) if spec["data"] else _synthetic_data(model, spec["seed"])
     batch, steps = spec["batch_size"], spec["steps"]
-    real = make_dataset(x, y, batch_size=batch, strategy=strategy, seed=spec["seed"])
+    real = make_dataset(x, y, batch_size=batch, strategy=strategy, seed=spec["seed"], repeat=True)
     one = make_dataset(x[:batch], y[:batch], batch_size=batch, strategy=strategy, shuffle=False)
     held = one.take(1).cache().repeat()
 
