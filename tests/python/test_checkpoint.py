@@ -79,16 +79,19 @@ def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
 @pytest.mark.parametrize("row", CASES["damage"], ids=[row["id"] for row in CASES["damage"]])
 def test_damaged_newest_checkpoint_falls_back_to_previous(ckpt_dir, row):
     newest = kerasdist.latest_checkpoint(ckpt_dir)
-    damage(Path(newest.path) / row["file"], row["how"])
+    damage(Path(newest.path) / row["file"], row)
+    before = snapshot(ckpt_dir)
     with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(row["warning"])) as caught:
         model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     assert row["file"] in str(caught[0].message)
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
     with pytest.warns(kerasdist.CheckpointWarning):
         assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 1
+    assert snapshot(ckpt_dir) == before  # the damaged checkpoint is skipped, not deleted or repaired
 
 
-def damage(path: Path, how: str) -> None:
+def damage(path: Path, row: dict) -> None:
+    how = row["how"]
     if how == "truncate":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif how == "garble":
@@ -100,6 +103,12 @@ def damage(path: Path, how: str) -> None:
         path.write_bytes(b"")
     elif how == "delete":
         path.unlink()
+    elif how == "write":
+        path.write_text(row["content"])
+    elif how == "edit":
+        record = json.loads(path.read_text())
+        record[row["key"]] = row["value"]
+        path.write_text(json.dumps(record))
     else:
         raise AssertionError(how)
 
@@ -108,12 +117,21 @@ def damage(path: Path, how: str) -> None:
 def test_bad_input_is_refused_and_nothing_is_touched(ckpt_dir, tmp_path, row):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
+    x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
     fixtures = {
-        "<dir>": ckpt_dir, "<file>": a_file, "<unwritable>": "/proc/kerasdist-test/ckpt",
-        "<build>": build_model, "<other_build>": lambda: build_model(units=5),
-        "<not_a_model>": lambda: 42, "<not_a_function>": "build_model",
+        "<dir>": lambda: ckpt_dir, "<file>": lambda: a_file, "<unwritable>": lambda: "/proc/kerasdist-test/ckpt",
+        "<build>": lambda: build_model, "<other_build>": lambda: lambda: build_model(units=5),
+        "<not_a_model>": lambda: lambda: 42, "<not_a_function>": lambda: "build_model",
+        "<model>": lambda: kerasdist.make_or_restore_model(ckpt_dir, build_model), "<data>": dataset,
+        "<x>": lambda: x, "<y>": lambda: x.sum(1),
     }
-    args = {k: fixtures.get(v, v) if isinstance(v, str) else v for k, v in row["args"].items()}
+
+    def resolve(value):
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return fixtures[value]() if isinstance(value, str) and value in fixtures else value
+
+    args = {k: resolve(v) for k, v in row["args"].items()}
     before = snapshot(ckpt_dir)
     with pytest.raises(ValueError, match=re.escape(row["error"])):
         getattr(kerasdist, row["function"])(**args)

@@ -69,12 +69,20 @@ for (row in checkpoint_cases()$damage) {
         truncate = writeBin(readBin(path, "raw", size)[seq_len(size %/% 2)], path),
         garble = { bytes <- readBin(path, "raw", size); bytes[1] <- as.raw(255); bytes[size %/% 2 + 0:15] <- as.raw(0); writeBin(bytes, path) },
         empty = writeBin(raw(), path),
-        delete = unlink(path)
+        delete = unlink(path),
+        write = writeLines(row$content, path, sep = ""),
+        edit = {
+          record <- jsonlite::fromJSON(path, simplifyVector = FALSE)
+          record[row$key] <- list(row$value)  # keeps a NULL value as JSON null
+          writeLines(jsonlite::toJSON(record, auto_unbox = TRUE, null = "null", digits = NA), path)
+        }
       )
+      before <- snapshot(dir)
       expect_warning(model <- make_or_restore_model(dir, build_model), row$warning, fixed = TRUE, class = "kerasdist_warning")
       expect_identical(as.integer(model$optimizer$iterations$numpy()), 4L)
       expect_warning(latest <- latest_checkpoint(dir), row$file, fixed = TRUE)
       expect_identical(latest$epoch, 1L)
+      expect_identical(snapshot(dir), before)  # the damaged checkpoint is skipped, not deleted or repaired
     })
   })
 }
@@ -87,12 +95,20 @@ for (row in checkpoint_cases()$errors) {
       dir <- trained_checkpoints()
       a_file <- withr::local_tempfile()
       writeLines("not a directory", a_file)
+      x <- matrix(seq(0, 1, length.out = 48), ncol = 3, byrow = TRUE)
       fixtures <- list(
-        "<dir>" = dir, "<file>" = a_file, "<unwritable>" = "/proc/kerasdist-test/ckpt",
-        "<build>" = build_model, "<other_build>" = function() build_model(5L),
-        "<not_a_model>" = function() 42, "<not_a_function>" = "build_model"
+        "<dir>" = function() dir, "<file>" = function() a_file,
+        "<unwritable>" = function() "/proc/kerasdist-test/ckpt",
+        "<build>" = function() build_model, "<other_build>" = function() function() build_model(5L),
+        "<not_a_model>" = function() function() 42, "<not_a_function>" = function() "build_model",
+        "<model>" = function() make_or_restore_model(dir, build_model), "<data>" = small_dataset,
+        "<x>" = function() x, "<y>" = function() rowSums(x)
       )
-      args <- lapply(row$args, function(v) if (is.character(v) && !is.null(fixtures[[v]])) fixtures[[v]] else v)
+      resolve <- function(v) {
+        if (is.list(v)) return(lapply(v, resolve))
+        if (is.character(v) && length(v) == 1 && !is.null(fixtures[[v]])) fixtures[[v]]() else v
+      }
+      args <- lapply(row$args, resolve)
       before <- snapshot(dir)
       fun <- getExportedValue("kerasdist", row[["function"]])
       err <- expect_error(do.call(fun, args), class = "kerasdist_error")

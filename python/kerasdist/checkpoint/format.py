@@ -106,12 +106,13 @@ def read_checkpoint(path: Path) -> tuple[str | None, CheckpointInfo | None]:
         return f"{record_path} is missing (the save never completed)", None
     try:
         record = json.loads(record_path.read_text())
-        files = record["files"]
         info = _info_of(path, record)
+        # checked here, so that a record with `files` of the wrong shape is refused, not raised
+        files = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in record["files"].items()}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         return f"{record_path} is not a valid completion record", None
-    for name, expected in files.items():
-        problem = _file_problem(path / name, expected)
+    for name, (size, sha256) in files.items():
+        problem = _file_problem(path / name, size, sha256)
         if problem:
             return problem, None
     return None, info
@@ -135,13 +136,13 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
     )
 
 
-def _file_problem(path: Path, expected: dict[str, Any]) -> str | None:
+def _file_problem(path: Path, expected_size: int, expected_sha256: str) -> str | None:
     if not path.is_file():
         return f"{path} is missing"
     size = path.stat().st_size
-    if size != expected["size"]:
-        return f"{path} has {size} bytes, the record says {expected['size']} (truncated or replaced)"
-    if _sha256(path) != expected["sha256"]:
+    if size != expected_size:
+        return f"{path} has {size} bytes, the record says {expected_size} (truncated or replaced)"
+    if _sha256(path) != expected_sha256:
         return f"{path} does not match its recorded checksum (corrupted)"
     return None
 
