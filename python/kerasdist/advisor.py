@@ -28,10 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kerasdist._args import whole_number
-
 # The example models lived here once: "kerasdist.advisor:tiny_dense" still names them.
 from kerasdist.example_models import mid_cnn, tiny_dense  # noqa: F401
+from kerasdist.validation import integer
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
 WARMUP_STEPS = 10
@@ -136,7 +135,7 @@ def bench_strategies(
     strategies = _check_strategies(strategies)
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
                                  ("devices", devices, 2), ("workers", workers, 2)):
-        whole_number(name, value, minimum)
+        integer(name, value, minimum)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
     load_model_function(model)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerasdist.validation import integer
+
 WORKER_TYPES = ("chief", "worker")
 SLURM_PORT_BASE = 8888  # SlurmClusterResolver's default: task k on a node listens on base + k
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
@@ -166,11 +168,7 @@ def _validate_task(task: Any, cluster: Mapping[str, list[str]]) -> tuple[str, in
             f'TF_CONFIG task type "{task_type}" is not in the cluster, which has '
             f"{', '.join(cluster)}."
         )
-    index = task.get("index", 0)
-    if isinstance(index, float) and index.is_integer():  # JSON or R may give 1.0
-        index = int(index)
-    if isinstance(index, bool) or not isinstance(index, int):
-        raise ValueError(f"TF_CONFIG task index must be an integer, got {index!r}.")
+    index = integer("TF_CONFIG task index", task.get("index", 0))
     size = len(cluster[task_type])
     if not 0 <= index < size:
         raise ValueError(

@@ -32,6 +32,7 @@ from kerasdist.speed import (
 )
 from kerasdist.step_guard import _is_r_function
 from kerasdist.strategy import run_context
+from kerasdist.validation import optional_integer
 
 StepFn = Callable[[Any, Any, Any], Mapping[str, Any]]
 
@@ -252,9 +253,7 @@ class _Pipeline:
     one for the whole run (a stream over epochs), each started at the next unseen batch."""
 
     def __init__(self, data: Any, strategy: Any, steps_per_epoch: Any):
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
-                                            or steps_per_epoch < 1):
-            raise ValueError(f"steps_per_epoch must be a positive integer or None, got {steps_per_epoch!r}.")
+        steps_per_epoch = optional_integer("steps_per_epoch", steps_per_epoch, 1)
         self.strategy = strategy
         self.data = data
         self._stream = None

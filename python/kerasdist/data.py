@@ -54,6 +54,7 @@ from kerasdist._data_pipelines import (
 )
 from kerasdist._data_sources import FILE_FORMATS, _source  # noqa: F401  (FILE_FORMATS: kerasdist.data.FILE_FORMATS as before)
 from kerasdist.strategy import run_context
+from kerasdist.validation import boolean, fraction, integer, optional_integer
 
 DEFAULT_BATCH_SIZE = 32
 _INFO_ATTR = "_kerasdist_info"  # the DatasetInfo a dataset made by make_dataset carries
@@ -130,18 +131,18 @@ def batch_size_info(
     Returns:
         A `BatchSizeInfo`.
     """
-    replicas = run_context(strategy).num_replicas if num_replicas is None else _int_arg("num_replicas", num_replicas, 1)
+    replicas = run_context(strategy).num_replicas if num_replicas is None else integer("num_replicas", num_replicas, 1)
     if batch_size is not None and per_replica_batch_size is not None:
         raise ValueError(
             f"Give batch_size or per_replica_batch_size, not both (got {batch_size!r} and "
             f"{per_replica_batch_size!r})."
         )
     if per_replica_batch_size is not None:
-        per_replica = _int_arg("per_replica_batch_size", per_replica_batch_size, 1)
+        per_replica = integer("per_replica_batch_size", per_replica_batch_size, 1)
         size, sizing = per_replica * replicas, "per_replica_batch_size"
     else:
         sizing = "default" if batch_size is None else "batch_size"
-        size = _int_arg("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size, 1)
+        size = integer("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size, 1)
         per_replica = size // replicas if size % replicas == 0 else None
         if require_even_split and per_replica is None:
             raise ValueError(
@@ -166,8 +167,8 @@ def epoch_order(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
     A pure function of `(n, seed, epoch)`: `tf.random.experimental.index_shuffle(range(n),
     [seed, epoch], n - 1)`, the same op `make_dataset` runs in its pipeline.
     """
-    n = _int_arg("n", n, 1)
-    return _order(n, _int_arg("seed", seed, None), _int_arg("epoch", epoch, 0)).numpy()
+    n = integer("n", n, 1)
+    return _order(n, integer("seed", seed), integer("epoch", epoch, 0)).numpy()
 
 
 def dataset_info(dataset: Any) -> DatasetInfo:
@@ -437,30 +438,25 @@ class _Check:
     repeat: Any = False
 
     def scalars(self) -> None:
-        if not isinstance(self.repeat, bool):
-            raise ValueError(f"repeat must be True or False, got {self.repeat!r}.")
+        boolean("repeat", self.repeat)
         if self.repeat and self.epochs is not None:
             raise ValueError(
                 f"repeat=True and epochs={self.epochs!r}: give one of them (repeat is the endless "
                 "stream, epochs a stream that stops before that epoch)."
             )
-        if self.batch_size is not None:
-            _int_arg("batch_size", self.batch_size, 1)
-        if self.per_replica_batch_size is not None:
-            _int_arg("per_replica_batch_size", self.per_replica_batch_size, 1)
-        _int_arg("seed", self.seed, None)
-        _int_arg("initial_epoch", self.initial_epoch, 0)
-        _int_arg("skip_batches", self.skip_batches, 0)
-        _int_arg("shuffle_buffer", self.shuffle_buffer, 1)
-        if self.epochs is not None and _int_arg("epochs", self.epochs, 1) <= self.initial_epoch:
+        optional_integer("batch_size", self.batch_size, 1)
+        optional_integer("per_replica_batch_size", self.per_replica_batch_size, 1)
+        integer("seed", self.seed)
+        integer("initial_epoch", self.initial_epoch, 0)
+        integer("skip_batches", self.skip_batches, 0)
+        integer("shuffle_buffer", self.shuffle_buffer, 1)
+        if self.epochs is not None and integer("epochs", self.epochs, 1) <= self.initial_epoch:
             raise ValueError(
                 f"epochs ({self.epochs}) must be larger than initial_epoch ({self.initial_epoch}): "
                 "it is the epoch to stop before, as in Keras fit."
             )
         if self.validation_split is not None:
-            v = self.validation_split
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-                raise ValueError(f"validation_split must be a fraction in (0, 1), got {v!r}.")
+            fraction("validation_split", self.validation_split)
         if self.cache not in (None, False, True, "memory") and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f'cache must be True, "memory" or a file path prefix, got {self.cache!r}.')
         if isinstance(self.cache, (str, os.PathLike)) and self.cache != "memory":
@@ -482,14 +478,4 @@ class _Check:
                 f"skip_batches ({self.skip_batches}) needs the stream form: give epochs= (or "
                 "repeat=True). A one-epoch dataset (the default) has passes of the same length."
             )
-
-def _int_arg(name: str, value: Any, minimum: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or (
-        isinstance(value, (float, np.floating)) and (not math.isfinite(value) or value != int(value))
-    ):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-    return value
 

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kerasdist.validation import integer
+
 TEST_SAMPLES = 297  # the last 297 of the 1,797 digits; the first 1,500 train
 BATCH_SIZE = 64
 EVERY_STEPS = 5
@@ -47,8 +49,7 @@ def kerasdist_demo(
         epochs, test loss and accuracy, the PNG's path and the wall time.
     """
     started = time.monotonic()
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}.")
+    epochs = integer("epochs", epochs, 1)
     run_dir = fresh_run_dir(run_dir)
     checkpoints = run_dir / "checkpoints"
     say = print if verbose else (lambda *a, **k: None)

@@ -13,6 +13,7 @@ from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manag
 from kerasdist.ps import ps_fit, required_steps
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
+from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
 
@@ -179,8 +180,7 @@ def _resume_point(model: Any, checkpoint: CheckpointCallback) -> tuple[int, int,
 
 
 def _check_epochs(epochs: Any) -> None:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an integer >= 1 (the total, earlier runs included), got {epochs!r}.")
+    integer("epochs", epochs, 1, hint="the total, earlier runs included")
 
 
 def _cardinality(dataset: tf.data.Dataset, name: str) -> int:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kerasdist.validation import integer
+
 __all__ = ["scaled_loss"]
 
 
@@ -142,10 +144,8 @@ def _broadcast_weight(weight: Any, rank: int) -> Any:
 
 
 def _check_batch_size(value: Any) -> None:
-    import numpy as np
     import tensorflow as tf
 
     if tf.is_tensor(value):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"global_batch_size must be a positive integer, got {value!r}.")
+    integer("global_batch_size", value, 1)

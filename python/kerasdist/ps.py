@@ -34,9 +34,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerasdist._args import whole_number
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
+from kerasdist.validation import integer
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVER_TASK_TYPES = ("worker", "ps")
@@ -121,9 +121,9 @@ def ps_fit(
     strategy = _ps_strategy_of(model)
     _check_compiled(model)
     check_step_functions(model, strategy)
-    epochs = whole_number("epochs", epochs, 1)
+    epochs = integer("epochs", epochs, 1)
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    initial_epoch = whole_number("initial_epoch", initial_epoch, 0)
+    initial_epoch = integer("initial_epoch", initial_epoch, 0)
     if validation_data is not None:
         validation_steps = required_steps("validation_steps", validation_steps, "validation_data")
     train_fn = _dataset_fn("data", data)
@@ -203,7 +203,7 @@ def required_steps(name: str, value: Any, data_name: str) -> int:
             f"copy of {data_name}, repeated without end, so an epoch is a number of steps. "
             f"Pass e.g. {name}=100."
         )
-    return whole_number(name, value, 1)
+    return integer(name, value, 1)
 
 
 def _dataset_fn(name: str, data: Any) -> DatasetFn:

@@ -26,6 +26,8 @@ from typing import Any
 
 import keras
 
+from kerasdist.validation import boolean, optional_integer
+
 
 @dataclass(frozen=True)
 class TrainingSettings:
@@ -42,13 +44,9 @@ class TrainingSettings:
 def training_settings(mixed_precision: Any = False, jit_compile: Any = False,
                       gradient_accumulation_steps: Any = None) -> TrainingSettings:
     """Check the speed options (naming the argument and the value received) and bundle them."""
-    if not isinstance(mixed_precision, bool):
-        raise ValueError(f"mixed_precision must be True or False, got {mixed_precision!r}.")
-    if not isinstance(jit_compile, bool):
-        raise ValueError(f"jit_compile must be True or False, got {jit_compile!r}.")
-    steps = gradient_accumulation_steps
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1 or None, got {steps!r}.")
+    boolean("mixed_precision", mixed_precision)
+    boolean("jit_compile", jit_compile)
+    steps = optional_integer("gradient_accumulation_steps", gradient_accumulation_steps, 1)
     return TrainingSettings(mixed_precision, jit_compile, None if steps in (None, 1) else int(steps))
 
 

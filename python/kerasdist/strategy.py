@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
+from kerasdist.validation import integer
 
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
 CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one_device")
@@ -274,8 +275,7 @@ def simulate_devices(n: int) -> list[str]:
     """
     import tensorflow as tf
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1 (the number of CPU devices), got {n!r}.")
+    n = integer("n", n, 1, hint="the number of CPU devices")
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu) or []
     if len(current) != n:

@@ -34,6 +34,7 @@ from kerasdist.speed import (
 )
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, run_context, select_strategy
+from kerasdist.validation import boolean, fraction
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
 _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
@@ -130,8 +131,7 @@ def distributed_fit(
         raise ValueError("validation_split and validation_data: give one of them, not both.")
     callbacks = _check_callbacks(callbacks)
     extra = _check_dataset_args(dataset_args)
-    if not isinstance(shuffle, bool):
-        raise ValueError(f"shuffle must be True or False, got {shuffle!r}.")
+    boolean("shuffle", shuffle)
     check_callback_args(True, every_steps, keep, "min", "loss")
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
@@ -181,9 +181,7 @@ def _check_strategy_arg(strategy: Any) -> None:
 def _check_fraction(validation_split: Any) -> None:
     if validation_split is None:
         return
-    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
-            or not 0 < validation_split < 1:
-        raise ValueError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}.")
+    fraction("validation_split", validation_split)
 
 
 def _check_callbacks(callbacks: Any) -> list[Any]:

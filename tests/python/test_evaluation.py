@@ -45,7 +45,7 @@ def test_scaled_loss_on_one_device_is_the_keras_mean_plus_regularization():
         float(tf.reduce_sum(per_example * w) / 4), rel=1e-6)
     assert float(kerasdist.scaled_loss(per_example, global_batch_size=8)) == pytest.approx(
         float(tf.reduce_sum(per_example) / 8), rel=1e-6)
-    with pytest.raises(ValueError, match="global_batch_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="global_batch_size must be an integer >= 1, got 0"):
         kerasdist.scaled_loss(per_example, global_batch_size=0)
 
 
@@ -152,7 +152,7 @@ def test_evaluate_and_predict_refuse_what_they_cannot_use():
     uncompiled = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="the model is not compiled"):
         kerasdist.distributed_evaluate(uncompiled, np.ones((2, 4)), np.ones(2))
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         kerasdist.distributed_predict(uncompiled, np.ones((2, 4)), batch_size=0)
     with pytest.raises(ValueError, match="x is a file pattern"):
         kerasdist.distributed_predict(uncompiled, "data/*.csv")

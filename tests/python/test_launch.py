@@ -185,10 +185,10 @@ def test_an_r_script_runs_with_rscript(tmp_path, capsys):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"num_workers": 0}, "num_workers must be at least 1, got 0"),
+        ({"num_workers": 0}, "num_workers must be an integer >= 1, got 0"),
         ({"num_workers": 2.5}, "num_workers must be an integer"),
-        ({"num_ps": -1}, "num_ps must be at least 0, got -1"),
-        ({"max_restarts": -1}, "max_restarts must be at least 0, got -1"),
+        ({"num_ps": -1}, "num_ps must be an integer >= 0, got -1"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
         ({"timeout": 0}, "timeout must be more than 0 seconds"),
         ({"command": []}, "command is empty"),
         ({"command": ""}, "command is empty"),

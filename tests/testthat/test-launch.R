@@ -70,11 +70,11 @@ test_that("bad input is refused before anything starts, naming the argument", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
   command <- c(task_script(), dir)
-  expect_error(launch(command, num_workers = 0), "num_workers must be at least 1, got 0",
+  expect_error(launch(command, num_workers = 0), "num_workers must be an integer >= 1, got 0",
                class = "kerasdist_ValueError")
-  expect_error(launch(command, num_workers = 2, num_ps = -1), "num_ps must be at least 0",
+  expect_error(launch(command, num_workers = 2, num_ps = -1), "num_ps must be an integer >= 0",
                class = "kerasdist_ValueError")
-  expect_error(launch(command, num_workers = 2, max_restarts = -1), "max_restarts must be at least 0",
+  expect_error(launch(command, num_workers = 2, max_restarts = -1), "max_restarts must be an integer >= 0",
                class = "kerasdist_ValueError")
   expect_error(launch(character(), num_workers = 2), "command is empty", class = "kerasdist_ValueError")
   expect_error(launch(1, num_workers = 2), "command must be a character vector",

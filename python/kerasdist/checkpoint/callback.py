@@ -14,6 +14,7 @@ import keras
 from kerasdist.checkpoint.format import CheckpointInfo
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
+from kerasdist.validation import boolean, choice, integer, optional_integer
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
 
@@ -53,18 +54,12 @@ def checkpoint_callback(
 
 
 def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any) -> None:
-    if not isinstance(every_epoch, bool):
-        raise ValueError(f"every_epoch must be TRUE/True or FALSE/False, got {every_epoch!r}.")
-    if every_steps is not None and (
-        isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
-    ):
-        raise ValueError(f"every_steps must be a positive integer or None, got {every_steps!r}.")
+    boolean("every_epoch", every_epoch)
+    optional_integer("every_steps", every_steps, 1)
     if not every_epoch and every_steps is None:
         raise ValueError("every_epoch is False and every_steps is None: the callback would never save.")
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be an integer >= 1 (the newest checkpoint is always kept), got {keep!r}.")
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}.")
+    integer("keep", keep, 1, hint="the newest checkpoint is always kept")
+    choice("mode", mode, ("min", "max"))
     if not isinstance(monitor, str) or not monitor:
         raise ValueError(f"monitor must be a metric name such as 'loss', got {monitor!r}.")
 

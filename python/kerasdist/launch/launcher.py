@@ -25,6 +25,7 @@ from kerasdist.launch.result import (
     no_restarts_message,
     timeout_message,
 )
+from kerasdist.validation import integer
 
 
 def launch(
@@ -100,9 +101,9 @@ def launch(
             empty `command`, a command or script that does not exist, a `host` this machine
             cannot bind.
     """
-    num_workers = _count("num_workers", num_workers, 1)
-    num_ps = _count("num_ps", num_ps, 0)
-    max_restarts = _count("max_restarts", max_restarts, 0)
+    num_workers = integer("num_workers", num_workers, 1)
+    num_ps = integer("num_ps", num_ps, 0)
+    max_restarts = integer("max_restarts", max_restarts, 0)
     timeout = _seconds("timeout", timeout, allow_none=True)
     grace_period = _seconds("grace_period", grace_period, allow_zero=True)
     startup_timeout = _seconds("startup_timeout", startup_timeout, allow_none=True)
@@ -172,16 +173,6 @@ def _say(message: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Argument checks
-
-
-def _count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, float) and value.is_integer():  # R gives doubles
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
-    return value
 
 
 def _seconds(
