@@ -14,5 +14,5 @@
 #' }
 #' @export
 parse_tf_config <- function(tf_config) {
-  py_record_to_r(call_python(kerasdist_module()$parse_tf_config, tf_config), "is_chief")
+  py_record_to_r(call_python(kerasdist_module()$parse_tf_config, as_py_tf_config(tf_config)), "is_chief")
 }

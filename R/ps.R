@@ -86,5 +86,5 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
 #' }
 #' @export
 run_server <- function(tf_config = NULL) {
-  invisible(call_python(kerasdist_module()$run_server, tf_config))
+  invisible(call_python(kerasdist_module()$run_server, as_py_tf_config(tf_config)))
 }

@@ -238,6 +238,15 @@ as_py_int <- function(x) {
   if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
 }
 
+# A TF_CONFIG given as a nested R list: its task index as an integer (R's `index = 0` is a double,
+# which Python refuses); JSON text and NULL pass unchanged.
+as_py_tf_config <- function(tf_config) {
+  if (is.list(tf_config) && is.list(tf_config$task) && !is.null(tf_config$task$index)) {
+    tf_config$task$index <- as_py_int(tf_config$task$index)
+  }
+  tf_config
+}
+
 # A Python History as keras3's `keras_training_history` (what keras3's fit() returns), so that
 # print(), plot() and as.data.frame() work; `model` is the trained model.
 as_training_history <- function(history) {

@@ -45,7 +45,7 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
   strategy <- call_python(
     kerasdist_module()$select_strategy, kind,
     devices = as_py_list(devices), cross_device_ops = cross_device_ops,
-    communication = communication, tf_config = tf_config,
+    communication = communication, tf_config = as_py_tf_config(tf_config),
     cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
     gpus = as_py_list(gpus), tpu = tpu
   )
@@ -73,7 +73,7 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
                           tpu = NULL) {
   plan <- call_python(
     kerasdist_module()$plan_strategy, kind,
-    devices = as_py_list(devices), tf_config = tf_config,
+    devices = as_py_list(devices), tf_config = as_py_tf_config(tf_config),
     cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
     gpus = as_py_list(gpus), tpu = tpu
   )
