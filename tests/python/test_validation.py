@@ -38,7 +38,8 @@ def test_integer_without_minimum_and_with_hint():
     assert integer("seed", -7) == -7
     with pytest.raises(ValueError, match=re.escape("seed must be an integer, got 1.5.")):
         integer("seed", 1.5)
-    with pytest.raises(ValueError, match=re.escape("keep must be an integer >= 1 (the newest checkpoint is always kept), got 0.")):
+    message = "keep must be an integer >= 1 (the newest checkpoint is always kept), got 0."
+    with pytest.raises(ValueError, match=re.escape(message)):
         integer("keep", 0, 1, hint="the newest checkpoint is always kept")
 
 
