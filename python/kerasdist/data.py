@@ -343,79 +343,79 @@ def _attach(dataset: Any, info: DatasetInfo, planned: _Planned | None) -> None:
         setattr(dataset, _REBUILD_ATTR, lambda **epochs: replace_epochs(planned, **epochs).build())
 
 
+_DEFAULTS = dict(
+    sample_weight=None, batch_size=None, per_replica_batch_size=None, strategy=None,
+    drop_remainder=False, shuffle=True, seed=0, initial_epoch=0, skip_batches=0, epochs=None,
+    repeat=False, validation_split=None, per_worker=False, cache=None, map_fn=None,
+    check_finite=False, file_format=None, label_column=None, features=None, shuffle_buffer=10_000,
+)
+
+
 def _plan(x: Any, y: Any = None, *, _source_of: _Planned | None = None, **args: Any) -> _Planned:
     """Check every argument, read the source (once), decide sizes and steps: no pipeline yet."""
-    full = dict(
-        sample_weight=None, batch_size=None, per_replica_batch_size=None, strategy=None,
-        drop_remainder=False, shuffle=True, seed=0, initial_epoch=0, skip_batches=0, epochs=None,
-        repeat=False, validation_split=None, per_worker=False, cache=None, map_fn=None,
-        check_finite=False, file_format=None, label_column=None, features=None, shuffle_buffer=10_000,
-    )
-    unknown = sorted(set(args) - set(full))
+    unknown = sorted(set(args) - set(_DEFAULTS))
     if unknown:
         raise TypeError(f"make_dataset() got unexpected arguments: {', '.join(unknown)}.")
-    full.update(args)
-    a = full
-    batch_size, per_replica_batch_size = a["batch_size"], a["per_replica_batch_size"]
-    drop_remainder = a["drop_remainder"]
-    shuffle, seed, initial_epoch, skip_batches = a["shuffle"], a["seed"], a["initial_epoch"], a["skip_batches"]
-    epochs, repeat, validation_split, per_worker = a["epochs"], a["repeat"], a["validation_split"], a["per_worker"]
-    cache, map_fn, check_finite, shuffle_buffer = a["cache"], a["map_fn"], a["check_finite"], a["shuffle_buffer"]
-    check = _Check(
-        batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-        drop_remainder=drop_remainder, seed=seed, initial_epoch=initial_epoch,
-        skip_batches=skip_batches, epochs=epochs, validation_split=validation_split,
-        cache=cache, map_fn=map_fn, shuffle_buffer=shuffle_buffer, repeat=repeat,
-    )
+    a = {**_DEFAULTS, **args}
+    check = _Check(**{name: a[name] for name in (
+        "batch_size", "per_replica_batch_size", "drop_remainder", "seed", "initial_epoch",
+        "skip_batches", "epochs", "validation_split", "cache", "map_fn", "shuffle_buffer", "repeat")})
     check.scalars()
     if _source_of is not None:
         source = _source_of.source
     else:
-        source = _source(x, y, a["sample_weight"], a["file_format"], a["label_column"], a["features"], check_finite)
-    if validation_split is not None and source.kind != "memory":
-        raise ValueError(
-            f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
-        )
+        source = _source(x, y, a["sample_weight"], a["file_format"], a["label_column"], a["features"],
+                         a["check_finite"])
     context = run_context(a["strategy"])
-    replicas = context.num_replicas
-    n_val = 0
-    if validation_split is not None:
-        n_val = source.n - math.ceil(source.n * (1.0 - validation_split))
-        if n_val < 1 or n_val >= source.n:
-            raise ValueError(
-                f"validation_split {validation_split} of {source.n} samples leaves "
-                f"{source.n - n_val} for training and {n_val} for validation; both need at least 1."
-            )
-    n_train = source.n - n_val
+    n_val = _validation_rows(source, a["validation_split"])
     sizing = batch_size_info(
-        batch_size, per_replica_batch_size, num_replicas=replicas, num_samples=n_train,
-        drop_remainder=drop_remainder, require_even_split=per_worker,
+        a["batch_size"], a["per_replica_batch_size"], num_replicas=context.num_replicas,
+        num_samples=source.n - n_val, drop_remainder=a["drop_remainder"], require_even_split=a["per_worker"],
     )
     check.resume(sizing.steps_per_epoch)
-    form = "repeat" if repeat else ("one_epoch" if epochs is None else "epochs")
+    form = "repeat" if a["repeat"] else ("one_epoch" if a["epochs"] is None else "epochs")
     plan = _Plan(
-        sizing=sizing, shuffle=bool(shuffle), seed=int(seed), initial_epoch=int(initial_epoch),
-        skip_batches=int(skip_batches), epochs=None if epochs is None else int(epochs),
-        map_fn=map_fn, cache=cache, shuffle_buffer=int(shuffle_buffer), check_finite=check_finite,
-        one_epoch=form == "one_epoch",
+        sizing=sizing, shuffle=bool(a["shuffle"]), seed=int(a["seed"]), initial_epoch=int(a["initial_epoch"]),
+        skip_batches=int(a["skip_batches"]), epochs=None if a["epochs"] is None else int(a["epochs"]),
+        map_fn=a["map_fn"], cache=a["cache"], shuffle_buffer=int(a["shuffle_buffer"]),
+        check_finite=a["check_finite"], one_epoch=form == "one_epoch",
     )
-    if per_worker:
-        policy = "per_worker"
-    elif source.kind == "files" and cache in (None, False) and len(source.files) >= context.num_workers:
-        policy = "FILE"
-    else:
-        policy = "DATA"
     info = DatasetInfo(
-        source=source.kind, num_samples=n_train, batch_size=sizing.batch_size,
+        source=source.kind, num_samples=source.n - n_val, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
         sizing=sizing.sizing, steps_per_epoch=sizing.steps_per_epoch,
-        drop_remainder=bool(drop_remainder), shard_policy=policy, per_worker=bool(per_worker),
-        shuffle=bool(shuffle), seed=int(seed), initial_epoch=int(initial_epoch),
-        skip_batches=int(skip_batches), epochs=plan.epochs,
+        drop_remainder=bool(a["drop_remainder"]), shard_policy=_shard_policy(source, a, context),
+        per_worker=bool(a["per_worker"]), shuffle=bool(a["shuffle"]), seed=int(a["seed"]),
+        initial_epoch=int(a["initial_epoch"]), skip_batches=int(a["skip_batches"]), epochs=plan.epochs,
         num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
         validation_samples=n_val, form=form,
     )
     return _Planned(x, y, dict(args), source, info, plan, context, sizing)
+
+
+def _validation_rows(source: Any, validation_split: float | None) -> int:
+    """How many of the last rows validation_split holds out (as Keras does); 0 without it."""
+    if validation_split is None:
+        return 0
+    if source.kind != "memory":
+        raise ValueError(
+            f"validation_split needs in-memory data (arrays or a data frame); x is a {source.kind}."
+        )
+    n_val = source.n - math.ceil(source.n * (1.0 - validation_split))
+    if n_val < 1 or n_val >= source.n:
+        raise ValueError(
+            f"validation_split {validation_split} of {source.n} samples leaves "
+            f"{source.n - n_val} for training and {n_val} for validation; both need at least 1."
+        )
+    return n_val
+
+
+def _shard_policy(source: Any, a: dict[str, Any], context: Any) -> str:
+    if a["per_worker"]:
+        return "per_worker"
+    if source.kind == "files" and a["cache"] in (None, False) and len(source.files) >= context.num_workers:
+        return "FILE"
+    return "DATA"
 
 
 # ---------------------------------------------------------------------------------------------
