@@ -69,7 +69,9 @@ resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch =
 # Where resume_fit saves: a directory, a checkpoint_callback(), or the model's own (NULL).
 checkpoint_dir_of <- function(checkpoint, model) {
   if (is.character(checkpoint)) return(checkpoint)
-  dir <- if (is.null(checkpoint)) model else checkpoint
-  attribute <- if (is.null(checkpoint)) "_kerasdist_checkpoint_dir" else "checkpoint_dir"
-  if (reticulate::py_has_attr(dir, attribute)) reticulate::py_str(reticulate::py_get_attr(dir, attribute)) else NULL
+  if (is.null(checkpoint)) {
+    dir <- reticulate::import("kerasdist.checkpoint")$remembered_checkpoint_dir(model)
+    return(if (is.null(dir)) NULL else as.character(dir))
+  }
+  if (reticulate::py_has_attr(checkpoint, "checkpoint_dir")) reticulate::py_str(checkpoint$checkpoint_dir) else NULL
 }
