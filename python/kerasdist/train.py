@@ -133,7 +133,8 @@ def distributed_fit(
         return dataset[0] if validation_split is not None else dataset
 
     first = make_dataset(x, y, initial_epoch=0, epochs=1, validation_split=validation_split, **common)
-    steps = dataset_info(first[0] if validation_split is not None else first).steps_per_epoch
+    info = dataset_info(first[0] if validation_split is not None else first)
+    steps = info.steps_per_epoch
     if validation_split is not None:
         validation_data = first[1]
     elif isinstance(validation_data, (tuple, list)):
@@ -144,7 +145,7 @@ def distributed_fit(
     check_step_functions(model, context.strategy)
     checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
     with context.strategy.scope():
-        return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
+        return resume_fit(model, EpochRange(epochs_data, info.batch_size), epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 

@@ -56,6 +56,8 @@ class CheckpointInfo:
         history: per-epoch logs of all completed epochs, earlier runs included.
         metrics: the logs at save time (epoch metrics for epoch-end checkpoints).
         writer: the task that wrote it ("worker:0", "chief:0"), or None outside a cluster.
+        global_batch_size: samples per optimizer step of the run that wrote it, when known
+            (data from `make_dataset`); a resume under another global batch is told apart by it.
     """
 
     path: str
@@ -65,6 +67,7 @@ class CheckpointInfo:
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     writer: str | None = None
+    global_batch_size: int | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -128,6 +131,7 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
         history=list(record.get("history", [])),
         metrics=dict(record.get("metrics", {})),
         writer=record.get("writer"),
+        global_batch_size=None if record.get("global_batch_size") is None else int(record["global_batch_size"]),
     )
 
 
@@ -163,6 +167,7 @@ def write_checkpoint(
     history: list[dict[str, float]] | None = None,
     metrics: dict[str, float] | None = None,
     writer: str | None = None,
+    global_batch_size: int | None = None,
 ) -> CheckpointInfo:
     """Write one checkpoint of `model` into `directory` atomically and return it."""
     global_step = optimizer_step(model)
@@ -178,6 +183,7 @@ def write_checkpoint(
             "global_step": global_step,
             "saved_at": time.time(),
             "writer": writer,
+            "global_batch_size": global_batch_size,
             "signature": signature(model),
             "history": plain(history or []),
             "metrics": plain(metrics or {}),
