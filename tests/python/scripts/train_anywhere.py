@@ -12,7 +12,8 @@ multi-worker, distributed_fit's step checkpoints fail today (a collective only t
 it saves inside the scope: "Collective instance ... expected type 1 ... but got type 0").
 Prints "step G" after every optimizer step (flushed).
 `--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (on the
-launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given). The chief
+launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given); comma lists
+(`--kill-at-step 3,9 --kill-task worker:0,worker:1`) kill on attempt k at the k-th step and task. The chief
 (or the only process) writes its final weights to OUT.npz, any other worker to OUT-<task>.npz.
 """
 
@@ -63,7 +64,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every-steps", type=int, default=1)
-    parser.add_argument("--kill-at-step", type=int)
+    parser.add_argument("--kill-at-step")
     parser.add_argument("--kill-task")
     parser.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM"])
     parser.add_argument("--api", default="distributed_fit", choices=["distributed_fit", "resume_fit"])
@@ -80,8 +81,10 @@ def main():
     y = np.tanh(x @ rng.normal(size=(FEATURES, 1))).astype("float32")
 
     context = run_context(strategy)
-    first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
-    kill = args.kill_at_step if first_attempt and args.kill_task in (None, context.task) else None
+    attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
+    steps = [int(s) for s in args.kill_at_step.split(",")] if args.kill_at_step else []
+    tasks = args.kill_task.split(",") if args.kill_task else [None] * len(steps)
+    kill = steps[attempt] if attempt < len(steps) and tasks[attempt] in (None, context.task) else None
     callbacks = [PrintAndKill(kill, getattr(signal, f"SIG{args.kill_signal}"))]
     if args.api == "distributed_fit":
         model = kerasdist.distributed_fit(

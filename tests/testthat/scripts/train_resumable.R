@@ -1,0 +1,37 @@
+# A seeded run from R that can be killed at any step and restarted (tools/kill_resume.py --r).
+# usage: Rscript train_resumable.R CHECKPOINT_DIR OUT.npz
+# distributed_fit on the default strategy (320 samples, global batch 32: 20 steps, a checkpoint
+# every step); prints "step G" after every optimizer step and writes the final weights to OUT.npz.
+library(kerasdist)
+library(keras3)
+args <- commandArgs(trailingOnly = TRUE)
+checkpoint_dir <- args[[1]]
+out <- args[[2]]
+
+tf <- reticulate::import("tensorflow")
+reticulate::import("keras")$utils$set_random_seed(2026L)
+tf$config$experimental$enable_op_determinism()
+set.seed(0)
+x <- matrix(rnorm(320 * 4), ncol = 4)
+y <- tanh(x %*% c(0.5, -1, 0.25, 1))
+
+build_model <- function() {
+  keras_model_sequential(input_shape = 4) |>
+    layer_dense(8, activation = "tanh") |>
+    layer_dense(1) |>
+    compile(optimizer = optimizer_sgd(0.05), loss = "mse")
+}
+
+latest <- latest_checkpoint(checkpoint_dir)
+step <- if (is.null(latest)) 0L else latest$global_step
+print_step <- callback_lambda(on_train_batch_end = function(batch, logs) {
+  step <<- step + 1L
+  cat("step", step, "\n")
+  flush(stdout())
+})
+history <- distributed_fit(build_model, x, y, epochs = 2, checkpoint_dir = checkpoint_dir,
+                           strategy = "default", batch_size = 32, seed = 2026, every_steps = 1,
+                           keep = 2, callbacks = list(print_step), verbose = 0)
+np <- reticulate::import("numpy", convert = FALSE)
+invisible(do.call(np$savez, c(list(out), history$model$get_weights())))
+cat("done\n")
