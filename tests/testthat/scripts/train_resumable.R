@@ -1,12 +1,17 @@
-# A seeded run from R that can be killed at any step and restarted (tools/kill_resume.py --r).
-# usage: Rscript train_resumable.R CHECKPOINT_DIR OUT.npz
-# distributed_fit on the default strategy (320 samples, global batch 32: 20 steps, a checkpoint
-# every step); prints "step G" after every optimizer step and writes the final weights to OUT.npz.
+# A seeded run from R that can be killed at any step and restarted (tools/kill_resume.py --r,
+# tests/testthat/test-reliability.R).
+# usage: Rscript train_resumable.R CHECKPOINT_DIR OUT.npz [default|mirrored]
+# distributed_fit (320 samples, global batch 32: 20 steps, a checkpoint every step) on the default
+# strategy or mirrored on 2 simulated CPU devices; prints "step G" after every optimizer step and
+# writes the final weights to OUT.npz. With KILL_AT_STEP=S it SIGKILLs itself once step S is saved.
 library(kerasdist)
-library(keras3)
 args <- commandArgs(trailingOnly = TRUE)
 checkpoint_dir <- args[[1]]
 out <- args[[2]]
+strategy <- if (length(args) >= 3) args[[3]] else "default"
+if (strategy == "mirrored") simulate_devices(2)  # before keras3 starts TensorFlow
+library(keras3)
+kill_at <- as.integer(Sys.getenv("KILL_AT_STEP", "0"))
 
 tf <- reticulate::import("tensorflow")
 reticulate::import("keras")$utils$set_random_seed(2026L)
@@ -28,9 +33,10 @@ print_step <- callback_lambda(on_train_batch_end = function(batch, logs) {
   step <<- step + 1L
   cat("step", step, "\n")
   flush(stdout())
+  if (kill_at > 0 && step >= kill_at) tools::pskill(Sys.getpid(), tools::SIGKILL)
 })
 history <- distributed_fit(build_model, x, y, epochs = 2, checkpoint_dir = checkpoint_dir,
-                           strategy = "default", batch_size = 32, seed = 2026, every_steps = 1,
+                           strategy = strategy, batch_size = 32, seed = 2026, every_steps = 1,
                            keep = 2, callbacks = list(print_step), verbose = 0)
 np <- reticulate::import("numpy", convert = FALSE)
 invisible(do.call(np$savez, c(list(out), history$model$get_weights())))
