@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
+from kerasdist.checkpoint.callback import batches_to_skip
 from kerasdist.ps import ps_fit, required_steps
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
@@ -24,10 +25,13 @@ class EpochRange:
 
     resume_fit otherwise builds one dataset per epoch and concatenates them, and each of those
     holds its own copy of in-memory data; one pipeline over the range holds one.
+    `global_batch_size` (samples per step), when given, is recorded in checkpoints and checked
+    on resume (`batches_to_skip`).
     """
 
-    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset]):
+    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset], global_batch_size: int | None = None):
         self.make = make
+        self.global_batch_size = global_batch_size
 
     def __call__(self, epoch: int) -> tf.data.Dataset:
         return self.make(epoch, epoch + 1, 0)
@@ -88,7 +92,7 @@ def resume_fit(
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
-    epoch, skip, prior = _resume_point(model, checkpoint)
+    epoch, skip, prior = _resume_point(model, checkpoint, data)
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
@@ -170,13 +174,29 @@ def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:
     return CheckpointCallback(checkpoint)
 
 
-def _resume_point(model: Any, checkpoint: CheckpointCallback) -> tuple[int, int, list[dict[str, float]]]:
+def _resume_point(model: Any, checkpoint: CheckpointCallback,
+                  data: Any = None) -> tuple[int, int, list[dict[str, float]]]:
     """(epoch, batches of it already trained, history so far) from the checkpoint training
-    continues from (`CheckpointManager.resume_point`)."""
+    continues from (`CheckpointManager.resume_point`); for `make_dataset` data the batches are
+    counted in its global batch (`batches_to_skip`), which the checkpoints then record."""
     point = checkpoint.manager.resume_point(model)
+    checkpoint.global_batch_size = _global_batch_size(data)
     if point is None:
         return 0, 0, []
-    return point.epoch, point.step_in_epoch, list(point.history)
+    return point.epoch, batches_to_skip(point, checkpoint.global_batch_size), list(point.history)
+
+
+def _global_batch_size(data: Any) -> int | None:
+    """Samples per step of `make_dataset` data or of an EpochRange that knows it (distributed_fit's);
+    None for other data. Builds no dataset."""
+    from kerasdist.data import dataset_info
+
+    if isinstance(data, EpochRange):
+        return data.global_batch_size
+    try:
+        return dataset_info(data).batch_size
+    except (ValueError, TypeError):
+        return None
 
 
 def _check_epochs(epochs: Any) -> None:

@@ -164,7 +164,8 @@ def distributed_fit(
         checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
         checkpoint.settings = settings.record()
         with context.strategy.scope():
-            return resume_fit(model, EpochRange(epochs_data), epochs, checkpoint, steps_per_epoch=steps,
+            return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
+                              steps_per_epoch=steps,
                               callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from kerasdist.checkpoint.format import CheckpointInfo
+from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.validation import boolean, choice, integer, optional_integer
@@ -92,6 +93,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._is_chief = True
         self._task: str | None = None
         self.settings: dict[str, Any] = {}  # the run's training settings, recorded in each checkpoint
+        # samples per step, recorded in each checkpoint; set by resume_fit for make_dataset data
+        self.global_batch_size: int | None = None
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
@@ -169,7 +172,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         info = self.manager.save(
             self.model, epoch=epoch, step_in_epoch=step, history=self._history,
-            metrics=plain(logs or {}), writer=self._task, **({"settings": self.settings} if self.settings else {}),
+            metrics=plain(logs or {}), writer=self._task, global_batch_size=self.global_batch_size,
+            **({"settings": self.settings} if self.settings else {}),
         )
         self.saved.append(info)
         if self.keep_best and step == 0 and self._better(info, self._best):
@@ -200,3 +204,31 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _on_sigterm(self, signum, frame) -> None:
         self._preempted = True
+
+
+def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int:
+    """Batches of `point.epoch` to skip when resuming from `point` with batches of
+    `global_batch_size` samples.
+
+    The sample order of an epoch is a function of (seed, epoch) only (`make_dataset`), so under
+    the global batch the checkpoint was written with, skipping its `step_in_epoch` batches
+    continues at the next unseen sample, whatever the number of replicas or workers. Under
+    another global batch the checkpoint's `step_in_epoch * old` samples are skipped, rounded
+    down to whole new batches so that no sample goes untrained; a warning says so, and how many
+    samples are trained a second time. Unknown sizes (data not from `make_dataset`) are taken
+    as unchanged.
+    """
+    old, new = point.global_batch_size, global_batch_size
+    if point.step_in_epoch == 0 or old is None or new is None or old == new:
+        return point.step_in_epoch
+    seen = point.step_in_epoch * old
+    skip, again = divmod(seen, new)
+    warnings.warn(
+        f"The checkpoint {point.path} was written with a global batch of {old} samples, this run "
+        f"uses {new}: the sample stream is not the same, so it cannot continue exactly. It resumes "
+        f"epoch {point.epoch} at sample {skip * new} (batch {skip} of {new}); the {seen} samples "
+        f"already trained in that epoch are skipped"
+        + (f" except the last {again}, which are trained again." if again else "."),
+        CheckpointWarning, stacklevel=3,
+    )
+    return skip

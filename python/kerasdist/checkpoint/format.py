@@ -59,6 +59,8 @@ class CheckpointInfo:
         settings: the training settings the run used (`speed.TrainingSettings`: mixed
             precision, XLA, gradient accumulation); empty for checkpoints written before they
             were recorded.
+        global_batch_size: samples per optimizer step of the run that wrote it, when known
+            (data from `make_dataset`); a resume under another global batch is told apart by it.
     """
 
     path: str
@@ -69,6 +71,7 @@ class CheckpointInfo:
     metrics: dict[str, float] = field(default_factory=dict)
     writer: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    global_batch_size: int | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -133,6 +136,7 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
         metrics=dict(record.get("metrics", {})),
         writer=record.get("writer"),
         settings=dict(record.get("settings") or {}),
+        global_batch_size=None if record.get("global_batch_size") is None else int(record["global_batch_size"]),
     )
 
 
@@ -169,6 +173,7 @@ def write_checkpoint(
     metrics: dict[str, float] | None = None,
     writer: str | None = None,
     settings: dict[str, Any] | None = None,
+    global_batch_size: int | None = None,
 ) -> CheckpointInfo:
     """Write one checkpoint of `model` into `directory` atomically and return it. `settings`
     (the run's training settings) goes into the record only when given, so records of runs
@@ -186,6 +191,7 @@ def write_checkpoint(
             "global_step": global_step,
             "saved_at": time.time(),
             "writer": writer,
+            "global_batch_size": global_batch_size,
             "signature": signature(model),
             "history": plain(history or []),
             "metrics": plain(metrics or {}),
