@@ -147,6 +147,7 @@ def select_strategy(
     _check_devices_exist(plan.devices)
     key = _reuse_key(plan, cross_device_ops, communication, cluster_resolver)
     if key in _CREATED:
+        _PLANS[_CREATED[key]] = plan  # the same strategy, described by this request's reason
         return _CREATED[key]
     strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
     if plan.kind == "multi_worker" and plan.cluster.num_workers > 1:
