@@ -18,7 +18,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerasdist.checkpoint import CheckpointCallback, as_manager, check_callback_args, manager_of
+from kerasdist.checkpoint import (
+    CheckpointCallback,
+    as_manager,
+    check_callback_args,
+    check_trainer_callbacks,
+    manager_of,
+)
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.fit import _cardinality, _check_epochs, _merged_history
 from kerasdist.speed import (
@@ -342,21 +348,7 @@ def _check_step_fn(step_fn: Any) -> StepFn:
 
 
 def _check_callbacks(callbacks: Any) -> list[Any]:
-    if callbacks is None:
-        return []
-    if isinstance(callbacks, keras.callbacks.Callback):
-        callbacks = [callbacks]
-    if not isinstance(callbacks, (list, tuple)):
-        raise ValueError(f"callbacks must be a list of Keras callbacks, got {type(callbacks).__name__}.")
-    for index, callback in enumerate(callbacks):
-        if isinstance(callback, CheckpointCallback):
-            raise ValueError(
-                f"callbacks[{index}] is a kerasdist checkpoint callback: custom_fit adds its own; "
-                "set checkpoint_dir, every_steps and keep instead."
-            )
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise ValueError(f"callbacks[{index}] must be a Keras callback, got {type(callback).__name__}.")
-    return list(callbacks)
+    return check_trainer_callbacks(callbacks, "custom_fit")
 
 
 def _model_of(model: Any, checkpoint_dir: Any, strategy: Any, settings: Any) -> Any:

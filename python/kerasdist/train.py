@@ -17,9 +17,9 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import (
-    CheckpointCallback,
     CheckpointManager,
     check_callback_args,
+    check_trainer_callbacks,
     checkpoint_callback,
     make_or_restore_model,
 )
@@ -186,24 +186,7 @@ def _check_fraction(validation_split: Any) -> None:
 
 
 def _check_callbacks(callbacks: Any) -> list[Any]:
-    if callbacks is None:
-        return []
-    if isinstance(callbacks, keras.callbacks.Callback):
-        callbacks = [callbacks]
-    if not isinstance(callbacks, (list, tuple)):
-        raise ValueError(f"callbacks must be a list of Keras callbacks, got {type(callbacks).__name__}.")
-    for index, callback in enumerate(callbacks):
-        if isinstance(callback, CheckpointCallback):
-            raise ValueError(
-                f"callbacks[{index}] is a kerasdist checkpoint callback: distributed_fit adds its "
-                "own; set checkpoint_dir, every_steps and keep instead."
-            )
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise ValueError(
-                f"callbacks[{index}] must be a Keras callback (keras.callbacks.Callback), got "
-                f"{type(callback).__name__}."
-            )
-    return list(callbacks)
+    return check_trainer_callbacks(callbacks, "distributed_fit")
 
 
 def _check_dataset_args(dataset_args: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from kerasdist.checkpoint.callback import (
     PREEMPTED_EXIT_CODE,
     CheckpointCallback,
     check_callback_args,
+    check_trainer_callbacks,
     checkpoint_callback,
 )
 from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
@@ -34,6 +35,7 @@ __all__ = [
     "CheckpointWarning",
     "as_manager",
     "check_callback_args",
+    "check_trainer_callbacks",
     "checkpoint_callback",
     "latest_checkpoint",
     "list_checkpoints",

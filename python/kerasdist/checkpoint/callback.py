@@ -232,3 +232,26 @@ def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int
         CheckpointWarning, stacklevel=3,
     )
     return skip
+
+
+def check_trainer_callbacks(callbacks: Any, trainer: str) -> list[Any]:
+    """The user's callbacks for `trainer` ("distributed_fit", "custom_fit"), which adds its own
+    checkpoint callback: one callback or a list of Keras callbacks, none of them a kerasdist one."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
+        raise ValueError(f"callbacks must be a list of Keras callbacks, got {type(callbacks).__name__}.")
+    for index, callback in enumerate(callbacks):
+        if isinstance(callback, CheckpointCallback):
+            raise ValueError(
+                f"callbacks[{index}] is a kerasdist checkpoint callback: {trainer} adds its own; set "
+                "checkpoint_dir, every_steps and keep instead."
+            )
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ValueError(
+                f"callbacks[{index}] must be a Keras callback (keras.callbacks.Callback), got "
+                f"{type(callback).__name__}."
+            )
+    return list(callbacks)
