@@ -87,3 +87,29 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
   )
   invisible(as_training_history(history))
 }
+
+#' One of `fit`'s training steps, the default step of custom_fit()
+#'
+#' Runs Keras's training step for a compiled model on one batch: the
+#' compiled loss (plus regularization losses), its gradients, and the
+#' optimizer update. [custom_fit()] uses this step when `step_fn` is `NULL`
+#' (there it runs in Python on every replica); called from R it runs once,
+#' on the calling thread.
+#'
+#' @param model A compiled Keras model (a keras3 model).
+#' @param optimizer The optimizer to apply the gradients with; usually
+#'   `model$optimizer`.
+#' @param batch One batch: `list(x, y)` or `list(x, y, sample_weight)` of
+#'   tensors or arrays.
+#' @returns A named list with the step's `loss` (a tensor).
+#' @family training
+#' @seealso Python: `kerasdist.fit_step()`; [custom_fit()].
+#' @examples
+#' \dontrun{
+#' batch <- reticulate::iter_next(reticulate::as_iterator(make_dataset(x, y, batch_size = 32)))
+#' fit_step(model, model$optimizer, batch)$loss
+#' }
+#' @export
+fit_step <- function(model, optimizer, batch) {
+  call_python(kerasdist_module()$fit_step, model, optimizer, batch)
+}

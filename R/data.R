@@ -101,21 +101,54 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
       "function cannot run (see reticulate::py_run_string())."
     ), call = sys.call())
   }
-  result <- call_python(
-    kerasdist_module()$make_dataset, as_py_data(x),
-    y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
-    sample_weight = as_py_data(sample_weight), batch_size = as_py_int(batch_size),
-    per_replica_batch_size = as_py_int(per_replica_batch_size), strategy = strategy,
-    drop_remainder = drop_remainder, shuffle = shuffle, seed = as_py_int(seed),
-    initial_epoch = as_py_int(initial_epoch), skip_batches = as_py_int(skip_batches),
-    epochs = as_py_int(epochs), `repeat` = repeat_epochs, validation_split = validation_split,
-    per_worker = per_worker, cache = cache, map_fn = map_fn, check_finite = check_finite,
-    file_format = file_format, label_column = label_column,
-    features = if (is.null(features)) NULL else lapply(features, as_py_shape),
-    shuffle_buffer = as_py_int(shuffle_buffer)
-  )
+  result <- call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
   if (is.null(validation_split)) return(result)
   list(train = result[[1]], validation = result[[2]])
+}
+
+# make_dataset()'s arguments (in `args`, its environment) converted for Python once, for
+# make_dataset() and plan_dataset() alike.
+call_dataset_function <- function(fun, args, call) {
+  a <- as.list(args)
+  call_python(
+    fun, as_py_data(a$x),
+    y = if (is.character(a$y) && length(a$y) == 1) a$y else as_py_data(a$y),
+    sample_weight = as_py_data(a$sample_weight), batch_size = as_py_int(a$batch_size),
+    per_replica_batch_size = as_py_int(a$per_replica_batch_size), strategy = a$strategy,
+    drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = as_py_int(a$seed),
+    initial_epoch = as_py_int(a$initial_epoch), skip_batches = as_py_int(a$skip_batches),
+    epochs = as_py_int(a$epochs), `repeat` = a$repeat_epochs, validation_split = a$validation_split,
+    per_worker = a$per_worker, cache = a$cache, map_fn = a$map_fn, check_finite = a$check_finite,
+    file_format = a$file_format, label_column = a$label_column,
+    features = if (is.null(a$features)) NULL else lapply(a$features, as_py_shape),
+    shuffle_buffer = as_py_int(a$shuffle_buffer), call = call
+  )
+}
+
+#' Plan a dataset without building it
+#'
+#' Checks the same arguments as [make_dataset()], reads the source once and
+#' returns what [dataset_info()] would say of the dataset (sizes, steps per
+#' epoch, shard policy, form), without building any pipeline.
+#'
+#' @inheritParams make_dataset
+#' @returns A list of class `kerasdist_dataset_info`.
+#' @family data
+#' @seealso Python: `kerasdist.plan_dataset()`.
+#' @examples
+#' \dontrun{
+#' plan_dataset(matrix(runif(300), ncol = 3), batch_size = 16)$steps_per_epoch
+#' }
+#' @export
+plan_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
+                         per_replica_batch_size = NULL, strategy = NULL,
+                         drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
+                         initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
+                         repeat_epochs = FALSE, validation_split = NULL, per_worker = FALSE, cache = NULL,
+                         map_fn = NULL, check_finite = FALSE, file_format = NULL,
+                         label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
+  info <- call_dataset_function(kerasdist_module()$plan_dataset, environment(), sys.call())
+  structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 
 #' What make_dataset decided for a dataset

@@ -46,7 +46,9 @@ from kerasdist.train import check_step_functions, distributed_fit
 
 _startup.apply_requested_devices()
 
-# The names issue #13 gives them; distributed_* match distributed_fit and the R functions.
+# Aliases under the names issue #13 gives them, kept out of __all__: the public names are
+# distributed_* (as distributed_fit), which R shares, since evaluate()/predict() there would mask
+# keras3's generics.
 evaluate = distributed_evaluate
 predict = distributed_predict
 
@@ -91,8 +93,6 @@ __all__ = [
     # evaluation and prediction
     "distributed_evaluate",
     "distributed_predict",
-    "evaluate",
-    "predict",
     # clusters on one machine
     "LaunchResult",
     "TaskFailure",

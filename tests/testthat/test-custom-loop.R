@@ -48,3 +48,14 @@ def custom_loop_step(model, optimizer, batch):
                           checkpoint_dir = dir, verbose = 0, gradient_accumulation_steps = 2),
                "gradient_accumulation_steps=2 differs", class = "kerasdist_error")
 })
+
+test_that("fit_step() runs one of fit's steps from R: the loss, and one optimizer update", {
+  skip_if_no_kerasdist()
+  model <- keras_model_sequential(input_shape = 4) |> layer_dense(1) |> compile(optimizer = "sgd", loss = "mse")
+  x <- matrix(seq_len(32) / 32, ncol = 4)
+  batch <- reticulate::iter_next(reticulate::as_iterator(make_dataset(x, rowSums(x), batch_size = 8, shuffle = FALSE)))
+  result <- fit_step(model, model$optimizer, batch)
+  expect_named(result, "loss")
+  expect_true(is.finite(as.numeric(result$loss)))
+  expect_identical(as.integer(model$optimizer$iterations$numpy()), 1L)
+})

@@ -209,3 +209,13 @@ test_that("the default dataset is one epoch: keras3 fit and a for-style loop end
   endless <- make_dataset(x, y = seq_len(1000) - 1, batch_size = 100, seed = 7, repeat_epochs = TRUE)
   expect_true(as.integer(endless$cardinality()$numpy()) < 0)
 })
+
+test_that("plan_dataset() says what make_dataset() would, building nothing", {
+  skip_if_no_kerasdist()
+  x <- matrix(runif(300), ncol = 3)
+  plan <- plan_dataset(x, batch_size = 16, strategy = select_strategy("default"))
+  expect_s3_class(plan, "kerasdist_dataset_info")
+  expect_identical(plan$steps_per_epoch, 7L)
+  expect_identical(unclass(plan), unclass(dataset_info(make_dataset(x, batch_size = 16, strategy = select_strategy("default")))))
+  expect_error(plan_dataset(x, batch_size = 0), "batch_size must be an integer >= 1", class = "kerasdist_error")
+})
