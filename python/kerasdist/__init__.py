@@ -17,7 +17,6 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.cluster import ClusterInfo, parse_tf_config
-from kerasdist.custom_loop import custom_fit, fit_step
 from kerasdist.data import (
     BatchSizeInfo,
     DatasetInfo,
@@ -30,10 +29,8 @@ from kerasdist.data import (
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
 from kerasdist.evaluation import distributed_evaluate, distributed_predict
-from kerasdist.fit import resume_fit
 from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
-from kerasdist.ps import ps_fit, run_server
 from kerasdist.strategy import (
     StrategyDescription,
     StrategyPlan,
@@ -42,7 +39,15 @@ from kerasdist.strategy import (
     select_strategy,
     simulate_devices,
 )
-from kerasdist.train import check_step_functions, distributed_fit
+from kerasdist.training import (
+    check_step_functions,
+    custom_fit,
+    distributed_fit,
+    fit_step,
+    ps_fit,
+    resume_fit,
+    run_server,
+)
 
 _startup.apply_requested_devices()
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kerasdist
-from kerasdist.train import check_step_functions
+from kerasdist.training.distributed import check_step_functions
 
 
 def digits(n: int = 256):
@@ -69,7 +69,7 @@ def test_distributed_fit_feeds_all_epochs_from_one_pipeline_in_the_per_epoch_ord
         calls.append((kwargs["initial_epoch"], kwargs["epochs"]))
         return kerasdist.data.replace_epochs(planned, **kwargs)
 
-    monkeypatch.setattr(kerasdist.train, "replace_epochs", counting_replace_epochs)
+    monkeypatch.setattr(kerasdist.training.distributed, "replace_epochs", counting_replace_epochs)
     keras.utils.set_random_seed(5)
     ours = kerasdist.distributed_fit(build_model, x, y, epochs=4, checkpoint_dir=tmp_path / "ckpt",
                                      strategy="default", batch_size=64, seed=2, verbose=0)

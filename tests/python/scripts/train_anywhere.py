@@ -28,8 +28,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kerasdist  # noqa: E402
-from kerasdist.fit import EpochRange  # noqa: E402
 from kerasdist.strategy import run_context  # noqa: E402
+from kerasdist.training.resume import EpochRange  # noqa: E402
 
 SEED = 2026
 SAMPLES, FEATURES = 320, 4

@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.callback import batches_to_skip
-from kerasdist.ps import ps_fit, required_steps
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
+from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]

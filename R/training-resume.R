@@ -1,4 +1,4 @@
-# Resuming fit: thin wrapper over python/kerasdist/fit.py.
+# Resuming fit: thin wrapper over python/kerasdist/training/resume.py.
 
 #' Fit to a total number of epochs, continuing from the newest checkpoint
 #'

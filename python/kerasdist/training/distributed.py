@@ -24,16 +24,16 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.data import _plan, make_dataset, replace_epochs
-from kerasdist.fit import EpochRange, _check_epochs, resume_fit
-from kerasdist.speed import (
+from kerasdist.step_guard import check_step_functions
+from kerasdist.strategy import KINDS, run_context, select_strategy
+from kerasdist.training.resume import EpochRange, _check_epochs, resume_fit
+from kerasdist.training.speed import (
     check_jit,
     check_resumed_settings_of,
     precision_policy,
     training_settings,
     with_build_settings,
 )
-from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import KINDS, run_context, select_strategy
 from kerasdist.validation import boolean, fraction
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
@@ -107,7 +107,7 @@ def distributed_fit(
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
         verbose: passed to `fit`.
         mixed_precision, jit_compile, gradient_accumulation_steps: speed options (see
-            `kerasdist.speed`), recorded in every checkpoint; a resumed run with other values
+            `kerasdist.training.speed`), recorded in every checkpoint; a resumed run with other values
             is refused, naming the setting.
 
     Returns:

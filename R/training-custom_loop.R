@@ -1,4 +1,4 @@
-# Custom training loops: thin wrapper over python/kerasdist/custom_loop.py.
+# Custom training loops: thin wrapper over python/kerasdist/training/custom_loop.py.
 
 #' Train with your own step function, distributed, checkpointed and resumable
 #'

@@ -1,4 +1,4 @@
-# One-call distributed training: thin wrapper over python/kerasdist/train.py.
+# One-call distributed training: thin wrapper over python/kerasdist/training/distributed.py.
 
 #' Train a model under a distribution strategy, surviving restarts, in one call
 #'

@@ -26,8 +26,10 @@ from kerasdist.checkpoint import (
     manager_of,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
-from kerasdist.fit import _cardinality, _check_epochs, _merged_history
-from kerasdist.speed import (
+from kerasdist.step_guard import _is_r_function
+from kerasdist.strategy import run_context
+from kerasdist.training.resume import _cardinality, _check_epochs, _merged_history
+from kerasdist.training.speed import (
     apply_to_optimizer,
     check_jit,
     check_model_precision,
@@ -36,8 +38,6 @@ from kerasdist.speed import (
     training_settings,
     with_build_settings,
 )
-from kerasdist.step_guard import _is_r_function
-from kerasdist.strategy import run_context
 from kerasdist.validation import optional_integer
 
 StepFn = Callable[[Any, Any, Any], Mapping[str, Any]]

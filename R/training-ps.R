@@ -1,4 +1,4 @@
-# Parameter-server training: thin wrapper over python/kerasdist/ps.py.
+# Parameter-server training: thin wrapper over python/kerasdist/training/ps.py.
 
 #' Train a Keras 3 model under a parameter-server strategy, like `fit`
 #'
