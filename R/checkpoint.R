@@ -106,3 +106,30 @@ latest_checkpoint <- function(checkpoint_dir) {
 list_checkpoints <- function(checkpoint_dir) {
   lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir), py_record_to_r)
 }
+
+#' The checkpoint manager of a directory
+#'
+#' The object every kerasdist trainer saves and restores through: it checks
+#' the directory once, lists and verifies the checkpoints once (checksums are
+#' not recomputed for files that did not change), restores a model and gives
+#' the resume point from the same read, saves atomically and prunes. For
+#' scripts that manage checkpoints themselves; [make_or_restore_model()],
+#' [latest_checkpoint()] and the trainers use one internally.
+#'
+#' @inheritParams make_or_restore_model
+#' @param create Create the directory and check it is writable now; `FALSE`
+#'   defers that to the first restore or save.
+#' @returns The Python `kerasdist.CheckpointManager`; call its methods with
+#'   `$`: `$checkpoints()`, `$latest()`, `$restore(model)`,
+#'   `$save(model, epoch = 1L, step_in_epoch = 0L)`, `$prune(keep)`.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.CheckpointManager`.
+#' @examples
+#' \dontrun{
+#' manager <- checkpoint_manager("checkpoints")
+#' manager$latest()$epoch
+#' }
+#' @export
+checkpoint_manager <- function(checkpoint_dir, create = TRUE) {
+  call_python(kerasdist_module()$CheckpointManager, checkpoint_dir, create = create)
+}

@@ -10,6 +10,7 @@ from kerasdist.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointCallback,
     CheckpointInfo,
+    CheckpointManager,
     CheckpointWarning,
     checkpoint_callback,
     latest_checkpoint,
@@ -32,10 +33,12 @@ from kerasdist.evaluation import distributed_evaluate, distributed_predict
 from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
 from kerasdist.strategy import (
+    RunContext,
     StrategyDescription,
     StrategyPlan,
     describe_strategy,
     plan_strategy,
+    run_context,
     select_strategy,
     simulate_devices,
 )
@@ -62,17 +65,20 @@ __version__ = "0.1.0"
 __all__ = [
     # strategy selection
     "ClusterInfo",
+    "RunContext",
     "StrategyDescription",
     "StrategyPlan",
     "describe_strategy",
     "parse_tf_config",
     "plan_strategy",
+    "run_context",
     "select_strategy",
     "simulate_devices",
     # checkpoints and resuming
     "PREEMPTED_EXIT_CODE",
     "CheckpointCallback",
     "CheckpointInfo",
+    "CheckpointManager",
     "CheckpointWarning",
     "checkpoint_callback",
     "latest_checkpoint",

@@ -12,7 +12,7 @@ import os
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
 from kerasdist.validation import integer
@@ -109,17 +109,20 @@ def plan_strategy(
     return StrategyPlan(chosen, reason, chosen_devices, cluster, tpu_address)
 
 
+class StrategySignals(TypedDict, total=False):
+    """The signals `plan_strategy` decides from, passed on unchanged by `select_strategy`."""
+
+    devices: Sequence[str] | None
+    tf_config: str | Mapping[str, Any] | None
+    cluster_resolver: Any
+    environ: Mapping[str, str] | None
+    gpus: Sequence[str] | None
+    tpu: str | bool | None
+
+
 def select_strategy(
-    kind: str = "auto",
-    *,
-    devices: Sequence[str] | None = None,
-    cross_device_ops: Any = None,
-    communication: str = "auto",
-    tf_config: str | Mapping[str, Any] | None = None,
-    cluster_resolver: Any = None,
-    environ: Mapping[str, str] | None = None,
-    gpus: Sequence[str] | None = None,
-    tpu: str | bool | None = None,
+    kind: str = "auto", *, cross_device_ops: Any = None, communication: str = "auto",
+    **signals: Unpack[StrategySignals],
 ) -> Any:
     """Pick the right `tf.distribute.Strategy` and create it.
 
@@ -140,10 +143,11 @@ def select_strategy(
     """
     _check_choice("cross_device_ops", cross_device_ops, CROSS_DEVICE_OPS, allow_object=True)
     _check_choice("communication", communication, COMMUNICATIONS)
-    plan = plan_strategy(
-        kind, devices=devices, tf_config=tf_config, cluster_resolver=cluster_resolver,
-        environ=environ, gpus=gpus, tpu=tpu,
-    )
+    unknown = sorted(set(signals) - set(StrategySignals.__annotations__))
+    if unknown:
+        raise TypeError(f"select_strategy() got unexpected arguments: {', '.join(unknown)}.")
+    plan = plan_strategy(kind, **signals)
+    cluster_resolver = signals.get("cluster_resolver")
     _check_devices_exist(plan.devices)
     key = _reuse_key(plan, cross_device_ops, communication, cluster_resolver)
     if key in _CREATED:

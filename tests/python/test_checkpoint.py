@@ -76,6 +76,18 @@ def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
         np.testing.assert_array_equal(restored, saved)
 
 
+def test_the_public_manager_restores_saves_and_prunes(ckpt_dir):
+    manager = kerasdist.CheckpointManager(ckpt_dir)
+    assert [c.epoch for c in manager.checkpoints()] == [1, 2]
+    model = build_model()
+    restored = manager.restore(model)
+    assert restored == manager.latest() == manager.resume_point(model)
+    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    manager.save(model, epoch=3, step_in_epoch=0)
+    assert manager.prune(keep=1) and [c.epoch for c in manager.checkpoints()] == [3]
+    assert [c.epoch for c in kerasdist.list_checkpoints(ckpt_dir)] == [3]
+
+
 @pytest.mark.parametrize("row", CASES["damage"], ids=[row["id"] for row in CASES["damage"]])
 def test_damaged_newest_checkpoint_falls_back_to_previous(ckpt_dir, row):
     newest = kerasdist.latest_checkpoint(ckpt_dir)

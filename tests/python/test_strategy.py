@@ -24,6 +24,21 @@ def test_default_strategy_describes_itself():
     assert "strategy:  default" in str(description)
 
 
+def test_run_context_is_public_and_follows_the_active_scope():
+    strategy = kerasdist.select_strategy("one_device", environ={}, gpus=[], tpu=False)
+    with strategy.scope():
+        inside = kerasdist.run_context()
+    assert isinstance(inside, kerasdist.RunContext)
+    assert (inside.strategy, inside.kind, inside.num_replicas) == (strategy, "one_device", 1)
+    assert (inside.num_workers, inside.task, inside.is_chief) == (1, None, True)
+    assert kerasdist.run_context().kind == "default"
+
+
+def test_select_strategy_names_an_unknown_signal():
+    with pytest.raises(TypeError, match="select_strategy\\(\\) got unexpected arguments: device"):
+        kerasdist.select_strategy("default", device="/cpu:0")
+
+
 def test_one_device_on_cpu():
     strategy = kerasdist.select_strategy("one_device", environ={}, gpus=[], tpu=False)
     assert isinstance(strategy, tf.distribute.OneDeviceStrategy)

@@ -45,6 +45,20 @@ test_that("an R build function is restored with optimizer state, and fit resumes
   expect_identical(vapply(list_checkpoints(dir), function(c) c$epoch, integer(1)), 1:3)
 })
 
+test_that("checkpoint_manager lists, restores and prunes the checkpoints of a directory", {
+  skip_if_no_kerasdist()
+  dir <- trained_checkpoints()
+  manager <- checkpoint_manager(dir)
+  expect_identical(vapply(manager$checkpoints(), function(c) c$epoch, integer(1)), 1:2)
+  model <- build_model()
+  expect_identical(manager$restore(model)$epoch, 2L)
+  expect_identical(as.integer(model$optimizer$iterations$numpy()), 8L)
+  manager$prune(keep = 1L)
+  expect_identical(vapply(list_checkpoints(dir), function(c) c$epoch, integer(1)), 2L)
+  file <- withr::local_tempfile(lines = "not a directory")
+  expect_error(checkpoint_manager(file), "is a file, not a directory", class = "kerasdist_ValueError")
+})
+
 test_that("resume_fit takes an R function of the epoch", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()

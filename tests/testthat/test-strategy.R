@@ -10,6 +10,17 @@ test_that("the default strategy prints what it is and why", {
   expect_output(print(strategy), 'why:       kind="default" was asked for', fixed = TRUE)
 })
 
+test_that("run_context says where this process runs, as in Python", {
+  skip_if_no_kerasdist()
+  context <- run_context(select_strategy("default", environ = list(), tpu = FALSE))
+  expect_s3_class(context, "kerasdist_run_context")
+  expect_identical(context$kind, "default")
+  expect_identical(c(context$num_replicas, context$num_workers), c(1L, 1L))
+  expect_true(context$is_chief)
+  expect_null(context$task)
+  expect_output(print(context), "default: 1 replica(s), 1 worker(s), one process, chief", fixed = TRUE)
+})
+
 test_that("describe_strategy refuses something that is not a strategy", {
   skip_if_no_kerasdist()
   expect_error(describe_strategy("mirrored"), "strategy must be a tf.distribute.Strategy, got str",
