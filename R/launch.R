@@ -86,19 +86,11 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
 }
 
 launch_result_to_r <- function(result) {
-  failed <- result$failed
-  structure(
-    list(
-      exit_code = as.integer(result$exit_code), ok = result$ok,
-      restarts = as.integer(result$restarts),
-      failed = if (is.null(failed)) NULL else failed$description,
-      failures = vapply(result$failures, function(f) f$description, character(1)),
-      timed_out = result$timed_out, message = result$message,
-      cluster = lapply(result$cluster, as.character),
-      port_retries = as.integer(result$port_retries)
-    ),
-    class = "kerasdist_launch_result"
-  )
+  record <- py_record_to_r(result, "ok")
+  record$cluster <- lapply(record$cluster, as.character)
+  record$failures <- vapply(result$failures, function(f) f$description, character(1))
+  record["failed"] <- list(if (is.null(result$failed)) NULL else result$failed$description)
+  structure(record, class = "kerasdist_launch_result")
 }
 
 #' @export
