@@ -159,3 +159,25 @@ def test_speed_options_train_are_recorded_and_restore_the_policy(tmp_path):
     assert np.isfinite(history.history["loss"]).all() and len(history.epoch) == 2
     assert int(history.model.optimizer.iterations.numpy()) == 5  # 10 batches, applied every 2
     assert keras.config.dtype_policy().name == before
+
+
+@pytest.mark.parametrize("trainer", ["custom_fit", "distributed_fit"])
+def test_every_steps_counts_batches_under_gradient_accumulation(trainer, tmp_path):
+    """Keras's `optimizer.iterations` is batches // k under accumulation: it stays put for k
+    batches, so `every_steps` fired k times in a row (and at batch 1, step 0) and the
+    checkpoints, named after it, replaced each other and the epoch-end one."""
+    x, y = _data()  # 40 rows, batches of 4: 10 batches an epoch, an update every 3
+    common = dict(epochs=2, checkpoint_dir=tmp_path, every_steps=4, keep=100, verbose=0,
+                  gradient_accumulation_steps=3)
+    if trainer == "custom_fit":
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+        history = kerasdist.custom_fit(_build, batches, **common)
+    else:
+        history = kerasdist.distributed_fit(_build, x, y, batch_size=4, strategy="default", shuffle=False,
+                                            **common)
+    saved = [(info.epoch, info.step_in_epoch, info.global_step) for info in kerasdist.list_checkpoints(tmp_path)]
+    assert saved == [(0, 4, 4), (0, 8, 8), (1, 0, 10), (1, 2, 12), (1, 6, 16), (2, 0, 20)]
+    assert [Path(info.path).name for info in kerasdist.list_checkpoints(tmp_path)] == [
+        "ckpt-4", "ckpt-8", "ckpt-10", "ckpt-12", "ckpt-16", "ckpt-20"]
+    assert int(history.model.optimizer.iterations.numpy()) == 6  # applied updates: 20 // 3
+

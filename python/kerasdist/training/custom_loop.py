@@ -126,7 +126,8 @@ def custom_fit(
         strategy: where a build function builds the model; default the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
-        every_steps: also checkpoint every this many optimizer steps; None: epoch ends only.
+        every_steps: also checkpoint every this many steps (batches, also under gradient
+            accumulation); None: epoch ends only.
         keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
