@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,24 @@ def test_every_steps_counts_batches_under_gradient_accumulation(trainer, tmp_pat
         "ckpt-4", "ckpt-8", "ckpt-10", "ckpt-12", "ckpt-16", "ckpt-20"]
     assert int(history.model.optimizer.iterations.numpy()) == 6  # applied updates: 20 // 3
 
+
+def test_one_epoch_make_dataset_trains_each_epoch_in_its_own_order(tmp_path):
+    """make_dataset's default form is one epoch per pass; custom_fit took it for a stream over
+    epochs and ran out of data at the second epoch. Each epoch must get that epoch's order, as
+    in the stream form, also when resumed mid-epoch."""
+    tf.config.experimental.enable_op_determinism()
+    x, y = _data()
+    stream = kerasdist.make_dataset(x, y, batch_size=8, seed=3, epochs=3)
+    one_epoch = kerasdist.make_dataset(x, y, batch_size=8, seed=3)
+    want = kerasdist.custom_fit(_build, stream, epochs=3, checkpoint_dir=tmp_path / "stream", verbose=0)
+    got = kerasdist.custom_fit(_build, one_epoch, epochs=3, checkpoint_dir=tmp_path / "one", verbose=0,
+                               every_steps=3, keep=100)
+    for a, b in zip(got.model.get_weights(), want.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(got.history["loss"], want.history["loss"])
+    for name in ("ckpt-10", "ckpt-12", "ckpt-15"):  # back to ckpt-9: epoch 1, 4 of 5 batches done
+        shutil.rmtree(tmp_path / "one" / name)
+    assert kerasdist.latest_checkpoint(tmp_path / "one").order == (1, 4, 9)
+    resumed = kerasdist.custom_fit(_build, one_epoch, epochs=3, checkpoint_dir=tmp_path / "one", verbose=0)
+    for a, b in zip(resumed.model.get_weights(), want.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
