@@ -189,17 +189,16 @@ def test_one_epoch_make_dataset_trains_each_epoch_in_its_own_order(tmp_path):
     in the stream form, also when resumed mid-epoch."""
     tf.config.experimental.enable_op_determinism()
     x, y = _data()
-    stream = kerasdist.make_dataset(x, y, batch_size=8, seed=3, epochs=3)
+    stream = kerasdist.make_dataset(x, y, batch_size=8, seed=3, epochs=2)
     one_epoch = kerasdist.make_dataset(x, y, batch_size=8, seed=3)
-    want = kerasdist.custom_fit(_build, stream, epochs=3, checkpoint_dir=tmp_path / "stream", verbose=0)
-    got = kerasdist.custom_fit(_build, one_epoch, epochs=3, checkpoint_dir=tmp_path / "one", verbose=0,
+    want = kerasdist.custom_fit(_build, stream, epochs=2, checkpoint_dir=tmp_path / "stream", verbose=0)
+    got = kerasdist.custom_fit(_build, one_epoch, epochs=2, checkpoint_dir=tmp_path / "one", verbose=0,
                                every_steps=3, keep=100)
     for a, b in zip(got.model.get_weights(), want.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(got.history["loss"], want.history["loss"])
-    for name in ("ckpt-10", "ckpt-12", "ckpt-15"):  # back to ckpt-9: epoch 1, 4 of 5 batches done
-        shutil.rmtree(tmp_path / "one" / name)
+    shutil.rmtree(tmp_path / "one" / "ckpt-10")  # back to ckpt-9: epoch 1, 4 of 5 batches done
     assert kerasdist.latest_checkpoint(tmp_path / "one").order == (1, 4, 9)
-    resumed = kerasdist.custom_fit(_build, one_epoch, epochs=3, checkpoint_dir=tmp_path / "one", verbose=0)
+    resumed = kerasdist.custom_fit(_build, one_epoch, epochs=2, checkpoint_dir=tmp_path / "one", verbose=0)
     for a, b in zip(resumed.model.get_weights(), want.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
