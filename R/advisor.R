@@ -36,11 +36,20 @@
 #' @param seed Seed of the data and of the shuffle.
 #' @param timeout Seconds allowed for each strategy's run.
 #' @param verbose Print a line as each strategy starts and ends.
+#' @param speed_options Also time the recommended strategy with
+#'   `mixed_precision = TRUE` (`mixed_bfloat16` on a CPU, `mixed_float16` on a
+#'   GPU) and with `jit_compile = TRUE` (XLA), each in a process of its own, and
+#'   say in `reason` whether either helps (more than 5% faster) and so is worth
+#'   passing to [distributed_fit()] or [custom_fit()]. Off by default: two more
+#'   runs.
 #' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data
 #'   frame, one row per strategy: replicas, devices, steps_per_second,
 #'   examples_per_second, step_ms, compute_ms, input_wait_ms, input_only_ms,
 #'   error), `recommendation`, `reason`, `model`, `parameters`,
-#'   `global_batch_size`, `steps`, `device` and `text` (what `print()` shows).
+#'   `global_batch_size`, `steps`, `device`, `speed_options` (with
+#'   `speed_options = TRUE`, a data frame, one row per option: option,
+#'   strategy, steps_per_second, step_ms, speedup, error; else `NULL`) and
+#'   `text` (what `print()` shows).
 #' @family strategy
 #' @seealso Python: `kerasdist.bench_strategies()`; command line:
 #'   `python -m kerasdist bench --model module:function`.
@@ -53,23 +62,29 @@
 #' @export
 bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps = 200L,
                              batch_size = 64L, devices = 2L, workers = 2L, seed = 0L,
-                             timeout = 600, verbose = TRUE) {
+                             timeout = 600, verbose = TRUE, speed_options = FALSE) {
   report <- call_python(
     kerasdist_module()$bench_strategies, model, x, y,
     strategies = as_py_list(strategies), steps = as_py_int(steps),
     batch_size = as_py_int(batch_size), devices = as_py_int(devices),
-    workers = as_py_int(workers), seed = as_py_int(seed), timeout = timeout, verbose = verbose
+    workers = as_py_int(workers), seed = as_py_int(seed), timeout = timeout, verbose = verbose,
+    speed_options = speed_options
   )
   strategy_benchmark_to_r(report)
 }
 
 strategy_benchmark_to_r <- function(report) {
   fields <- py_record_to_r(report)
-  fields$timings <- do.call(rbind, lapply(fields$timings, function(t) {
-    t[vapply(t, is.null, logical(1))] <- NA
-    as.data.frame(t, stringsAsFactors = FALSE)
-  }))
-  shown <- c("timings", "recommendation", "reason", "model", "parameters", "global_batch_size", "steps", "device")
+  rows <- function(records) {
+    do.call(rbind, lapply(records, function(t) {
+      t[vapply(t, is.null, logical(1))] <- NA
+      as.data.frame(t, stringsAsFactors = FALSE)
+    }))
+  }
+  fields$timings <- rows(fields$timings)
+  fields["speed_options"] <- list(if (length(fields$speed_options)) rows(fields$speed_options))
+  shown <- c("timings", "recommendation", "reason", "model", "parameters", "global_batch_size", "steps", "device",
+             "speed_options")
   structure(c(fields[shown], text = reticulate::py_str(report)), class = "kerasdist_strategy_benchmark")
 }
 

@@ -76,8 +76,9 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #' @inheritParams make_or_restore_model
 #' @returns `NULL` when there is none, else a list: `path`, `epoch` (the epoch
 #'   to run next, 0-based, i.e. the number of completed epochs when
-#'   `step_in_epoch` is 0), `step_in_epoch`, `global_step`, `history`,
-#'   `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
+#'   `step_in_epoch` is 0), `step_in_epoch`, `global_step` (batches trained in
+#'   all; under gradient accumulation more than the optimizer's applied
+#'   updates), `history`, `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
 #'   `NULL` outside a cluster). Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.

@@ -70,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = advisor.bench_strategies(
         args.model, x, y, strategies=args.strategies, steps=args.steps, batch_size=args.batch_size,
         devices=args.devices, workers=args.workers, seed=args.seed, timeout=args.timeout,
+        speed_options=args.speed_options,
     )
     print(report)
     if args.json:
@@ -111,6 +112,8 @@ def _add_bench(commands) -> None:
     bench.add_argument("--seed", type=int, default=0, help="seed of the data and shuffle (default 0)")
     bench.add_argument("--timeout", type=_positive_seconds, default=600, metavar="S",
                        help="seconds allowed per strategy (default 600)")
+    bench.add_argument("--speed-options", action="store_true",
+                       help="also time the recommended strategy with mixed precision and with XLA")
     bench.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     bench.add_argument("--worker-spec", help=argparse.SUPPRESS)
     bench.set_defaults(run=_bench)

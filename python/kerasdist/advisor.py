@@ -30,7 +30,7 @@ from typing import Any
 
 # The example models lived here once: "kerasdist.advisor:tiny_dense" still names them.
 from kerasdist.example_models import mid_cnn, tiny_dense  # noqa: F401
-from kerasdist.validation import integer
+from kerasdist.validation import boolean, integer
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
 WARMUP_STEPS = 10
@@ -40,6 +40,7 @@ ROUNDS = 3
 SYNTHETIC_SAMPLES = 4096
 # Within this fraction of the fastest, the simpler strategy is recommended.
 TIE = 0.05
+SPEED_OPTIONS = ("mixed_precision", "jit_compile")
 ONE_GPU = ("not run: one GPU, nothing to mirror across (default already runs on it; simulated "
            "CPU devices would leave the GPU out)")
 
@@ -61,6 +62,20 @@ class StrategyTiming:
 
 
 @dataclass(frozen=True)
+class SpeedOptionTiming:
+    """One speed option timed under the recommended strategy, in one process that times the
+    model plain and with each option in turn: `speedup` is its steps/s over the plain model's in
+    that process (above 1 + TIE it helps); None where the run failed."""
+
+    option: str
+    strategy: str
+    steps_per_second: float | None = None
+    step_ms: float | None = None
+    speedup: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StrategyBenchmark:
     """What `bench_strategies` measured, and its advice."""
 
@@ -72,6 +87,7 @@ class StrategyBenchmark:
     timings: tuple[StrategyTiming, ...]
     recommendation: str | None
     reason: str
+    speed_options: tuple[SpeedOptionTiming, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +114,7 @@ def bench_strategies(
     seed: int = 0,
     timeout: float = 600,
     verbose: bool = True,
+    speed_options: bool = False,
 ) -> StrategyBenchmark:
     """Train a few hundred steps of your model under each strategy; recommend one, with the reason.
 
@@ -123,10 +140,16 @@ def bench_strategies(
         seed: seed of the data and the shuffle.
         timeout: seconds allowed for each strategy's run.
         verbose: print a line as each strategy starts and ends.
+        speed_options: also time the recommended strategy with `mixed_precision=True` (the model
+            built under `mixed_float16` on a GPU, `mixed_bfloat16` on a CPU) and with
+            `jit_compile=True` (XLA), each in a process of its own, and say in `reason` whether
+            either helps (more than 5% faster) and so is worth passing to `distributed_fit` or
+            `custom_fit`. Off by default: two more runs.
 
     Returns:
         A `StrategyBenchmark`: `timings` (one `StrategyTiming` per strategy), `recommendation`
-        (the strategy to use) and `reason`; `print()` shows it as a table.
+        (the strategy to use) and `reason`, and with `speed_options` the `speed_options` timings
+        (one `SpeedOptionTiming` each); `print()` shows it as a table.
 
     Raises:
         ValueError: a bad argument, or a model spec that does not name a function, before any
@@ -138,6 +161,7 @@ def bench_strategies(
         integer(name, value, minimum)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
+    boolean("speed_options", speed_options)
     load_model_function(model)
     with tempfile.TemporaryDirectory(prefix="kerasdist-bench-") as work:
         spec = {"model": _absolute_spec(model), "steps": steps, "batch_size": batch_size,
@@ -152,9 +176,53 @@ def bench_strategies(
             timings.append(timing)
             if verbose:
                 print(f"bench_strategies: {kind}: {_one_line(timing)}", flush=True)
-    recommendation, reason = recommend(timings, gpus)
+        recommendation, reason = recommend(timings, gpus)
+        options: tuple[SpeedOptionTiming, ...] = ()
+        if speed_options and recommendation is not None:
+            best = next(t for t in timings if t.strategy == recommendation)
+            options = _time_speed_options(best, spec, work, gpus, devices, workers, timeout, verbose)
+            reason = f"{reason} {speed_note(best, options)}"
     return StrategyBenchmark(model, parameters, batch_size, steps, _device_name(gpus),
-                             tuple(timings), recommendation, reason)
+                             tuple(timings), recommendation, reason, options)
+
+
+def _time_speed_options(best, spec, work, gpus, devices, workers, timeout, verbose) -> tuple[SpeedOptionTiming, ...]:
+    """One more process of the recommended strategy timing the model plain and with each speed
+    option, interleaved round by round, so that each speedup compares runs of the same moment."""
+    if verbose:
+        print(f"bench_strategies: timing {best.strategy} with {' and '.join(SPEED_OPTIONS)} ...", flush=True)
+    spec = {**spec, "speed_options": list(SPEED_OPTIONS)}
+    results, failure = _run_processes(best.strategy, spec, f"{best.strategy}-speed", work, gpus, devices,
+                                      workers, timeout)
+    if failure:
+        return tuple(SpeedOptionTiming(option, best.strategy, error=failure) for option in SPEED_OPTIONS)
+    slowest = {name: max(r["step_ms"][name] for r in results) for name in ("plain", *SPEED_OPTIONS)}
+    return tuple(
+        SpeedOptionTiming(option, best.strategy, round(1000 / slowest[option], 2), round(slowest[option], 3),
+                          round(slowest["plain"] / slowest[option], 3))
+        for option in SPEED_OPTIONS
+    )
+
+
+def speed_note(best: StrategyTiming, options: Sequence[SpeedOptionTiming]) -> str:
+    """What the speed options did under the recommended strategy, and which to pass."""
+    parts, helps = [], []
+    for t in options:
+        name = f"{t.option} ({_policy_name(best)})" if t.option == "mixed_precision" else t.option
+        if t.error:
+            parts.append(f"{name} failed ({t.error})")
+        elif t.speedup >= 1 + TIE:
+            parts.append(f"{name} {t.speedup:.2f}x: helps")
+            helps.append(f"{t.option}=True")
+        else:
+            parts.append(f"{name} {t.speedup:.2f}x: does not help here")
+    advice = (f"pass {' and '.join(helps)} to distributed_fit or custom_fit" if helps
+              else "train without them")
+    return f"Speed options under {best.strategy}: {'; '.join(parts)}; {advice}."
+
+
+def _policy_name(best: StrategyTiming) -> str:
+    return "mixed_float16" if "GPU" in best.devices else "mixed_bfloat16"
 
 
 def load_model_function(spec: str) -> Callable[[], Any]:
@@ -248,12 +316,22 @@ def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:
 # --- running each strategy in its own process -------------------------------------------------
 
 def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[StrategyTiming, int]:
-    replicas, described, simulate = _layout(kind, gpus, devices, workers)
+    replicas, described, _ = _layout(kind, gpus, devices, workers)
     if kind == "mirrored" and gpus == 1:
         return StrategyTiming(kind, 1, described, error=ONE_GPU), 0
-    spec = {**spec, "kind": kind, "simulate": simulate, "out": os.path.join(work, kind)}
+    results, failure = _run_processes(kind, spec, kind, work, gpus, devices, workers, timeout)
+    if failure:
+        return StrategyTiming(kind, replicas, described, error=failure), 0
+    slowest = max(results, key=lambda r: r["step_ms"])  # synchronous: the group goes at its slowest
+    return _timing(kind, replicas, described, slowest, spec["batch_size"]), slowest["parameters"]
+
+
+def _run_processes(kind, spec, tag, work, gpus, devices, workers, timeout) -> tuple[list[dict], str | None]:
+    """Run `kind`'s process (or processes) on `spec`: (the results each wrote, why it failed)."""
+    simulate = _layout(kind, gpus, devices, workers)[2]
+    spec = {**spec, "kind": kind, "simulate": simulate, "out": os.path.join(work, tag)}
     os.makedirs(spec["out"], exist_ok=True)
-    spec_path = os.path.join(work, f"{kind}.json")
+    spec_path = os.path.join(work, f"{tag}.json")
     Path(spec_path).write_text(json.dumps(spec))
     worker = [sys.executable, "-m", "kerasdist", "bench", "--worker-spec", spec_path]
     if kind == "multi_worker":
@@ -270,10 +348,7 @@ def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[St
     except subprocess.TimeoutExpired:
         failure = f"did not finish within {timeout} s"
     results = [json.loads(p.read_text()) for p in sorted(Path(spec["out"]).glob("*.json"))]
-    if failure or not results:
-        return StrategyTiming(kind, replicas, described, error=failure or "no result written"), 0
-    slowest = max(results, key=lambda r: r["step_ms"])  # synchronous: the group goes at its slowest
-    return _timing(kind, replicas, described, slowest, spec["batch_size"]), slowest["parameters"]
+    return results, failure or (None if results else "no result written")
 
 
 def _layout(kind: str, gpus: int, devices: int, workers: int) -> tuple[int, str, int]:
@@ -309,6 +384,11 @@ def run_worker(spec_path: str) -> None:
     if spec["simulate"]:
         simulate_devices(spec["simulate"])
     strategy = select_strategy(spec["kind"], tpu=False)
+    name = f"{os.environ.get('KERASDIST_TASK_TYPE', 'local')}-{os.environ.get('KERASDIST_TASK_INDEX', '0')}"
+    if spec.get("speed_options"):
+        result = _time_speed_options_here(spec, strategy)
+        Path(spec["out"], name + ".json").write_text(json.dumps(result))
+        return
     with strategy.scope():
         model = load_model_function(spec["model"])()
     _check_compiled(model)
@@ -330,8 +410,45 @@ def run_worker(spec_path: str) -> None:
     result = {"step_ms": statistics.median(r[0] for r in rounds),
               "compute_ms": statistics.median(r[1] for r in rounds),
               "input_ms": _input_ms(strategy, real, steps), "parameters": int(model.count_params())}
-    name = f"{os.environ.get('KERASDIST_TASK_TYPE', 'local')}-{os.environ.get('KERASDIST_TASK_INDEX', '0')}"
     Path(spec["out"], name + ".json").write_text(json.dumps(result))
+
+
+def _time_speed_options_here(spec: dict[str, Any], strategy: Any) -> dict[str, Any]:
+    """In a worker: ms a step on the real pipeline of the model plain and with each speed option
+    (mixed precision: built under the policy; XLA: `jit_compile` set), interleaved in rounds."""
+    import time
+
+    import keras
+
+    from kerasdist.data import make_dataset
+    from kerasdist.training.speed import precision_policy_name
+
+    models = {}
+    for variant in ("plain", *spec["speed_options"]):
+        previous = keras.config.dtype_policy()
+        if variant == "mixed_precision":
+            keras.config.set_dtype_policy(precision_policy_name())
+        try:
+            with strategy.scope():
+                models[variant] = load_model_function(spec["model"])()
+        finally:
+            keras.config.set_dtype_policy(previous)
+        _check_compiled(models[variant])
+        if variant == "jit_compile":
+            models[variant].jit_compile = True
+    x, y = _load_data(spec["data"]) if spec["data"] else _synthetic_data(models["plain"], spec["seed"])
+    real = make_dataset(x, y, batch_size=spec["batch_size"], strategy=strategy, seed=spec["seed"], repeat=True)
+
+    def fit_ms(model, count):
+        start = time.perf_counter()
+        model.fit(real, epochs=1, steps_per_epoch=count, verbose=0)
+        return 1000 * (time.perf_counter() - start) / count
+
+    for model in models.values():
+        fit_ms(model, WARMUP_STEPS)
+    per_round = max(1, -(-spec["steps"] // ROUNDS))
+    rounds = [{variant: fit_ms(model, per_round) for variant, model in models.items()} for _ in range(ROUNDS)]
+    return {"step_ms": {variant: statistics.median(r[variant] for r in rounds) for variant in models}}
 
 
 def _input_ms(strategy, dataset, steps: int) -> float:

@@ -71,7 +71,7 @@ def test_failed_runs_are_reported_and_not_recommended():
 
 def test_default_and_mirrored_really_run_and_are_compared(tmp_path):
     report = kerasdist.bench_strategies("kerasdist.example_models:tiny_dense", strategies=["default", "mirrored"],
-                                        steps=20, batch_size=32, verbose=False)
+                                        steps=20, batch_size=32, verbose=False, speed_options=True)
     by_name = {t.strategy: t for t in report.timings}
     assert set(by_name) == {"default", "mirrored"}
     assert by_name["mirrored"].replicas == 2 and by_name["default"].replicas == 1
@@ -82,6 +82,30 @@ def test_default_and_mirrored_really_run_and_are_compared(tmp_path):
     assert report.recommendation in by_name
     text = str(report)
     assert "steps/s" in text and f"Recommendation: {report.recommendation}." in text
+    # speed_options: the recommended strategy timed again, plain and with each option
+    best = by_name[report.recommendation]
+    assert [(t.option, t.strategy) for t in report.speed_options] == [
+        ("mixed_precision", best.strategy), ("jit_compile", best.strategy)]
+    for t in report.speed_options:
+        assert t.error is None and t.steps_per_second > 0 and t.speedup > 0
+        assert t.step_ms == pytest.approx(1000 / t.steps_per_second, rel=0.01)
+        assert f"{t.speedup:.2f}x: " in report.reason
+    assert f"Speed options under {best.strategy}: mixed_precision (mixed_bfloat16) " in report.reason
+
+
+def test_speed_options_that_help_are_named_and_the_others_are_not():
+    from kerasdist.advisor import SpeedOptionTiming, speed_note
+
+    best = timing("mirrored", 100, 9)
+    note = speed_note(best, [SpeedOptionTiming("mixed_precision", "mirrored", 130, 7.7, 1.3),
+                             SpeedOptionTiming("jit_compile", "mirrored", 103, 9.7, 1.03)])
+    assert note == ("Speed options under mirrored: mixed_precision (mixed_bfloat16) 1.30x: helps; "
+                    "jit_compile 1.03x: does not help here; pass mixed_precision=True to distributed_fit "
+                    "or custom_fit.")
+    failed = SpeedOptionTiming("jit_compile", "mirrored", error="XLA compilation failed")
+    note = speed_note(best, [SpeedOptionTiming("mixed_precision", "mirrored", 80, 12.5, 0.8), failed])
+    assert note.endswith("0.80x: does not help here; jit_compile failed (XLA compilation failed); "
+                         "train without them.")
 
 
 def test_cli_runs_multi_worker_through_the_launcher_on_the_users_file_and_data(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,45 @@ def test_speed_options_train_are_recorded_and_restore_the_policy(tmp_path):
     assert np.isfinite(history.history["loss"]).all() and len(history.epoch) == 2
     assert int(history.model.optimizer.iterations.numpy()) == 5  # 10 batches, applied every 2
     assert keras.config.dtype_policy().name == before
+
+
+@pytest.mark.parametrize("trainer", ["custom_fit", "distributed_fit"])
+def test_every_steps_counts_batches_under_gradient_accumulation(trainer, tmp_path):
+    """Keras's `optimizer.iterations` is batches // k under accumulation: it stays put for k
+    batches, so `every_steps` fired k times in a row (and at batch 1, step 0) and the
+    checkpoints, named after it, replaced each other and the epoch-end one."""
+    x, y = _data()  # 40 rows, batches of 4: 10 batches an epoch, an update every 3
+    common = dict(epochs=2, checkpoint_dir=tmp_path, every_steps=4, keep=100, verbose=0,
+                  gradient_accumulation_steps=3)
+    if trainer == "custom_fit":
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+        history = kerasdist.custom_fit(_build, batches, **common)
+    else:
+        history = kerasdist.distributed_fit(_build, x, y, batch_size=4, strategy="default", shuffle=False,
+                                            **common)
+    saved = [(info.epoch, info.step_in_epoch, info.global_step) for info in kerasdist.list_checkpoints(tmp_path)]
+    assert saved == [(0, 4, 4), (0, 8, 8), (1, 0, 10), (1, 2, 12), (1, 6, 16), (2, 0, 20)]
+    assert [Path(info.path).name for info in kerasdist.list_checkpoints(tmp_path)] == [
+        "ckpt-4", "ckpt-8", "ckpt-10", "ckpt-12", "ckpt-16", "ckpt-20"]
+    assert int(history.model.optimizer.iterations.numpy()) == 6  # applied updates: 20 // 3
+
+
+def test_one_epoch_make_dataset_trains_each_epoch_in_its_own_order(tmp_path):
+    """make_dataset's default form is one epoch per pass; custom_fit took it for a stream over
+    epochs and ran out of data at the second epoch. Each epoch must get that epoch's order, as
+    in the stream form, also when resumed mid-epoch."""
+    tf.config.experimental.enable_op_determinism()
+    x, y = _data()
+    stream = kerasdist.make_dataset(x, y, batch_size=8, seed=3, epochs=2)
+    one_epoch = kerasdist.make_dataset(x, y, batch_size=8, seed=3)
+    want = kerasdist.custom_fit(_build, stream, epochs=2, checkpoint_dir=tmp_path / "stream", verbose=0)
+    got = kerasdist.custom_fit(_build, one_epoch, epochs=2, checkpoint_dir=tmp_path / "one", verbose=0,
+                               every_steps=3, keep=100)
+    for a, b in zip(got.model.get_weights(), want.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(got.history["loss"], want.history["loss"])
+    shutil.rmtree(tmp_path / "one" / "ckpt-10")  # back to ckpt-9: epoch 1, 4 of 5 batches done
+    assert kerasdist.latest_checkpoint(tmp_path / "one").order == (1, 4, 9)
+    resumed = kerasdist.custom_fit(_build, one_epoch, epochs=2, checkpoint_dir=tmp_path / "one", verbose=0)
+    for a, b in zip(resumed.model.get_weights(), want.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

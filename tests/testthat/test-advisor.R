@@ -21,7 +21,7 @@ test_that("bench_strategies times the default strategy on an R matrix and recomm
   x <- matrix(rnorm(256 * 32), 256, 32)
   y <- rowSums(x)
   report <- bench_strategies("kerasdist.example_models:tiny_dense", x, y, strategies = "default",
-                             steps = 10L, batch_size = 32L, verbose = FALSE)
+                             steps = 10L, batch_size = 32L, verbose = FALSE, speed_options = TRUE)
   expect_s3_class(report, "kerasdist_strategy_benchmark")
   expect_s3_class(report$timings, "data.frame")
   expect_equal(report$timings$strategy, "default")
@@ -30,4 +30,11 @@ test_that("bench_strategies times the default strategy on an R matrix and recomm
   expect_equal(report$recommendation, "default")
   expect_equal(report$parameters, 2177L)
   expect_output(print(report), "Recommendation: default.", fixed = TRUE)
+  # speed_options = TRUE: default timed again with mixed precision and with XLA
+  expect_s3_class(report$speed_options, "data.frame")
+  expect_equal(report$speed_options$option, c("mixed_precision", "jit_compile"))
+  expect_equal(report$speed_options$strategy, c("default", "default"))
+  expect_true(all(report$speed_options$steps_per_second > 0))
+  expect_true(all(is.na(report$speed_options$error)))
+  expect_match(report$reason, "Speed options under default: mixed_precision (mixed_bfloat16) ", fixed = TRUE)
 })

@@ -59,3 +59,17 @@ test_that("fit_step() runs one of fit's steps from R: the loss, and one optimize
   expect_true(is.finite(as.numeric(result$loss)))
   expect_identical(as.integer(model$optimizer$iterations$numpy()), 1L)
 })
+
+test_that("every_steps counts batches under gradient accumulation: no checkpoint replaces another", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  x <- matrix(seq_len(160) / 160, ncol = 4)
+  data <- make_dataset(x, rowSums(x), batch_size = 4, shuffle = FALSE)  # 10 batches an epoch
+  history <- custom_fit(custom_loop_build, data, epochs = 2, checkpoint_dir = dir, every_steps = 4,
+                        keep = 100, verbose = 0, gradient_accumulation_steps = 3)
+  saved <- list_checkpoints(dir)
+  expect_identical(basename(vapply(saved, `[[`, "", "path")),
+                   c("ckpt-4", "ckpt-8", "ckpt-10", "ckpt-12", "ckpt-16", "ckpt-20"))
+  expect_identical(vapply(saved, `[[`, 0L, "step_in_epoch"), c(4L, 8L, 0L, 2L, 6L, 0L))
+  expect_identical(as.integer(history$model$optimizer$iterations$numpy()), 6L)  # applied updates
+})

@@ -33,7 +33,7 @@ def checkpoint_callback(
 ) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
-    Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` optimizer steps,
+    Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches),
     atomically; keeps the `keep` newest (plus the best by `monitor` when `keep_best`), never
     deleting the newest valid one. Under multi-worker strategies only the chief writes. On SIGTERM
     it saves at the next step boundary, stops training and exits with `PREEMPTED_EXIT_CODE` (75).

@@ -52,7 +52,8 @@ class CheckpointInfo:
         epoch: the epoch to run next (0-based); equals the number of completed epochs when
             `step_in_epoch` is 0.
         step_in_epoch: batches of `epoch` already trained (0 at an epoch boundary).
-        global_step: optimizer steps taken in total.
+        global_step: training steps (batches) taken in total; under gradient accumulation more
+            than `optimizer.iterations`, which counts applied updates.
         history: per-epoch logs of all completed epochs, earlier runs included.
         metrics: the logs at save time (epoch metrics for epoch-end checkpoints).
         writer: the task that wrote it ("worker:0", "chief:0"), or None outside a cluster.

@@ -10,9 +10,20 @@ import numpy as np
 
 
 def optimizer_step(model: Any) -> int:
-    """Optimizer steps the model has taken (0 without an optimizer)."""
+    """Training steps (batches) the model's optimizer has taken (0 without an optimizer).
+
+    Under gradient accumulation Keras's `optimizer.iterations` counts applied updates
+    (batches // k): it stays put for k batches, so `every_steps` and the checkpoint names
+    (`ckpt-<step>`) built on it would fire and collide k times in a row. The optimizer's own
+    batch counter (`_iterations`, what `iterations` divides) moves every batch; without
+    accumulation the two are equal.
+    """
     optimizer = getattr(model, "optimizer", None)
-    return int(optimizer.iterations.numpy()) if optimizer is not None else 0
+    if optimizer is None:
+        return 0
+    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # LossScaleOptimizer
+    counter = getattr(optimizer, "_iterations", None)
+    return int((counter if counter is not None else optimizer.iterations).numpy())
 
 
 def _seed_generators(model: Any) -> list[Any]:

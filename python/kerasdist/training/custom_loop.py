@@ -126,7 +126,8 @@ def custom_fit(
         strategy: where a build function builds the model; default the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
-        every_steps: also checkpoint every this many optimizer steps; None: epoch ends only.
+        every_steps: also checkpoint every this many steps (batches, also under gradient
+            accumulation); None: epoch ends only.
         keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
@@ -263,9 +264,11 @@ class _Pipeline:
         self.strategy = strategy
         self.data = data
         self._stream = None
+        self._rebuild = _one_epoch_rebuild(data)
         if isinstance(data, tf.data.Dataset):
             self.steps = steps_per_epoch or _made_steps(data) or _cardinality(data, "data")
             self.first_epoch, self.is_stream = _stream_of(data, self.steps)
+            self.is_stream = self.is_stream and self._rebuild is None
         elif callable(data) and not isinstance(data, tf.distribute.DistributedDataset):
             if steps_per_epoch is None:
                 raise ValueError("data is a function of an input context: pass steps_per_epoch.")
@@ -283,6 +286,9 @@ class _Pipeline:
                 offset = (epoch - self.first_epoch) * self.steps + skip
                 self._stream = iter(self.strategy.experimental_distribute_dataset(self.data.skip(offset)))
             return self._stream
+        if self._rebuild is not None:  # make_dataset's one-epoch form: that epoch, exactly
+            built = self._rebuild(initial_epoch=epoch, epochs=epoch + 1, skip_batches=skip)
+            return iter(self.strategy.experimental_distribute_dataset(built[0] if isinstance(built, tuple) else built))
         if isinstance(self.data, tf.data.Dataset):
             dataset = self.data.skip(skip) if skip else self.data
             return iter(self.strategy.experimental_distribute_dataset(dataset))
@@ -293,6 +299,15 @@ class _Pipeline:
             return dataset.skip(skip) if skip else dataset
 
         return iter(self.strategy.distribute_datasets_from_function(per_replica))
+
+
+def _one_epoch_rebuild(data: Any) -> Callable[..., Any] | None:
+    """For make_dataset's default one-epoch form (each pass the next epoch, counted by passes):
+    the function that builds any epoch's batches, so every epoch, a resumed one included, reads
+    its own order whatever passes came before. None for other data."""
+    info = getattr(data, "_kerasdist_info", None)
+    rebuild = getattr(data, "_kerasdist_rebuild", None)
+    return rebuild if info is not None and info.form == "one_epoch" and rebuild is not None else None
 
 
 def _made_steps(dataset: tf.data.Dataset) -> int | None:

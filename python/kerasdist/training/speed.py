@@ -14,7 +14,8 @@ recorded carry none and resume with any.
 - `jit_compile=True`: XLA for the per-replica step. Refused under a parameter-server strategy
   (Keras 3 cannot fit there and its coordinator schedules functions it compiles itself).
 - `gradient_accumulation_steps=N` (N >= 2): Keras 3 optimizers average the gradients of N
-  steps and apply them once; `optimizer.iterations` then counts applied updates.
+  steps and apply them once; `optimizer.iterations` then counts applied updates, while
+  `every_steps` and the checkpoints' `global_step` count batches (`model_state.optimizer_step`).
 """
 
 from __future__ import annotations
