@@ -11,7 +11,7 @@ Variants (each trial kills once at a random step, restarts to the end, compares)
                       CPU devices (20 steps), killed from outside: bitwise against a mirrored reference
                       (mirrored is deterministic run to run; it is not bitwise equal to the default
                       strategy, see tests/python/test_reliability.py).
-  --launcher          the same script as 2 multi-worker processes under kerasdist.launch
+  --launcher          the same script (distributed_fit) as 2 multi-worker processes under kerasdist.launch
                       (max_restarts=1); a random worker signals itself at a random step; compared with
                       an uninterrupted 2-worker run.
   --r                 tests/testthat/scripts/train_resumable.R: distributed_fit from R (default strategy),
@@ -68,7 +68,7 @@ class Variant:
         kill = ["--kill-at-step", ",".join(map(str, kill_at)), "--kill-task", ",".join(tasks),
                 "--kill-signal", sig] if kill_at else []
         return [sys.executable, "-c", LAUNCH, str(len(kill_at)), sys.executable, str(ANYWHERE), str(ckpt), str(out),
-                "--strategy", "auto", "--api", "resume_fit", *kill]
+                "--strategy", "auto", *kill]
 
 
 VARIANTS = {"default": Variant("default", TOTAL_STEPS, True), "mirrored": Variant("mirrored", 20, True),
