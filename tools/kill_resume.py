@@ -45,7 +45,8 @@ TOTAL_STEPS = 36  # train_resumable.py: 3 epochs x 12 batches
 PREEMPTED = 75
 LAUNCH = (
     "import json, sys, kerasdist\n"
-    "r = kerasdist.launch(sys.argv[2:], num_workers=2, max_restarts=int(sys.argv[1]), grace_period=2, timeout=300)\n"
+    "r = kerasdist.launch(sys.argv[3:], num_workers=2, max_restarts=int(sys.argv[1]),\n"
+    "                     grace_period=float(sys.argv[2]), timeout=300)\n"
     "print('launch', r.exit_code, r.restarts, '|'.join(f.description for f in r.failures), flush=True)\n"
     "print('exits', json.dumps(r.exit_codes), flush=True)\n"
     "sys.exit(r.exit_code)\n"
@@ -68,8 +69,11 @@ class Variant:
             return ["Rscript", str(R_SCRIPT), str(ckpt), str(out)]
         kill = ["--kill-at-step", ",".join(map(str, kill_at)), "--kill-task", ",".join(tasks),
                 "--kill-signal", sig] if kill_at else []
-        return [sys.executable, "-c", LAUNCH, str(len(kill_at)), sys.executable, str(ANYWHERE), str(ckpt), str(out),
-                "--strategy", "auto", *kill]
+        # SIGTERM: the workers stop together and exit 75 on their own; 5 s for the last one to
+        # finish saving and exiting (on a loaded machine) before the launcher stops it
+        grace = "5" if sig == "TERM" else "2"
+        return [sys.executable, "-c", LAUNCH, str(len(kill_at)), grace, sys.executable, str(ANYWHERE), str(ckpt),
+                str(out), "--strategy", "auto", *kill]
 
 
 VARIANTS = {"default": Variant("default", TOTAL_STEPS, True), "mirrored": Variant("mirrored", 20, True),

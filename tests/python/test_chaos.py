@@ -80,7 +80,7 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_the_restart_en
     workers stop after step 5 (the count after that publication), the chief saves step 5 (no other
     checkpoint is due: --every-steps 1000), both exit 75; the restarted group resumes at step 6."""
     final = tmp_path / "final.npz"
-    command = kill_resume.VARIANTS["launcher"].command(tmp_path / "ckpt", final)[4:]  # the script, no -c
+    command = kill_resume.VARIANTS["launcher"].command(tmp_path / "ckpt", final)[5:]  # the script alone
     result = kerasdist.launch([*command, "--every-steps", "1000", "--kill-at-step", "3", "--kill-task", "worker:1",
                                "--kill-signal", "TERM"], num_workers=2, max_restarts=1, grace_period=5, timeout=240)
     out = capfd.readouterr().out
