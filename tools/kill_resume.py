@@ -11,7 +11,7 @@ Variants (each trial kills once at a random step, restarts to the end, compares)
                       CPU devices (20 steps), killed from outside: bitwise against a mirrored reference
                       (mirrored is deterministic run to run; it is not bitwise equal to the default
                       strategy, see tests/python/test_reliability.py).
-  --launcher          the same script as 2 multi-worker processes under kerasdist.launch
+  --launcher          the same script (distributed_fit) as 2 multi-worker processes under kerasdist.launch
                       (max_restarts=1); a random worker signals itself at a random step; compared with
                       an uninterrupted 2-worker run.
   --r                 tests/testthat/scripts/train_resumable.R: distributed_fit from R (default strategy),
@@ -44,9 +44,11 @@ R_SCRIPT = ROOT / "tests" / "testthat" / "scripts" / "train_resumable.R"
 TOTAL_STEPS = 36  # train_resumable.py: 3 epochs x 12 batches
 PREEMPTED = 75
 LAUNCH = (
-    "import sys, kerasdist\n"
-    "r = kerasdist.launch(sys.argv[2:], num_workers=2, max_restarts=int(sys.argv[1]), grace_period=2, timeout=300)\n"
+    "import json, sys, kerasdist\n"
+    "r = kerasdist.launch(sys.argv[3:], num_workers=2, max_restarts=int(sys.argv[1]),\n"
+    "                     grace_period=float(sys.argv[2]), timeout=300)\n"
     "print('launch', r.exit_code, r.restarts, '|'.join(f.description for f in r.failures), flush=True)\n"
+    "print('exits', json.dumps(r.exit_codes), flush=True)\n"
     "sys.exit(r.exit_code)\n"
 )
 
@@ -67,8 +69,11 @@ class Variant:
             return ["Rscript", str(R_SCRIPT), str(ckpt), str(out)]
         kill = ["--kill-at-step", ",".join(map(str, kill_at)), "--kill-task", ",".join(tasks),
                 "--kill-signal", sig] if kill_at else []
-        return [sys.executable, "-c", LAUNCH, str(len(kill_at)), sys.executable, str(ANYWHERE), str(ckpt), str(out),
-                "--strategy", "auto", "--api", "resume_fit", *kill]
+        # SIGTERM: the workers stop together and exit 75 on their own; 5 s for the last one to
+        # finish saving and exiting (on a loaded machine) before the launcher stops it
+        grace = "5" if sig == "TERM" else "2"
+        return [sys.executable, "-c", LAUNCH, str(len(kill_at)), grace, sys.executable, str(ANYWHERE), str(ckpt),
+                str(out), "--strategy", "auto", *kill]
 
 
 VARIANTS = {"default": Variant("default", TOTAL_STEPS, True), "mirrored": Variant("mirrored", 20, True),
@@ -143,7 +148,9 @@ def kill_and_resume(workdir: Path, reference: Path, kill_steps: list[int], rng: 
     if not variant.external:
         victims = [f"worker:{rng.randrange(2)}" for _ in kill_steps]
         code, _, tail = run(variant.command(ckpt, final, kill_steps, victims, sig_name))
-        codes.append((code, tail.rsplit("launch ", 1)[-1].strip()))  # exit code and what the launcher saw
+        seen = tail.rsplit("\nlaunch ", 1)[-1].split("\n", 1)[0].strip()  # the launcher's summary line
+        exits = json.loads(tail.rsplit("\nexits ", 1)[-1].split("\n", 1)[0]) if "\nexits " in tail else []
+        codes.append((code, seen, [attempt for attempt in exits if attempt]))  # every worker, per attempt
     for step in kill_steps if variant.external else ():
         code, _, _ = run(variant.command(ckpt, final), step, sig, delay=rng.uniform(0, 0.05))
         codes.append(code)
@@ -192,8 +199,11 @@ def main() -> int:
             result = kill_and_resume(Path(tmp) / f"trial{trial}", reference, [step], rng, sig, variant)
             trials.append(result)
             who = f" on {result['victims'][0]}" if result["victims"] else ""
+            exits = result["exit_codes"][0]
+            if not variant.external:  # the killed attempt's exit status of every worker
+                exits = ", ".join(f"{task} {code}" for task, code in exits[2][0].items()) if exits[2] else exits
             print(f"trial {trial + 1}/{args.kills}: {variant.name} SIG{args.signal} at step {step}{who}, "
-                  f"exit {result['exit_codes'][0]}, bitwise identical: {result['bitwise_identical']}, "
+                  f"exit {exits}, bitwise identical: {result['bitwise_identical']}, "
                   f"max |diff| {result['max_abs_diff']:.2g}", flush=True)
     line = summary_line(variant, trials)
     summary = {"benchmark": "kill_resume", "variant": variant.name, "signal": args.signal, "trials": args.kills,

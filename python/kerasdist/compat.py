@@ -15,10 +15,23 @@ TensorFlow's SlurmClusterResolver fails on CPU-only nodes (it asks nvidia-smi fo
 gpus_per_node=0 divides the GPUs into steps of 0: "range() arg 3 must not be zero"). On such nodes
 `slurm_resolver` gives the same layout through a SimpleClusterResolver;
 tests/python/test_strategy.py fails once upstream works without GPUs.
+
+TensorFlow's `PreemptionCheckpointHandler` (the multi-worker preemption agreement kerasdist uses,
+`checkpoint/preemption.py`) asks the GCE metadata server whether it runs on Google Cloud when it
+is made (an HTTP request of up to 5 s), and on a GCE CPU (or TPU) VM it then does nothing at all:
+SIGTERM would neither be agreed on nor saved. The agreement itself only needs the coordination
+service, the same on any host, so `preemption_checkpoint_handler` makes the handler with the probe
+pointed at a closed local port (no request leaves the machine; the handler takes the path it
+takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
+exclusion.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -92,6 +105,53 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+
+
+# TensorFlow releases whose PreemptionCheckpointHandler skips GCE CPU VMs (2.21 checked).
+PREEMPTION_HANDLER_FIX_VERSIONS = ((2, 0), (2, 22))
+_GCE_METADATA_VARIABLE = "GCE_METADATA_IP"  # failure_handling_util._GCE_METADATA_URL_ENV_VARIABLE
+
+
+def tensorflow_needs_preemption_fix(version: str = tf.__version__) -> bool:
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    low, high = PREEMPTION_HANDLER_FIX_VERSIONS
+    return low <= major_minor < high
+
+
+def preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],
+                                  exit_fn: Callable[[], None]) -> Any:
+    """TensorFlow's PreemptionCheckpointHandler for a multi-worker `strategy`, saving with
+    `save_fn` and stopping with `exit_fn` (the Keras callback does both), its own SIGTERM handler
+    installed. Its tf.train.Checkpoint is an empty one in a private temporary directory: it is
+    never written (`save_fn` replaces it), and a non-chief handler deletes the parent of its
+    directory when it stops."""
+    config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn, save_fn=save_fn)
+    directory = os.path.join(tempfile.mkdtemp(prefix="kerasdist-preemption-"), "unused")
+    with _metadata_probe_off() if tensorflow_needs_preemption_fix() else contextlib.nullcontext():
+        return tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, tf.train.Checkpoint(), directory, config)
+
+
+@contextlib.contextmanager
+def _metadata_probe_off():
+    before = os.environ.get(_GCE_METADATA_VARIABLE)
+    os.environ[_GCE_METADATA_VARIABLE] = "127.0.0.1:1"  # nothing listens on port 1: refused at once
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_GCE_METADATA_VARIABLE, None)
+        else:
+            os.environ[_GCE_METADATA_VARIABLE] = before
+
+
+def save_if_preempted(handler: Any) -> None:
+    """`handler.save_checkpoint_if_preempted()` without TensorFlow's deprecation notice (it
+    reads its own deprecated `total_run_calls` when it saves)."""
+    from tensorflow.python.util import deprecation
+
+    with deprecation.silence():
+        handler.save_checkpoint_if_preempted()
 
 
 def slurm_gpu_share(resolver: Any) -> list[int]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import kerasdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import kill_resume  # noqa: E402
@@ -64,7 +67,26 @@ def test_three_kills_then_resume_is_bitwise_identical(references, tmp_path, name
         assert result["exit_codes"] == [expected] * KILLS, result
         assert result["final_exit_code"] == 0
     else:  # one launch: on each attempt a random worker dies, the group restarts, the last finishes
-        [(code, seen)] = result["exit_codes"]
+        [(code, seen, _)] = result["exit_codes"]
         assert code == 0 and seen.startswith(f"0 {KILLS} "), result
         assert seen.split(" ", 2)[2] == "|".join(f"worker {v[-1]} was killed by SIGKILL" for v in result["victims"])
     assert result["bitwise_identical"], result
+
+
+def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_the_restart_ends_bitwise_equal(
+        references, tmp_path, capfd):
+    """#15 item 1: worker 1 gets SIGTERM after step 3. TensorFlow's preemption agreement
+    (kerasdist/checkpoint/preemption.py) has it publish step 4 at its next batch end, so both
+    workers stop after step 5 (the count after that publication), the chief saves step 5 (no other
+    checkpoint is due: --every-steps 1000), both exit 75; the restarted group resumes at step 6."""
+    final = tmp_path / "final.npz"
+    command = kill_resume.VARIANTS["launcher"].command(tmp_path / "ckpt", final)[5:]  # the script alone
+    result = kerasdist.launch([*command, "--every-steps", "1000", "--kill-at-step", "3", "--kill-task", "worker:1",
+                               "--kill-signal", "TERM"], num_workers=2, max_restarts=1, grace_period=5, timeout=240)
+    out = capfd.readouterr().out
+    assert result.ok and result.restarts == 1, out[-3000:]
+    assert result.exit_codes == ({"worker 0": 75, "worker 1": 75}, {"worker 0": 0, "worker 1": 0}), out[-3000:]
+    for worker in (0, 1):  # every step once: none lost, none trained twice
+        steps = [int(s) for s in re.findall(rf"^\[worker {worker}\] step (\d+)$", out, re.M)]
+        assert steps == list(range(1, kill_resume.VARIANTS["launcher"].steps + 1)), (worker, steps)
+    assert kill_resume.compare(references("launcher"), final) == (True, 0.0)

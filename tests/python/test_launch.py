@@ -104,11 +104,16 @@ def test_parameter_servers_get_a_chief_and_are_stopped_when_it_finishes(tmp_path
 def test_a_failure_stops_and_restarts_the_whole_group(tmp_path, capsys, how, description):
     start = time.monotonic()
     result = launch([PROBE, str(tmp_path), "--fail", "worker 1", *how, "--sleep", "60"],
-                    num_workers=2, max_restarts=2, grace_period=5)
+                    num_workers=2, max_restarts=2, grace_period=2)
 
     assert time.monotonic() - start < 20  # worker 0 (sleeping 60 s) was stopped, not waited for
     assert (result.exit_code, result.restarts) == (0, 1)
     assert [f.description for f in result.failures] == [description]
+    failed = -signal.SIGKILL if "--signal" in how else int(how[1])
+    assert result.exit_codes == ({"worker 0": -signal.SIGTERM, "worker 1": failed},
+                                 {"worker 0": 0, "worker 1": 0})
+    if failed == kerasdist.PREEMPTED_EXIT_CODE:  # the others got grace_period to stop on their own first
+        assert time.monotonic() - start >= 2
     assert result.failures[0].restart == 0
     assert done(tmp_path, restart=0) == set()
     assert sorted(records(tmp_path, restart=1)) == ["worker 0", "worker 1"]

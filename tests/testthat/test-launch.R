@@ -21,6 +21,7 @@ test_that("an R script launched as 2 workers gets its own task in the same clust
   expect_identical(result$restarts, 0L)
   expect_null(result$failed)
   expect_identical(result$message, "all 2 workers finished.")
+  expect_identical(result$exit_codes, list(c("worker 0" = 0L, "worker 1" = 0L)))
   configs <- recorded(dir)
   expect_named(configs, c("worker 0", "worker 1"))
   expect_identical(configs[["worker 1"]]$task, list(type = "worker", index = 1L))

@@ -15,6 +15,7 @@ import keras
 from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
+from kerasdist.checkpoint.preemption import agreement_for
 from kerasdist.validation import boolean, choice, integer, optional_integer
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
@@ -37,6 +38,8 @@ def checkpoint_callback(
     atomically; keeps the `keep` newest (plus the best by `monitor` when `keep_best`), never
     deleting the newest valid one. Under multi-worker strategies only the chief writes. On SIGTERM
     it saves at the next step boundary, stops training and exits with `PREEMPTED_EXIT_CODE` (75).
+    Under a multi-worker strategy a SIGTERM to any worker stops every worker after one agreed step
+    (`checkpoint/preemption.py`): the chief saves that step and every worker exits with 75.
 
     Args:
         checkpoint_dir: where checkpoints go; created if missing.
@@ -90,6 +93,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history: list[dict[str, float]] = []
         self._best: CheckpointInfo | None = None
         self._previous_handler: Any = None
+        self._agreement: Any = None  # multi-worker: the workers' preemption agreement
+        self._logs: dict | None = None
         self._is_chief = True
         self._task: str | None = None
         self.settings: dict[str, Any] = {}  # the run's training settings, recorded in each checkpoint
@@ -133,6 +138,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._first_epoch = None
         if self._is_chief:
             self.manager.remove_temporary()
+        self._agreement = agreement_for(context.strategy) if self.handle_sigterm else None
         self._install_sigterm_handler()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -145,13 +151,32 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
         self._batches_seen = batch + 1
-        if self._preempted:
+        if self._agreement is not None:
+            self._logs = logs
+            self._agreement.check(self)  # on the agreed step: save_agreed_step, stop_preempted
+            if self._preempted:
+                return
+        elif self._preempted:
             self._save(self._epoch, self._step, logs)
             self.model.stop_training = True
             return
-        last_batch = self.params.get("steps") is not None and batch + 1 >= self.params["steps"]
-        if self.every_steps and not last_batch and optimizer_step(self.model) % self.every_steps == 0:
+        if self.every_steps and not self._last_batch() and optimizer_step(self.model) % self.every_steps == 0:
             self._save(self._epoch, self._step, logs)
+
+    def save_agreed_step(self) -> None:
+        """Multi-worker preemption, on every worker at the step all agreed on: the chief saves it
+        (at an epoch's last batch, on_epoch_end saves the epoch instead)."""
+        if not self._last_batch():
+            self._save(self._epoch, self._step, self._logs)
+
+    def stop_preempted(self) -> None:
+        """Multi-worker preemption, after the agreed step's save: stop fit, then exit with 75."""
+        self._preempted = True
+        self.model.stop_training = True
+
+    def _last_batch(self) -> bool:
+        steps = self.params.get("steps")
+        return steps is not None and self._batches_seen >= steps
 
     def on_epoch_end(self, epoch, logs=None):
         steps = self.params.get("steps")
@@ -192,8 +217,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._preempted = False
         if not self.handle_sigterm:
             return
+        handler = self._agreement.sigterm_handler if self._agreement is not None else self._on_sigterm
         try:
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_handler = signal.signal(signal.SIGTERM, handler)
         except ValueError:  # not the main thread: leave signals to the caller
             self._previous_handler = None
 

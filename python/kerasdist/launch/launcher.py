@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kerasdist.checkpoint import PREEMPTED_EXIT_CODE
 from kerasdist.launch.command import resolve_command
 from kerasdist.launch.ports import PORT_CLASH_RETRIES, build_cluster, check_host
 from kerasdist.launch.process_group import Outcome, ProcessGroup
@@ -50,7 +51,9 @@ def launch(
     A process fails when it exits with a non-zero status (status 75,
     `kerasdist.PREEMPTED_EXIT_CODE`, "preempted, checkpoint saved", included) or is killed by a
     signal. The launcher then stops every process of the group (SIGTERM to its process group,
-    SIGKILL after `grace_period` seconds) and, while restarts remain, starts the whole group
+    SIGKILL after `grace_period` seconds; after a status 75 it first gives the others
+    `grace_period` seconds to finish on their own, as multi-worker kerasdist runs stop together
+    on preemption) and, while restarts remain, starts the whole group
     again on fresh ports, so that training resumes from the latest checkpoint. A group start
     whose server reports its port already taken (the ports are found free, then released, so
     another program may grab one first) is retried up to 3 times without using a restart.
@@ -115,11 +118,13 @@ def launch(
 
     deadline = None if timeout is None else time.monotonic() + timeout
     failures: list[TaskFailure] = []
+    exit_codes: list[dict[str, int]] = []
     restart = port_retries = 0
     while True:
         cluster = build_cluster(tasks, host)
         group = ProcessGroup(argv, tasks, cluster, restart, base_env, cwd)
         outcome = _attempt(group, deadline, startup_timeout, grace_period)
+        exit_codes.append(outcome.exit_codes or {})
         if outcome.timed_out:
             exit_code, message = TIMEOUT_EXIT_CODE, timeout_message(timeout, restart)
             break
@@ -140,7 +145,8 @@ def launch(
         _say(f"restarting the group ({restart} of {max_restarts}) on fresh ports.")
     _say(message)
     return LaunchResult(
-        exit_code, restart, tuple(failures), outcome.timed_out, message, cluster, port_retries
+        exit_code, restart, tuple(failures), outcome.timed_out, message, cluster, port_retries,
+        tuple(exit_codes),
     )
 
 
@@ -149,13 +155,16 @@ def _attempt(
     grace_period: float,
 ) -> Outcome:
     """Run one group to its end, and stop it (on success too: parameter servers never exit)."""
+    outcome = Outcome()
     try:
         outcome = group.run(deadline, startup_timeout)
         if outcome.failure is not None:
             group.finish_output_of(outcome.failure)
             _say(f"{outcome.failure.description}; stopping the group.")
     finally:
-        group.stop(grace_period)
+        preempted = outcome.failure is not None and outcome.failure.returncode == PREEMPTED_EXIT_CODE
+        group.stop(grace_period, settle=preempted)
+        outcome.exit_codes = group.exit_codes()
     return outcome
 
 

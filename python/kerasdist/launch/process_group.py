@@ -36,6 +36,7 @@ class Outcome:
     failure: TaskFailure | None = None
     timed_out: bool = False
     port_clash: bool = False
+    exit_codes: dict[str, int] | None = None  # every task's status once the group stopped
 
 
 class _Task:
@@ -131,18 +132,29 @@ class ProcessGroup:
                     reader.join(timeout=2)
         self._echo()
 
-    def stop(self, grace_period: float) -> None:
-        """SIGTERM every running process group, SIGKILL what is left after the grace period."""
+    def stop(self, grace_period: float, settle: bool = False) -> None:
+        """SIGTERM every running process group, SIGKILL what is left after the grace period.
+
+        `settle` (a worker exited preempted, status 75): first give the others the grace period
+        to finish on their own, since under multi-worker they stop at the same agreed step."""
+        if settle:
+            self._wait_all(time.monotonic() + grace_period)
         self._signal_running(signal.SIGTERM)
-        end = time.monotonic() + grace_period
-        while any(t.process.poll() is None for t in self.tasks) and time.monotonic() < end:
-            self._echo(wait=_POLL_SECONDS)
+        self._wait_all(time.monotonic() + grace_period)
         self._signal_running(signal.SIGKILL)
         for task in self.tasks:
             task.process.wait()
             for reader in task.readers:
                 reader.join(timeout=2)
         self._echo()
+
+    def exit_codes(self) -> dict[str, int]:
+        """Each task's status ("worker 1" -> 75), minus the signal number if a signal ended it."""
+        return {f"{t.task_type} {t.index}": t.process.returncode for t in self.tasks}
+
+    def _wait_all(self, end: float) -> None:
+        while any(t.process.poll() is None for t in self.tasks) and time.monotonic() < end:
+            self._echo(wait=_POLL_SECONDS)
 
     def _signal_running(self, signum: int) -> None:
         for task in self.tasks:

@@ -73,6 +73,9 @@ class LaunchResult:
         message: one line saying how the run ended.
         cluster: the cluster of the last attempt (task type -> "host:port" addresses).
         port_retries: group starts repeated because a port was taken (not counted as restarts).
+        exit_codes: per attempt (port retries included), every task's exit status once the group
+            stopped, e.g. `({"worker 0": 75, "worker 1": 75}, {"worker 0": 0, "worker 1": 0})`;
+            minus the signal number for a task a signal ended.
     """
 
     exit_code: int
@@ -82,6 +85,7 @@ class LaunchResult:
     message: str = ""
     cluster: dict[str, list[str]] = field(default_factory=dict)
     port_retries: int = 0
+    exit_codes: tuple[dict[str, int], ...] = ()
 
     @property
     def ok(self) -> bool:

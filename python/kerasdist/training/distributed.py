@@ -163,10 +163,12 @@ def distributed_fit(
         check_step_functions(model, context.strategy)
         checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
         checkpoint.settings = settings.record()
-        with context.strategy.scope():
-            return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
-                              steps_per_epoch=steps,
-                              callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+        # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
+        # inside it runs a collective that only the chief (the writer) would join, which fails
+        # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
+        return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
+                          steps_per_epoch=steps,
+                          callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

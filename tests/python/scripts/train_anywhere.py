@@ -7,9 +7,7 @@ usage: train_anywhere.py CHECKPOINT_DIR OUT.npz [--strategy auto|default|mirrore
 distributed_fit on 320 samples (a Dense model, global batch 32: 10 steps an epoch), a checkpoint
 every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; under the launcher
 `--strategy auto` gives multi-worker. `--api resume_fit` trains the same
-run through make_or_restore_model + make_dataset + resume_fit, outside the strategy scope: under
-multi-worker, distributed_fit's step checkpoints fail today (a collective only the chief runs while
-it saves inside the scope: "Collective instance ... expected type 1 ... but got type 0").
+run through make_or_restore_model + make_dataset + resume_fit.
 Prints "step G" after every optimizer step (flushed).
 `--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (on the
 launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given); comma lists
