@@ -162,11 +162,10 @@ def distributed_fit(
     check_steps_per_execution(steps_per_execution, steps, every_steps, context.num_replicas)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
-        built = replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
-        return built[0] if validation_split is not None else built  # (train, validation) with a split
+        return replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
 
     if validation_split is not None:
-        validation_data = replace_epochs(planned, epochs=1).build()[1]
+        validation_data = planned.validation()
     elif isinstance(validation_data, (tuple, list)):
         validation_data = _validation_dataset(validation_data, common)
 

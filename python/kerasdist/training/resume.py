@@ -136,8 +136,7 @@ def _epochs_of_planned(data: Any) -> Any:
         return data
 
     def make(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
-        built = rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
-        return built[0] if isinstance(built, tuple) else built
+        return rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
 
     return EpochRange(make)
 
