@@ -24,7 +24,7 @@ BENCHMARKS=(
   "data_r|bench_data.R|2e5 100 5"
   "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 6"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
-  "overhead|bench_overhead.py|--epochs 5"
+  "overhead|bench_overhead.py|--seconds 30 --repeats 3"
   "r_python|bench_r_python.py|"
   "advisor|bench_advisor.py|"
 )
