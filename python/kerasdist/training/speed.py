@@ -155,7 +155,9 @@ def with_build_settings(build_fn: Any, settings: TrainingSettings) -> Any:
 # value continues exactly (the rest of an interrupted epoch runs with a value that divides it).
 
 # "auto": an execution should take at least _EXECUTION_S of estimated compute, so the per-call
-# hand-off (about 2-5 ms measured on 2 CPU cores; bench/bench_data.py) stays small beside it.
+# hand-off (about 1 to 5 ms measured on 2 loaded CPU cores; bench/bench_data.py) stays small beside
+# it. The estimate counts 6 flops per parameter and sample (dense layers); a convolution does more
+# per parameter, so its calls last longer than estimated, which only delays a SIGTERM save a little.
 _EXECUTION_S = 0.05
 _FLOPS = 1e10  # a conservative guess at a CPU's throughput; faster devices only raise the choice
 _MAX_STEPS_PER_EXECUTION = 1000
@@ -209,9 +211,9 @@ def choose_steps_per_execution(value: int | str, model: Any, context: Any, steps
     """The steps per execution a run uses, and why. An integer is checked (`fits_epoch`); 'auto'
     keeps a model compiled with a value of its own (checked too), and is otherwise 1 where more
     would change what callbacks see, where fit does not run steps itself (parameter servers) or
-    cannot run several (several replicas),
-    else the divisor of the epoch (and of every_steps) nearest above the steps that make an
-    execution last `_EXECUTION_S`, from the model's size and the batch."""
+    cannot run several (several replicas); else the divisor of the epoch (and of every_steps)
+    nearest above the steps that make an execution last `_EXECUTION_S`, from the model's size and
+    the batch (at most 4 times that; below it when no divisor is that close)."""
     own = int(getattr(model, "steps_per_execution", 1) or 1)
     if value == "auto" and own > 1:
         value = own
