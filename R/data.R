@@ -48,10 +48,6 @@
 #'   number: one stream that stops before this epoch (as `fit(epochs = )`).
 #' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's
 #'   `repeat=True`; `repeat` is a reserved word in R).
-#' @param validation_split Fraction in (0, 1) of the samples kept out for
-#'   validation: the last ones, as in keras3. Then a list `train`,
-#'   `validation` is returned; validation is one unshuffled pass. In-memory
-#'   data only.
 #' @param per_worker Build one pipeline per worker with
 #'   `strategy$distribute_datasets_from_function()`, each reading only its
 #'   share; otherwise the dataset carries the auto-shard policy of its source
@@ -71,9 +67,8 @@
 #'   float feature shapes, e.g. `list(x = 3L, y = integer(0))`.
 #' @param shuffle_buffer Block size of the shuffle of cached files and of
 #'   datasets.
-#' @returns A `tf.data.Dataset` (Python object), a distributed dataset with
-#'   `per_worker = TRUE`, or with `validation_split` a list `train`,
-#'   `validation`.
+#' @returns A `tf.data.Dataset` (Python object), or a distributed dataset with
+#'   `per_worker = TRUE`. For a validation split see [make_dataset_split()].
 #' @family data
 #' @seealso Python: `kerasdist.make_dataset()`.
 #' @examples
@@ -92,37 +87,75 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
                          per_replica_batch_size = NULL, strategy = NULL,
                          drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
                          initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
-                         repeat_epochs = FALSE, validation_split = NULL, per_worker = FALSE, cache = NULL,
+                         repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
                          map_fn = NULL, check_finite = FALSE, file_format = NULL,
                          label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
+  check_r_map_fn(map_fn, sys.call())
+  call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
+}
+
+#' Make a training dataset and a validation dataset from one set of samples
+#'
+#' [make_dataset()] for all but the last `validation_split` of the rows (as
+#' keras3's `fit(validation_split = )` holds out the last ones), and one
+#' unshuffled, finite pass over those rows.
+#'
+#' @inheritParams make_dataset
+#' @param x,y In-memory data: R matrices and arrays, data frames (and `y` a
+#'   column name), lists of them.
+#' @param validation_split Fraction in (0, 1) of the rows kept out for
+#'   validation.
+#' @returns A list: `train`, the training dataset (as [make_dataset()] makes
+#'   it from the other arguments), and `validation`, the held-out rows batched
+#'   like it.
+#' @family data
+#' @seealso Python: `kerasdist.make_dataset_split()`.
+#' @examples
+#' \dontrun{
+#' parts <- make_dataset_split(x, y, validation_split = 0.2, batch_size = 64)
+#' model |> fit(parts$train, validation_data = parts$validation, epochs = 5)
+#' }
+#' @export
+make_dataset_split <- function(x, y = NULL, validation_split, sample_weight = NULL, batch_size = NULL,
+                               per_replica_batch_size = NULL, strategy = NULL,
+                               drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
+                               initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
+                               repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
+                               map_fn = NULL, check_finite = FALSE, file_format = NULL,
+                               label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
+  check_r_map_fn(map_fn, sys.call())
+  parts <- call_dataset_function(kerasdist_module()$make_dataset_split, environment(), sys.call())
+  list(train = parts$train, validation = parts$validation)
+}
+
+check_r_map_fn <- function(map_fn, call) {
   if (is.function(map_fn) && !inherits(map_fn, "python.builtin.object")) {
     kerasdist_abort(paste0(
       "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
       "function cannot run (see reticulate::py_run_string())."
-    ), call = sys.call())
+    ), call = call)
   }
-  result <- call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
-  if (is.null(validation_split)) return(result)
-  list(train = result[[1]], validation = result[[2]])
 }
 
 # make_dataset()'s arguments (in `args`, its environment) converted for Python once, for
 # make_dataset() and plan_dataset() alike.
 call_dataset_function <- function(fun, args, call) {
   a <- as.list(args)
-  call_python(
+  # make_dataset() has no validation_split (make_dataset_split() and plan_dataset() do)
+  split <- if (is.null(a$validation_split)) list() else list(validation_split = a$validation_split)
+  do.call(call_python, c(list(
     fun, as_py_data(a$x),
     y = if (is.character(a$y) && length(a$y) == 1) a$y else as_py_data(a$y),
     sample_weight = as_py_data(a$sample_weight), batch_size = as_py_int(a$batch_size),
     per_replica_batch_size = as_py_int(a$per_replica_batch_size), strategy = a$strategy,
     drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = as_py_int(a$seed),
     initial_epoch = as_py_int(a$initial_epoch), skip_batches = as_py_int(a$skip_batches),
-    epochs = as_py_int(a$epochs), `repeat` = a$repeat_epochs, validation_split = a$validation_split,
+    epochs = as_py_int(a$epochs), `repeat` = a$repeat_epochs,
     per_worker = a$per_worker, cache = a$cache, map_fn = a$map_fn, check_finite = a$check_finite,
     file_format = a$file_format, label_column = a$label_column,
     features = if (is.null(a$features)) NULL else lapply(a$features, as_py_shape),
     shuffle_buffer = as_py_int(a$shuffle_buffer), call = call
-  )
+  ), split), quote = TRUE)  # quote: `call` is a call, not to be run again
 }
 
 #' Plan a dataset without building it
@@ -132,6 +165,8 @@ call_dataset_function <- function(fun, args, call) {
 #' epoch, shard policy, form), without building any pipeline.
 #'
 #' @inheritParams make_dataset
+#' @param validation_split As in [make_dataset_split()]: the plan is then that
+#'   of its training dataset.
 #' @returns A list of class `kerasdist_dataset_info`.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.

@@ -51,6 +51,16 @@
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
+#' @param steps_per_execution Training steps per call into the graph (Keras's
+#'   `compile()` option; callbacks' batch hooks then run once per call): an
+#'   integer that divides the steps of an epoch (and of which `every_steps` is a
+#'   multiple), or `"auto"` (default): the model's own compiled value if above
+#'   1; else 1 when a callback has batch hooks, under several replicas (Keras
+#'   3.15 fails there, keras-team/keras#19246; an integer above 1 is refused)
+#'   and parameter servers; else a divisor of the epoch's steps that makes one
+#'   call last about 50 ms of estimated compute, which hides the per-call
+#'   hand-off of small models. A resumed run may use another value and still
+#'   continues exactly.
 #' @inheritSection resume_fit Preemption
 #' @returns The training history of all epochs, earlier runs included, as
 #'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
@@ -86,7 +96,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             batch_size = NULL, per_replica_batch_size = NULL, seed = 0L,
                             shuffle = TRUE, sample_weight = NULL, validation_split = NULL,
                             validation_data = NULL, every_steps = NULL, keep = 3L,
-                            callbacks = NULL, dataset_args = NULL, verbose = "auto") {
+                            callbacks = NULL, dataset_args = NULL, verbose = "auto",
+                            steps_per_execution = "auto") {
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
@@ -99,7 +110,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     validation_split = validation_split, validation_data = validation_data,
     every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
-    verbose = as_py_int(verbose), .checkpoint_dir = checkpoint_dir
+    verbose = as_py_int(verbose), steps_per_execution = as_py_int(steps_per_execution),
+    .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))
 }

@@ -1,18 +1,27 @@
-"""Steps/s of a small fit fed by make_dataset, by the naive pipeline, and with no input at all.
+"""Steps/s of a small fit fed by make_dataset, by the naive pipeline, and with no input at all,
+each with 1 step per call into the graph and with several (Keras's `steps_per_execution`).
 
-- make_dataset: kerasdist.make_dataset(x, y, batch_size=B, seed=0): shuffled per epoch (pure
-  function of seed and epoch), one endless stream, fit with steps_per_epoch.
+- make_dataset: kerasdist.make_dataset(x, y, batch_size=B, seed=0, repeat=True): one stream of
+  epochs, each reshuffled as a pure function of seed and epoch, fit with steps_per_epoch (what
+  distributed_fit and resume_fit feed).
+- make_dataset_one_epoch: the default one-epoch form (each pass the next epoch), as a user calls
+  it: `model.fit(ds, epochs=E)`.
 - naive: tf.data.Dataset.from_tensor_slices((x, y)).batch(B): no shuffle at all.
 - compute_only: one batch already in memory, repeated (from_tensors(batch).repeat()): the model
   stepping with no input work, the ceiling for any pipeline.
+- the same make_dataset and compute_only fits with N steps per call: N is what distributed_fit's
+  steps_per_execution="auto" chooses for this model and epoch (`--spe` to force one).
 
 Each variant has its own model, compiled and warmed up once (tracing excluded); then REPS rounds,
-interleaved (make_dataset, naive, compute_only, make_dataset, ...), each timing one fit of EPOCHS
-epochs. Figures (bench/_common.py): per round, make_dataset's steps/s over compute_only's and over
-naive's in that same round; median and spread over the rounds. Also the median steps/s of each.
-Prints one JSON line and writes bench/results/data.json.
+interleaved (make_dataset, make_dataset_one_epoch, naive, compute_only, make_dataset_spe,
+compute_only_spe, ...), each timing one fit of EPOCHS epochs. Figures (bench/_common.py), per
+round: make_dataset's steps/s over compute_only's (at 1 and at N steps per call; the one-epoch
+form at 1), over naive's, and make_dataset at N over at 1 (the gain of steps_per_execution);
+median and spread over the rounds. Also the median steps/s of each. Prints one JSON line and
+writes bench/results/data.json.
 
-    .venv/bin/python bench/bench_data.py [--samples 20000] [--features 32] [--batch 256] [--epochs 3] [--reps 5]
+    .venv/bin/python bench/bench_data.py [--samples 20480] [--features 32] [--batch 256]
+                                         [--epochs 3] [--reps 9] [--spe auto]
 """
 
 from __future__ import annotations
@@ -33,69 +42,95 @@ import kerasdist  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
 
 
-def build_model(features: int) -> keras.Model:
+def build_model(features: int, steps_per_execution: int = 1) -> keras.Model:
     model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
     return model
+
+
+def auto_steps_per_execution(features: int, steps: int, batch: int) -> int:
+    """What distributed_fit(steps_per_execution="auto") gives this model on one replica."""
+    from kerasdist.strategy import run_context
+    from kerasdist.training.speed import choose_steps_per_execution
+
+    return choose_steps_per_execution("auto", build_model(features), run_context(), steps, batch)[0]
+
+
+def ratios(rates: dict[str, list[float]], top: str, bottom: str) -> list[float]:
+    return [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=20000)
+    parser.add_argument("--samples", type=int, default=20480)
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--spe", default="auto", help="steps per call of the *_spe variants, or auto")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.samples, args.features), dtype=np.float32)
     y = x.sum(axis=1, keepdims=True)
     steps = -(-args.samples // args.batch)
+    spe = auto_steps_per_execution(args.features, steps, args.batch) if args.spe == "auto" else int(args.spe)
 
     start = time.perf_counter()
-    ours = kerasdist.make_dataset(x, y, batch_size=args.batch, seed=0, repeat=True)
+    ours = kerasdist.make_dataset(x, y, batch_size=args.batch, seed=0, repeat=True)  # as distributed_fit feeds it
     build_s = time.perf_counter() - start
     assert kerasdist.dataset_info(ours).steps_per_epoch == steps
+    one_epoch = kerasdist.make_dataset(x, y, batch_size=args.batch, seed=0)  # the default: a pass an epoch
     naive = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
     one = tf.data.Dataset.from_tensors((x[: args.batch], y[: args.batch])).cache().repeat()
+    stream = {"steps_per_epoch": steps}
 
-    variants = {
-        "make_dataset": (ours, {"steps_per_epoch": steps}),
-        "naive": (naive, {}),
-        "compute_only": (one, {"steps_per_epoch": steps}),
+    variants = {  # name: (data, fit arguments, steps per call)
+        "make_dataset": (ours, stream, 1),
+        "make_dataset_one_epoch": (one_epoch, {}, 1),
+        "naive": (naive, {}, 1),
+        "compute_only": (one, stream, 1),
+        "make_dataset_spe": (ours, stream, spe),
+        "compute_only_spe": (one, stream, spe),
     }
     models = {}
-    for name, (data, kwargs) in variants.items():
+    for name, (data, kwargs, per_call) in variants.items():
         keras.utils.set_random_seed(0)
-        models[name] = build_model(args.features)
+        models[name] = build_model(args.features, per_call)
         models[name].fit(data, epochs=1, verbose=0, shuffle=False, **kwargs)  # trace, warm up
 
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.reps):
-        for name, (data, kwargs) in variants.items():
+        for name, (data, kwargs, _) in variants.items():
             t0 = time.perf_counter()
             models[name].fit(data, epochs=args.epochs, verbose=0, shuffle=False, **kwargs)
             rates[name].append(steps * args.epochs / (time.perf_counter() - t0))
 
     median = {name: statistics.median(r) for name, r in rates.items()}
-    ours_rates = rates["make_dataset"]
     figures = [
-        figure("make_dataset_vs_compute_only",
-               [m / c for m, c in zip(ours_rates, rates["compute_only"], strict=True)], ">= 0.95",
-               "steps/s fed by make_dataset / steps/s of the same fit on one in-memory batch repeated "
-               "(no input work): the input pipeline within 5% of the compute-only limit"),
-        figure("make_dataset_vs_naive",
-               [m / n for m, n in zip(ours_rates, rates["naive"], strict=True)], None,
+        figure("make_dataset_vs_compute_only", ratios(rates, "make_dataset", "compute_only"), ">= 0.95",
+               "steps/s fed by make_dataset (one stream of epochs, fit with steps_per_epoch: what "
+               "distributed_fit and resume_fit feed) / steps/s of the same fit on one in-memory batch "
+               "repeated (no input work), 1 step per call: the input pipeline within 5% of the compute-only limit"),
+        figure("make_dataset_one_epoch_vs_compute_only", ratios(rates, "make_dataset_one_epoch", "compute_only"),
+               None, "the same with make_dataset's default one-epoch form and fit(ds, epochs=E): Keras makes "
+               "new iterators each epoch, and each new pass instantiates the epoch's pipeline"),
+        figure("make_dataset_vs_compute_only_spe", ratios(rates, "make_dataset_spe", "compute_only_spe"), ">= 0.95",
+               f"the same with {spe} steps per call (steps_per_execution) on both sides, where the per-call "
+               "hand-off no longer hides the input work"),
+        figure("steps_per_execution_gain", ratios(rates, "make_dataset_spe", "make_dataset"), None,
+               f"steps/s fed by make_dataset with {spe} steps per call / with 1 (distributed_fit's "
+               "steps_per_execution='auto' on one replica), the tiny model"),
+        figure("make_dataset_vs_naive", ratios(rates, "make_dataset", "naive"), None,
                "steps/s fed by make_dataset (shuffled per epoch) / steps/s fed by "
                "from_tensor_slices().batch() (no shuffle): context only, the naive feed does less "
                "work and is no limit; the target is the compute-only ceiling"),
     ]
     write_result(
         "data", figures,
-        samples=args.samples, features=args.features, batch_size=args.batch,
-        steps_per_fit=steps * args.epochs, reps=args.reps,
+        samples=args.samples, features=args.features, batch_size=args.batch, steps_per_epoch=steps,
+        steps_per_fit=steps * args.epochs, reps=args.reps, steps_per_execution=spe,
         steps_per_s_median={k: round(v, 1) for k, v in median.items()},
         steps_per_s_all={k: [round(v, 1) for v in r] for k, r in rates.items()},
         make_dataset_build_s=round(build_s, 3),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the benchmarks in order, then bench/summarize.py: bench/results/NAME.json per benchmark,
 # bench/results/summary.md and summary.png, each benchmark's stderr in bench/results/logs/.
-# `make bench` runs this with no arguments: every benchmark, about 10 minutes on 2 CPU cores.
+# `make bench` runs this with no arguments: every benchmark, about 13 minutes on 2 CPU cores.
 #
 #   bench/run.sh [NAME ...]            names from the list below (or script names): only those
 #   BENCH_ARGS_checkpoint="--repeats 2" bench/run.sh checkpoint    other arguments for one
@@ -18,14 +18,16 @@ export KERASDIST_PYTHON="$PYTHON"
 # name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
 # development machine: 6 min 56 s in all there with nothing else running (data 24 s, data_r 19 s,
 # checkpoint 84 s, multi_worker 88 s, overhead 44 s, r_python 46 s, advisor 110 s); about twice
-# that while other test runs loaded the same cores. custom_loop and speed (issue #13) add about
-# 1 minute each (measured on a loaded machine only: 105 s and 70 s there).
+# that while other test runs loaded the same cores. Since issue #12, overhead times 30-second
+# calls (3 repeats of 2 variants, about 4 min) and data has 6 variants (about 1 min): about 11 min;
+# custom_loop and speed (issue #13) add about 1 minute each (measured on a loaded machine only:
+# 105 s and 70 s there): about 13 min in all.
 BENCHMARKS=(
   "data|bench_data.py|--reps 9 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
   "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 6"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
-  "overhead|bench_overhead.py|--epochs 5"
+  "overhead|bench_overhead.py|--seconds 30 --repeats 3"
   "custom_loop|bench_custom_loop.py|--repeats 3 --epochs 3 --samples 8192"
   "speed|bench_speed.py|--repeats 3 --epochs 3 --samples 8192"
   "r_python|bench_r_python.py|"

@@ -69,8 +69,8 @@ def main() -> None:
     print(f"resumed stream matches the uninterrupted one: {full[-len(rest):] == rest}")
 
     # Validation split: the last 20% of the samples, held out before shuffling.
-    train, validation = kerasdist.make_dataset(images, digits, batch_size=64, validation_split=0.2,
-                                               seed=1, strategy=strategy)
+    train, validation = kerasdist.make_dataset_split(images, digits, validation_split=0.2, batch_size=64,
+                                                     seed=1, strategy=strategy)
     print(f"validation split: {kerasdist.dataset_info(train).num_samples} train, "
           f"{kerasdist.dataset_info(validation).num_samples} validation samples")
 

@@ -21,10 +21,12 @@ from kerasdist.cluster import ClusterInfo, parse_tf_config
 from kerasdist.data import (
     BatchSizeInfo,
     DatasetInfo,
+    DatasetSplit,
     batch_size_info,
     dataset_info,
     epoch_order,
     make_dataset,
+    make_dataset_split,
     plan_dataset,
 )
 from kerasdist.datasets import load_digits
@@ -88,10 +90,12 @@ __all__ = [
     # input pipelines
     "BatchSizeInfo",
     "DatasetInfo",
+    "DatasetSplit",
     "batch_size_info",
     "dataset_info",
     "epoch_order",
     "make_dataset",
+    "make_dataset_split",
     "plan_dataset",
     # training
     "check_step_functions",

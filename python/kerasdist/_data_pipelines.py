@@ -153,16 +153,33 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
 
     def epoch(ep):
         order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
-        ds = tf.data.Dataset.from_tensor_slices(order[index::count])
-        ds = ds.skip(tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0))
-        if plan.map_fn is None:
-            return ds.batch(batch, drop_remainder=drop).map(
+        mine = order[index::count]
+        skipped = tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0)
+        if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
+            return _index_batches(mine, skipped, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
+        ds = tf.data.Dataset.from_tensor_slices(mine).skip(skipped)
         ds = ds.map(gather).map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.batch(batch, drop_remainder=drop)
 
     return plan.epoch_range().flat_map(epoch)
+
+
+def _index_batches(indices, skipped, batch: int, drop: bool):
+    """`from_tensor_slices(indices).skip(skipped).batch(batch, drop)`, with each batch sliced out
+    in one op instead of gathered element by element by tf.data (`skipped` is a whole number of
+    batches here)."""
+    import tensorflow as tf
+
+    size = tf.shape(indices, out_type=tf.int64)[0]
+    count = size // batch if drop else (size + batch - 1) // batch
+
+    def one(i):
+        part = indices[i * batch: tf.minimum((i + 1) * batch, size)]
+        return tf.ensure_shape(part, [batch]) if drop else part
+
+    return tf.data.Dataset.range(skipped // batch, count).map(one)
 
 
 def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):

@@ -306,7 +306,17 @@ def _input_note(timing: StrategyTiming) -> str:
         return (f"{where}, and the pipeline alone needs {timing.input_only_ms:.1f} ms a batch: it is the "
                 "bottleneck; cache the dataset, map in parallel or read faster storage")
     return (f"{where}, though the pipeline alone makes a batch in {timing.input_only_ms:.1f} ms: the cost "
-            "is handing each batch to the step, which a larger batch spreads over more examples")
+            "is handing each batch to the step, which a larger batch spreads over more examples"
+            + _steps_per_execution_note(timing))
+
+
+def _steps_per_execution_note(timing: StrategyTiming) -> str:
+    """When the hand-off dominates: several steps per call pay it once per call (one replica only:
+    Keras 3.15's multi-step loop fails under several, keras-team/keras#19246)."""
+    if timing.replicas > 1:
+        return ""
+    return ("; or run several steps per call into the graph: distributed_fit(steps_per_execution='auto') "
+            "(compile(steps_per_execution=N) for your own fit)")
 
 
 def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:

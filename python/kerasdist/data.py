@@ -8,10 +8,13 @@ plain `for` loop work, its cardinality is known, and each new pass over it (each
 reads it to the end) is the next epoch: pass k is epoch `initial_epoch + k`, reproducibly, like
 `shuffle(reshuffle_each_iteration=True)` but the same in every process and after a restart. A pass
 counts once its last batch is handed out, so one abandoned early does not (Keras peeks at a batch
-under a strategy and makes a spare iterator at each epoch end); tf.distribute prefetches about 2
-batches ahead, so on epochs of 3 batches or fewer such a spare pass can count and skip an epoch
-number (still the same in every run). resume_fit and distributed_fit never rely on the count:
-they rebuild the stream of the epochs they need.
+under a strategy and makes a spare iterator at each epoch end). Under several replicas,
+tf.distribute's iterator prefetches batches to the devices, and on an epoch of only a few
+batches (4 or fewer with 2 CPU replicas, measured; `SHORT_EPOCH_STEPS`) the peek Keras takes to
+build the model reads the whole first pass: `fit` then starts at epoch `initial_epoch + 1`. How
+far the prefetch runs is up to tf.distribute's threads, so make_dataset warns (`ShortEpochWarning`)
+instead of promising an epoch number there. resume_fit and distributed_fit never rely on the
+count: they rebuild the stream of the epochs they need; so does the stream form below.
 
 With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epochs*: epoch
 `initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
@@ -28,7 +31,11 @@ be indexed: their per-epoch order is a permutation of the files plus a permutati
 inside each file (or, with `cache`, a permutation inside each block of `shuffle_buffer` records),
 and batches run on across epoch ends (files are read 4 at a time, so records of neighbouring
 epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `e`: batches
-`e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records.
+`e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records, and so
+does each pass of the one-epoch form: pass k reaches epoch `initial_epoch + k` by reading the k
+epochs before it (the boundary batches depend on them), so k passes read about k*k/2 epochs in
+all. For more than a few epochs over files or a dataset, use the stream form (`epochs=`), which
+reads each record once, or `distributed_fit`/`resume_fit`, which build that stream.
 
 This module holds the public functions and the argument checks; the sources are read in
 `_data_sources.py` and the pipelines built in `_data_pipelines.py`.
@@ -38,9 +45,10 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,6 +65,14 @@ from kerasdist.strategy import run_context
 from kerasdist.validation import boolean, fraction, integer, optional_integer
 
 DEFAULT_BATCH_SIZE = 32
+# One-epoch datasets of at most this many batches under several replicas may lose their first
+# pass to tf.distribute's prefetch (measured: 4 on 2 CPU replicas; see the module docstring).
+SHORT_EPOCH_STEPS = 4
+
+
+class ShortEpochWarning(UserWarning):
+    """A one-epoch dataset short enough that `fit` under several replicas may skip its first epoch."""
+
 _INFO_ATTR = "_kerasdist_info"  # the DatasetInfo a dataset made by make_dataset carries
 _REBUILD_ATTR = "_kerasdist_rebuild"  # make_dataset with the same arguments, for other epochs
 
@@ -200,7 +216,6 @@ def make_dataset(
     skip_batches: int = 0,
     epochs: int | None = None,
     repeat: bool = False,
-    validation_split: float | None = None,
     per_worker: bool = False,
     cache: bool | str | None = None,
     map_fn: Callable[..., Any] | None = None,
@@ -247,9 +262,6 @@ def make_dataset(
             An integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive,
             like Keras's `epochs`).
         repeat: True for one endless stream of epochs (give `fit` its `steps_per_epoch`).
-        validation_split: fraction (0, 1) of the samples kept out for validation: the last ones,
-            as in Keras. Then returns `(train, validation)`; the validation dataset is one
-            unshuffled pass. In-memory sources only.
         per_worker: build one pipeline per worker through
             `strategy.distribute_datasets_from_function`, each reading only its share; returns a
             distributed dataset. Otherwise the dataset carries the auto-shard policy of its
@@ -270,23 +282,55 @@ def make_dataset(
         shuffle_buffer: block size of the stream-source shuffle with `cache`.
 
     Returns:
-        A `tf.data.Dataset` (a distributed dataset with per_worker=True), or a tuple
-        (train, validation) with validation_split. `dataset_info()` tells what was decided.
+        A `tf.data.Dataset` (a distributed dataset with per_worker=True); `dataset_info()` tells
+        what was decided. For a validation split, see `make_dataset_split`.
     """
     args = dict(
         sample_weight=sample_weight, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
         strategy=strategy, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed,
         initial_epoch=initial_epoch, skip_batches=skip_batches, epochs=epochs, repeat=repeat,
-        validation_split=validation_split, per_worker=per_worker, cache=cache, map_fn=map_fn,
+        per_worker=per_worker, cache=cache, map_fn=map_fn,
         check_finite=check_finite, file_format=file_format, label_column=label_column,
         features=features, shuffle_buffer=shuffle_buffer,
     )
     return _plan(x, y, **args).build()
 
 
+class DatasetSplit(NamedTuple):
+    """`make_dataset_split`'s result: the training dataset and the validation dataset."""
+
+    train: Any
+    validation: Any
+
+
+def make_dataset_split(x: Any, y: Any = None, *, validation_split: float, **kwargs: Any) -> DatasetSplit:
+    """`make_dataset` for all but the last `validation_split` of the samples (as Keras's
+    `fit(validation_split=)` holds out the last ones), and one unshuffled, finite pass over those.
+
+    ```python
+    train, validation = kerasdist.make_dataset_split(x, y, validation_split=0.2, batch_size=64)
+    model.fit(train, validation_data=validation, epochs=5)
+    ```
+
+    Args:
+        x, y: in-memory data (arrays, data frames, lists or dicts of arrays).
+        validation_split: fraction in (0, 1) of the samples kept out for validation.
+        **kwargs: the other `make_dataset` arguments; they shape the training dataset, and the
+            validation dataset has its batch size (and `drop_remainder`).
+
+    Returns:
+        A `DatasetSplit(train, validation)`; `dataset_info()` of each tells its sizes
+        (`validation_samples` on the training one).
+    """
+    fraction("validation_split", validation_split)
+    planned = _plan(x, y, validation_split=validation_split, **kwargs)
+    return DatasetSplit(planned.build(), planned.validation())
+
+
 def plan_dataset(x: Any, y: Any = None, **kwargs: Any) -> DatasetInfo:
     """What `make_dataset(x, y, **kwargs)` would decide (sizes, steps per epoch, sharding),
-    without building its pipeline: the same `DatasetInfo` that `dataset_info()` returns."""
+    without building its pipeline: the same `DatasetInfo` that `dataset_info()` returns (with
+    `validation_split=`, of `make_dataset_split`'s training part)."""
     return _plan(x, y, **kwargs).info
 
 
@@ -316,9 +360,20 @@ class _Planned:
                 pass  # cardinality asserted per pass only where no worker's share is cut out
             elif not plan.one_epoch:
                 dataset = _with_known_length(dataset, plan, self.context.num_workers)
+        if plan.one_epoch and info.num_replicas > 1 and info.steps_per_epoch <= SHORT_EPOCH_STEPS:
+            warnings.warn(
+                f"make_dataset: an epoch of {info.steps_per_epoch} batches under {info.num_replicas} replicas "
+                "is short enough for tf.distribute's prefetch to read a whole pass that Keras only peeks "
+                "at, so fit(ds) may start at epoch initial_epoch + 1. For exact epoch numbers use the "
+                "stream form (epochs=, and fit's steps_per_epoch), distributed_fit or resume_fit.",
+                ShortEpochWarning, stacklevel=3,
+            )
         _attach(dataset, info, self)
-        if self.args.get("validation_split") is None:
-            return dataset
+        return dataset
+
+    def validation(self) -> Any:
+        """The held-out samples (validation_split) as one unshuffled, finite pass."""
+        info = self.info
         validation = _validation(self.source, self.sizing, info.num_samples, bool(info.drop_remainder))
         n_val = info.validation_samples
         size = info.batch_size
@@ -328,7 +383,7 @@ class _Planned:
             skip_batches=0, epochs=1, num_batches=val_steps, shard_policy="DATA", per_worker=False,
             role="validation", form="epochs",
         ), None)
-        return dataset, validation
+        return validation
 
 
 def replace_epochs(planned: _Planned, **epochs: Any) -> _Planned:

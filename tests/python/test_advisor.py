@@ -62,6 +62,16 @@ def test_input_bound_steps_are_pointed_out():
     assert "75% of each step" in reason and "bottleneck" in reason
 
 
+def test_a_costly_hand_off_points_to_steps_per_execution_on_one_replica():
+    handed = timing("default", 100, 4, step_ms=10, replicas=1, input_only_ms=1)  # 6 ms waiting, 1 ms making
+    choice, reason = recommend([handed])
+    assert choice == "default" and "handing each batch to the step" in reason
+    assert "steps_per_execution='auto'" in reason
+    # under several replicas Keras cannot run several steps per call (keras-team/keras#19246)
+    _, reason = recommend([timing("mirrored", 100, 4, step_ms=10, replicas=2, input_only_ms=1)])
+    assert "handing each batch" in reason and "steps_per_execution" not in reason
+
+
 def test_failed_runs_are_reported_and_not_recommended():
     failed = StrategyTiming("multi_worker", 2, "test", error="worker 1 exited with status 1")
     choice, reason = recommend([timing("default", 100, 9, replicas=1), failed])

@@ -183,7 +183,7 @@ def test_file_errors(files):
     with pytest.raises(ValueError, match="features: TFRecord files need"):
         kerasdist.make_dataset(str(files / "*.tfrecord"))
     with pytest.raises(ValueError, match="validation_split needs in-memory data"):
-        kerasdist.make_dataset(str(files / "*.csv"), validation_split=0.2)
+        kerasdist.make_dataset_split(str(files / "*.csv"), validation_split=0.2)
 
 
 # --- options, transforms, validation ---------------------------------------------------------
@@ -199,12 +199,22 @@ def test_options_and_map_fn_in_parallel_keep_order():
 
 
 def test_validation_split_never_overlaps_training():
-    train, validation = ids_dataset(n=20, batch_size=3, seed=9, validation_split=0.25, epochs=5)
+    x = np.arange(40, dtype="float32").reshape(20, 2)
+    split = kerasdist.make_dataset_split(x, np.arange(20), validation_split=0.25, batch_size=3, seed=9, epochs=5)
+    assert isinstance(split, kerasdist.DatasetSplit)
+    train, validation = split  # unpacks as a pair; split.train and split.validation name them
+    assert train is split.train and validation is split.validation
     seen, held = set(labels(train)), labels(validation)
     assert held == [15, 16, 17, 18, 19]
     assert seen == set(range(15)) and not seen & set(held)
     info = kerasdist.dataset_info(validation)
     assert (info.role, info.num_samples, info.steps_per_epoch) == ("validation", 5, 2)
+    assert kerasdist.dataset_info(train).validation_samples == 5
+    # make_dataset always returns one dataset: no validation_split there
+    with pytest.raises(TypeError, match="validation_split"):
+        kerasdist.make_dataset(x, np.arange(20), validation_split=0.25)
+    with pytest.raises(ValueError, match="validation_split must be a fraction"):
+        kerasdist.make_dataset_split(x, validation_split=None)
 
 
 def test_check_finite_also_catches_inf_in_other_inputs():
@@ -357,3 +367,22 @@ def test_finite_pipelines_tell_their_length_so_keras_ends_passes_without_warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Keras warns "Your input ran out of data" on unknown lengths
         model.evaluate(kerasdist.make_dataset(x, y, batch_size=8, epochs=1, shuffle=False), verbose=0)
+
+
+def test_short_one_epoch_dataset_under_several_replicas_warns():
+    """tf.distribute's prefetch can read a pass of a few batches that Keras only peeks at (the
+    first epoch is then skipped: measured with 2 CPU replicas up to 4 batches), so that case
+    warns; longer epochs, one replica and the stream form do not."""
+    import warnings
+
+    from kerasdist.strategy import RunContext
+
+    two = RunContext(strategy=tf.distribute.get_strategy(), kind="mirrored", num_replicas=2)
+    x = np.zeros((16, 1), "float32")
+    with pytest.warns(kerasdist.data.ShortEpochWarning, match="epoch of 4 batches under 2 replicas"):
+        kerasdist.make_dataset(x, batch_size=4, strategy=two)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kerasdist.data.ShortEpochWarning)
+        kerasdist.make_dataset(x, batch_size=2, strategy=two)  # 8 batches
+        kerasdist.make_dataset(x, batch_size=4, strategy=two, epochs=2)  # the stream form
+        kerasdist.make_dataset(x, batch_size=4)  # one replica

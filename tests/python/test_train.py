@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import kerasdist
+from conftest import run_python
 from kerasdist.training.distributed import check_step_functions
 
 
@@ -171,3 +173,88 @@ def test_demo_runs_end_to_end_in_a_fresh_process(tmp_path):
     assert result["epochs"] == 1 and result["optimizer_steps"] == 22
     png = Path(result["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_steps_per_execution_is_checked_against_the_epoch_and_every_steps(tmp_path):
+    x, y = digits(256)  # 4 steps of 64 an epoch
+    args = dict(epochs=1, checkpoint_dir=tmp_path / "ckpt", strategy="default", batch_size=64, verbose=0)
+    for message, override in [("steps_per_execution must be 'auto' or", dict(steps_per_execution="fast")),
+                              ("steps_per_execution must be an integer >= 1", dict(steps_per_execution=0)),
+                              ("does not divide the 4 steps of an epoch.*1, 2, 4", dict(steps_per_execution=3)),
+                              ("every_steps=2 is not a multiple of steps_per_execution=4",
+                               dict(steps_per_execution=4, every_steps=2))]:
+        with pytest.raises(ValueError, match=message):
+            kerasdist.distributed_fit(build_model, x, y, **{**args, **override})
+    assert not (tmp_path / "ckpt").exists()
+    # 'auto' on this tiny model: a whole epoch per call, unless a callback works per batch
+    auto = kerasdist.distributed_fit(build_model, x, y, **args)
+    assert auto.model.steps_per_execution == 4 and int(auto.model.optimizer.iterations.numpy()) == 4
+    seen = []
+    per_batch = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    kept = kerasdist.distributed_fit(build_model, x, y, **{**args, "checkpoint_dir": tmp_path / "b",
+                                                           "callbacks": [per_batch]})
+    assert kept.model.steps_per_execution == 1 and seen == [0, 1, 2, 3]
+
+
+def test_steps_per_execution_preempted_then_resumed_with_another_value_is_bitwise(tmp_path):
+    """2 steps per call, every_steps=4: SIGTERM lands at a call's end, the checkpoint holds whole
+    calls, and the run resumed with 4 steps per call (the interrupted epoch's rest in calls of
+    gcd(4, 6) = 2) ends bitwise equal to a run of 1 step per call never interrupted."""
+    x, y = digits(128)  # 8 steps of 16 an epoch
+    sent = []
+
+    class Term(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) >= 12 and not sent:
+                sent.append(batch)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def build():
+        keras.utils.set_random_seed(4)
+        return build_model()
+
+    args = dict(epochs=3, strategy="default", batch_size=16, seed=1, every_steps=4, verbose=0)
+    whole = kerasdist.distributed_fit(build, x, y, checkpoint_dir=tmp_path / "whole", steps_per_execution=1, **args)
+    with pytest.raises(SystemExit) as stop:
+        kerasdist.distributed_fit(build, x, y, checkpoint_dir=tmp_path / "ckpt", steps_per_execution=2,
+                                  callbacks=[Term()], **args)
+    assert stop.value.code == kerasdist.PREEMPTED_EXIT_CODE
+    latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
+    assert (latest.epoch, latest.step_in_epoch, latest.global_step) == (1, 6, 14)  # the next call's end
+    resumed = kerasdist.distributed_fit(build, x, y, checkpoint_dir=tmp_path / "ckpt", steps_per_execution=4, **args)
+    assert resumed.model.steps_per_execution == 4 and int(resumed.model.optimizer.iterations.numpy()) == 24
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_steps_per_execution_is_1_under_several_replicas_where_upstream_keras_fails():
+    """'auto' is 1 under 2 replicas and an integer is refused, because Keras 3.15's multi-step
+    loop fails there (keras-team/keras#19246). Fails once upstream works: then allow it."""
+    from kerasdist.strategy import RunContext
+    from kerasdist.training.speed import choose_steps_per_execution
+
+    two = RunContext(strategy=None, kind="mirrored", num_replicas=2)
+    assert choose_steps_per_execution("auto", build_model(), two, 4, 64)[0] == 1
+    with pytest.raises(ValueError, match="keras-team/keras#19246"):
+        choose_steps_per_execution(2, build_model(), two, 4, 64)
+    result = run_python("""
+        import numpy as np, keras, tensorflow as tf, kerasdist
+        kerasdist.simulate_devices(2)
+        x = np.ones((32, 4), np.float32)
+        try:
+            kerasdist.distributed_fit(lambda: None, x, x[:, :1], epochs=1, checkpoint_dir="unused",
+                                      strategy="mirrored", batch_size=8, steps_per_execution=2)
+        except ValueError as error:
+            assert "keras-team/keras#19246" in str(error), error
+        with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        try:
+            model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), verbose=0)
+            print("UPSTREAM WORKS")
+        except tf.errors.InvalidArgumentError as error:
+            assert "must feed a value for placeholder" in str(error), error
+            print("UPSTREAM FAILS")
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "UPSTREAM FAILS" in result.stdout, "Keras runs several steps per call under replicas now: allow it"

@@ -38,3 +38,16 @@ test_that("bench_strategies times the default strategy on an R matrix and recomm
   expect_true(all(is.na(report$speed_options$error)))
   expect_match(report$reason, "Speed options under default: mixed_precision (mixed_bfloat16) ", fixed = TRUE)
 })
+
+test_that("a costly hand-off of each batch points to steps_per_execution (one replica only)", {
+  skip_if_no_kerasdist()
+  kerasdist:::kerasdist_module()  # starts the Python kerasdist uses
+  advisor <- reticulate::import("kerasdist.advisor")
+  # 10 ms a step, 4 of them compute, 6 waiting for input that the pipeline makes in 1 ms
+  handed <- function(kind, replicas) advisor$StrategyTiming(kind, replicas, "test", 100, 6400, 10, 4, 6, 1)
+  reason <- advisor$recommend(list(handed("default", 1L)))[[2]]
+  expect_match(reason, "steps_per_execution='auto'", fixed = TRUE)
+  reason <- advisor$recommend(list(handed("mirrored", 2L)))[[2]]
+  expect_match(reason, "handing each batch", fixed = TRUE)
+  expect_false(grepl("steps_per_execution", reason, fixed = TRUE))
+})

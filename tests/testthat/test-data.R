@@ -50,7 +50,7 @@ for (row in case_rows("data")) {
         expect_identical(result - 1L, as.integer(unlist(row$expect$order)))
         return()
       }
-      dataset <- if (row[["function"]] == "batch_size_info") NULL else if (is.list(result) && !is.null(result$train)) result$train else result
+      dataset <- if (row[["function"]] == "batch_size_info") NULL else if (row[["function"]] == "make_dataset_split") result$train else result
       info <- if (is.null(dataset)) result else dataset_info(dataset)
       batches <- if (is.null(dataset)) list() else batches_of(dataset)
       for (name in names(row$expect)) {
@@ -116,12 +116,15 @@ test_that("a factor or character column is refused, naming it", {
 
 test_that("validation split never overlaps the training part", {
   skip_if_no_kerasdist()
-  parts <- make_dataset(matrix(0, 20, 2), y = 1:20, batch_size = 3, seed = 2, validation_split = 0.25, epochs = 3)
+  parts <- make_dataset_split(matrix(0, 20, 2), y = 1:20, batch_size = 3, seed = 2, validation_split = 0.25, epochs = 3)
+  expect_named(parts, c("train", "validation"))
   seen <- labels_of(parts$train)
   held <- labels_of(parts$validation)
   expect_identical(held, as.numeric(16:20))
   expect_setequal(seen, 1:15)
   expect_length(intersect(seen, held), 0)
+  expect_identical(dataset_info(parts$validation)$role, "validation")
+  expect_error(make_dataset(matrix(0, 20, 2), validation_split = 0.25), "unused argument")
 })
 
 test_that("resuming gives the tail of the uninterrupted stream", {

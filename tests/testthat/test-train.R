@@ -61,7 +61,14 @@ test_that("distributed_fit refuses bad input with a kerasdist_error before creat
   expect_error(fit(validation_split = 2), "validation_split", class = "kerasdist_error")
   expect_error(fit(callbacks = list("tensorboard")), "callbacks\\[0\\] must be a Keras callback", class = "kerasdist_error")
   expect_error(fit(keep = 0), "keep must be", class = "kerasdist_error")
+  expect_error(fit(batch_size = 32, steps_per_execution = 3), "does not divide the 2 steps of an epoch",
+               class = "kerasdist_error")
+  expect_error(fit(steps_per_execution = "fast"), "steps_per_execution must be 'auto'", class = "kerasdist_error")
   expect_false(dir.exists(dir))
+  history <- fit(batch_size = 16, steps_per_execution = 2, every_steps = 2)  # 4 steps, 2 per call
+  expect_identical(as.integer(history$model$steps_per_execution), 2L)
+  expect_identical(as.integer(history$model$optimizer$iterations$numpy()), 4L)
+  expect_identical(latest_checkpoint(dir)$epoch, 1L)
 })
 
 test_that("an R loss under 2 replicas stops with a readable error, a built-in loss trains (fresh R)", {

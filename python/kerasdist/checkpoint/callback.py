@@ -89,6 +89,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._first_epoch: int | None = None
         self._epoch = 0
         self._step = 0
+        self._batch_begin: int | None = None  # the first step of the current call (execution)
         self._batches_seen = 0  # in this fit's current epoch
         self._history: list[dict[str, float]] = []
         self._best: CheckpointInfo | None = None
@@ -148,9 +149,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_begin = batch
+
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
-        self._batches_seen = batch + 1
+        # With steps_per_execution > 1 Keras calls the batch hooks once per execution, with its
+        # first and last step; an epoch's last execution may hold fewer steps than it says.
+        steps = self.params.get("steps")
+        last = batch if steps is None else min(batch, steps - 1)
+        begin = last if self._batch_begin is None else min(self._batch_begin, last)
+        self._batch_begin = None
+        self._step += last - begin + 1
+        self._batches_seen = last + 1
         if self._agreement is not None:
             self._logs = logs
             self._agreement.check(self)  # on the agreed step: save_agreed_step, stop_preempted

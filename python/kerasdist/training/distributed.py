@@ -30,7 +30,10 @@ from kerasdist.training.resume import EpochRange, _check_epochs, resume_fit
 from kerasdist.training.speed import (
     check_jit,
     check_resumed_settings_of,
+    check_steps_per_execution,
+    choose_steps_per_execution,
     precision_policy,
+    set_steps_per_execution,
     training_settings,
     with_build_settings,
 )
@@ -65,6 +68,7 @@ def distributed_fit(
     mixed_precision: bool = False,
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
+    steps_per_execution: int | str = "auto",
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -109,6 +113,15 @@ def distributed_fit(
         mixed_precision, jit_compile, gradient_accumulation_steps: speed options (see
             `kerasdist.training.speed`), recorded in every checkpoint; a resumed run with other values
             is refused, naming the setting.
+        steps_per_execution: training steps per call into the graph (Keras's `compile` option;
+            callbacks' batch hooks then run once per call). An integer must divide the steps of
+            an epoch, and `every_steps` must be a multiple of it; above 1 it needs a strategy of
+            one replica (Keras 3.15's multi-step loop fails under several: keras-team/keras#19246).
+            "auto" (default): the model's own compiled value if above 1; else 1 when a callback
+            has batch hooks, under several replicas and parameter servers; else a divisor of the epoch's steps (and of
+            `every_steps`) that makes one call last about 50 ms of estimated compute (from the
+            model's size and the batch), which hides the per-call hand-off of small models. Not
+            recorded: a resumed run may use another value and still continues exactly.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -146,13 +159,13 @@ def distributed_fit(
     # build only the pipelines training runs: the epochs left, as one stream.
     planned = _plan(x, y, validation_split=validation_split, **common)
     steps = planned.info.steps_per_epoch
+    check_steps_per_execution(steps_per_execution, steps, every_steps, context.num_replicas)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
-        built = replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
-        return built[0] if validation_split is not None else built  # (train, validation) with a split
+        return replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
 
     if validation_split is not None:
-        validation_data = replace_epochs(planned, epochs=1).build()[1]
+        validation_data = planned.validation()
     elif isinstance(validation_data, (tuple, list)):
         validation_data = _validation_dataset(validation_data, common)
 
@@ -163,12 +176,21 @@ def distributed_fit(
         check_step_functions(model, context.strategy)
         checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
         checkpoint.settings = settings.record()
+        _use_steps_per_execution(model, steps_per_execution, context, planned.info, every_steps, callbacks)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
         # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
         return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
                           steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+
+
+def _use_steps_per_execution(model: Any, value: Any, context: Any, info: Any, every_steps: int | None,
+                             callbacks: Sequence[Any]) -> None:
+    """Give the model the steps per execution the run uses (`choose_steps_per_execution`)."""
+    chosen, _ = choose_steps_per_execution(value, model, context, info.steps_per_epoch, info.batch_size,
+                                           every_steps, callbacks)
+    set_steps_per_execution(model, chosen)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

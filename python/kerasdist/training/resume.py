@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from kerasdist.checkpoint.callback import batches_to_skip
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
+from kerasdist.training.speed import fits_epoch, multi_replica_refusal, set_steps_per_execution
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
@@ -102,10 +104,20 @@ def resume_fit(
     # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
     # optimizer iteration more than the batches it trained on, which would shift every later step.
     steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
+    per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+    if per_execution > 1 and context.num_replicas > 1:
+        raise ValueError(multi_replica_refusal(per_execution, context.num_replicas))
+    fits_epoch(per_execution, steps, checkpoint.every_steps)
     if skip > 0:
-        with checkpoint.resuming_mid_epoch(skip):
-            histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
-                                       epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
+        # The rest of the epoch in executions that divide it (a checkpoint of a run with another
+        # steps_per_execution, or of a preemption, may stop anywhere).
+        set_steps_per_execution(model, math.gcd(per_execution, skip))
+        try:
+            with checkpoint.resuming_mid_epoch(skip):
+                histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
+                                           epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
+        finally:
+            set_steps_per_execution(model, per_execution)
         epoch += 1
     if epoch < epochs:
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
@@ -124,8 +136,7 @@ def _epochs_of_planned(data: Any) -> Any:
         return data
 
     def make(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
-        built = rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
-        return built[0] if isinstance(built, tuple) else built
+        return rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
 
     return EpochRange(make)
 

@@ -21,13 +21,14 @@ recorded carry none and resume with any.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import keras
 
-from kerasdist.validation import boolean, optional_integer
+from kerasdist.validation import boolean, integer, optional_integer
 
 
 @dataclass(frozen=True)
@@ -142,3 +143,116 @@ def with_build_settings(build_fn: Any, settings: TrainingSettings) -> Any:
         return model
 
     return build
+
+
+# ---------------------------------------------------------------------------------------------
+# steps_per_execution: several training steps per call into the graph.
+#
+# Keras runs `steps_per_execution` steps per call of its train function and calls the batch
+# callbacks once per call. It always runs whole executions: on a stream of epochs (what
+# resume_fit feeds) an epoch whose steps it does not divide would run into the next epoch. So a
+# value must divide the steps of an epoch, and `every_steps` (checkpoints are written at
+# execution ends) must be a multiple of it. It changes no checkpoint: a run resumed with another
+# value continues exactly (the rest of an interrupted epoch runs with a value that divides it).
+
+# "auto": an execution should take at least _EXECUTION_S of estimated compute, so the per-call
+# hand-off (about 1 to 5 ms measured on 2 loaded CPU cores; bench/bench_data.py) stays small beside
+# it. The estimate counts 6 flops per parameter and sample (dense layers); a convolution does more
+# per parameter, so its calls last longer than estimated, which only delays a SIGTERM save a little.
+_EXECUTION_S = 0.05
+_FLOPS = 1e10  # a conservative guess at a CPU's throughput; faster devices only raise the choice
+_MAX_STEPS_PER_EXECUTION = 1000
+
+
+def check_steps_per_execution(value: Any, steps_per_epoch: int | None = None,
+                              every_steps: int | None = None, replicas: int = 1) -> int | str:
+    """'auto' or an integer >= 1 (the message names the argument); an integer above 1 is also
+    checked against the replicas (`multi_replica_refusal`), the epoch's steps and `every_steps`
+    (`fits_epoch`) when they are given."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"steps_per_execution must be 'auto' or an integer >= 1, got {value!r}.")
+        return value
+    value = integer("steps_per_execution", value, 1, hint="or 'auto'")
+    if value > 1 and replicas > 1:
+        raise ValueError(multi_replica_refusal(value, replicas))
+    if steps_per_epoch is not None:
+        fits_epoch(value, steps_per_epoch, every_steps)
+    return value
+
+
+def multi_replica_refusal(value: int, replicas: int) -> str:
+    return (
+        f"steps_per_execution={value} needs a strategy with one replica, this one has {replicas}: Keras "
+        f"{keras.__version__}'s multi-step loop fails under several replicas (\"You must feed a value for "
+        "placeholder tensor\", keras-team/keras#19246). Use 1 or 'auto' (which is 1 there)."
+    )
+
+
+def fits_epoch(steps_per_execution: int, steps_per_epoch: int, every_steps: int | None) -> None:
+    """Refuse a value that does not divide the epoch or does not divide `every_steps`."""
+    n = steps_per_execution
+    if steps_per_epoch % n:
+        divisors = [d for d in range(1, steps_per_epoch + 1) if steps_per_epoch % d == 0]
+        raise ValueError(
+            f"steps_per_execution={n} does not divide the {steps_per_epoch} steps of an epoch: Keras runs "
+            f"whole executions, so an epoch's last one would take batches of the next epoch. Use one of "
+            f"{', '.join(map(str, divisors[:12]))}{' ...' if len(divisors) > 12 else ''}, or 'auto'."
+        )
+    if every_steps is not None and every_steps % n:
+        raise ValueError(
+            f"every_steps={every_steps} is not a multiple of steps_per_execution={n}: checkpoints are "
+            "written at the end of an execution. Use a multiple, or steps_per_execution='auto'."
+        )
+
+
+def choose_steps_per_execution(value: int | str, model: Any, context: Any, steps_per_epoch: int,
+                               batch_size: int, every_steps: int | None = None,
+                               callbacks: Any = ()) -> tuple[int, str]:
+    """The steps per execution a run uses, and why. An integer is checked (`fits_epoch`); 'auto'
+    keeps a model compiled with a value of its own (checked too), and is otherwise 1 where more
+    would change what callbacks see, where fit does not run steps itself (parameter servers) or
+    cannot run several (several replicas); else the divisor of the epoch (and of every_steps)
+    nearest above the steps that make an execution last `_EXECUTION_S`, from the model's size and
+    the batch (at most 4 times that; below it when no divisor is that close)."""
+    own = int(getattr(model, "steps_per_execution", 1) or 1)
+    if value == "auto" and own > 1:
+        value = own
+    if context.is_parameter_server:
+        if value != "auto" and value > 1:
+            raise ValueError(
+                f"steps_per_execution={value} is not supported under a parameter-server strategy: its "
+                "coordinator schedules one step at a time on the workers."
+            )
+        return 1, "parameter servers schedule single steps"
+    if value != "auto":
+        check_steps_per_execution(value, steps_per_epoch, every_steps, context.num_replicas)
+        return int(value), "given"
+    if context.num_replicas > 1:
+        return 1, "Keras cannot run several steps per call under several replicas (keras-team/keras#19246)"
+    batch_hooks = [type(c).__name__ for c in callbacks or () if _has_batch_hooks(c)]
+    if batch_hooks:
+        return 1, f"{', '.join(batch_hooks)} has batch hooks; 'auto' keeps them called every step"
+    step_s = 6.0 * max(model.count_params(), 1) * batch_size / _FLOPS
+    wanted = min(max(1, math.ceil(_EXECUTION_S / step_s)), _MAX_STEPS_PER_EXECUTION)
+    room = math.gcd(steps_per_epoch, every_steps) if every_steps else steps_per_epoch
+    divisors = [d for d in range(1, room + 1) if room % d == 0]
+    above = [d for d in divisors if wanted <= d <= 4 * wanted]
+    chosen = above[0] if above else max(d for d in divisors if d <= wanted)
+    return chosen, f"about {wanted} steps make an execution of {_EXECUTION_S * 1000:.0f} ms (estimated)"
+
+
+def _has_batch_hooks(callback: Any) -> bool:
+    """Whether a callback does something per batch (its class overrides a batch hook, or it was
+    given one, as `LambdaCallback(on_train_batch_end=...)` is)."""
+    base = keras.callbacks.Callback
+    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+    return any(getattr(getattr(callback, hook, None), "__func__", None) is not getattr(base, hook) for hook in hooks)
+
+
+def set_steps_per_execution(model: Any, steps_per_execution: int) -> None:
+    """Give a compiled model another value (Keras reads it when it traces its train function,
+    which is then traced again)."""
+    if int(getattr(model, "steps_per_execution", 1) or 1) != steps_per_execution:
+        model.steps_per_execution = steps_per_execution
+        model.train_function = model.test_function = model.predict_function = None
