@@ -100,11 +100,12 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
 #' keras3's `fit(validation_split = )` holds out the last ones), and one
 #' unshuffled, finite pass over those rows.
 #'
-#' @inheritParams make_dataset
 #' @param x,y In-memory data: R matrices and arrays, data frames (and `y` a
 #'   column name), lists of them.
 #' @param validation_split Fraction in (0, 1) of the rows kept out for
 #'   validation.
+#' @param ... Further arguments of [make_dataset()], by name (`batch_size`,
+#'   `seed`, `strategy`, ...), with its defaults.
 #' @returns A list: `train`, the training dataset (as [make_dataset()] makes
 #'   it from the other arguments), and `validation`, the held-out rows batched
 #'   like it.
@@ -116,16 +117,28 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
 #' model |> fit(parts$train, validation_data = parts$validation, epochs = 5)
 #' }
 #' @export
-make_dataset_split <- function(x, y = NULL, validation_split, sample_weight = NULL, batch_size = NULL,
-                               per_replica_batch_size = NULL, strategy = NULL,
-                               drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
-                               initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
-                               repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
-                               map_fn = NULL, check_finite = FALSE, file_format = NULL,
-                               label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
-  check_r_map_fn(map_fn, sys.call())
-  parts <- call_dataset_function(kerasdist_module()$make_dataset_split, environment(), sys.call())
+make_dataset_split <- function(x, y = NULL, validation_split, ...) {
+  args <- dataset_arguments(x, y, validation_split = validation_split, ..., call = sys.call())
+  parts <- call_dataset_function(kerasdist_module()$make_dataset_split, args, sys.call())
   list(train = parts$train, validation = parts$validation)
+}
+
+# make_dataset()'s arguments as a list: its defaults, replaced by those given (for the functions
+# that take make_dataset()'s arguments through `...`).
+dataset_arguments <- function(x, y, ..., call) {
+  given <- list(...)
+  known <- c(names(formals(make_dataset)), "validation_split")
+  unknown <- setdiff(setdiff(names(given), ""), known)
+  if (length(given) && (is.null(names(given)) || any(names(given) == "") || length(unknown))) {
+    kerasdist_abort(sprintf(
+      "Arguments after `y` must be named arguments of make_dataset(); got %s.",
+      if (length(unknown)) paste0("`", unknown, "`", collapse = ", ") else "an unnamed one"
+    ), call = call)
+  }
+  args <- as.list(formals(make_dataset))
+  args[c("x", "y", names(given))] <- c(list(x, y), given)
+  check_r_map_fn(args$map_fn, call)
+  args
 }
 
 check_r_map_fn <- function(map_fn, call) {
@@ -137,8 +150,8 @@ check_r_map_fn <- function(map_fn, call) {
   }
 }
 
-# make_dataset()'s arguments (in `args`, its environment) converted for Python once, for
-# make_dataset() and plan_dataset() alike.
+# make_dataset()'s arguments (`args`: its environment, or dataset_arguments()) converted for Python
+# once, for make_dataset(), make_dataset_split() and plan_dataset() alike.
 call_dataset_function <- function(fun, args, call) {
   a <- as.list(args)
   # make_dataset() has no validation_split (make_dataset_split() and plan_dataset() do)
@@ -165,8 +178,9 @@ call_dataset_function <- function(fun, args, call) {
 #' epoch, shard policy, form), without building any pipeline.
 #'
 #' @inheritParams make_dataset
-#' @param validation_split As in [make_dataset_split()]: the plan is then that
-#'   of its training dataset.
+#' @param ... Arguments of [make_dataset()], by name, with its defaults; and
+#'   `validation_split`, as in [make_dataset_split()]: the plan is then that of
+#'   its training dataset.
 #' @returns A list of class `kerasdist_dataset_info`.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.
@@ -175,14 +189,9 @@ call_dataset_function <- function(fun, args, call) {
 #' plan_dataset(matrix(runif(300), ncol = 3), batch_size = 16)$steps_per_epoch
 #' }
 #' @export
-plan_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
-                         per_replica_batch_size = NULL, strategy = NULL,
-                         drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
-                         initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
-                         repeat_epochs = FALSE, validation_split = NULL, per_worker = FALSE, cache = NULL,
-                         map_fn = NULL, check_finite = FALSE, file_format = NULL,
-                         label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
-  info <- call_dataset_function(kerasdist_module()$plan_dataset, environment(), sys.call())
+plan_dataset <- function(x, y = NULL, ...) {
+  args <- dataset_arguments(x, y, ..., call = sys.call())
+  info <- call_dataset_function(kerasdist_module()$plan_dataset, args, sys.call())
   structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 

@@ -25,11 +25,7 @@ usage: .venv/bin/python bench/bench_custom_loop.py [--repeats 3] [--epochs 3] [-
 
 from __future__ import annotations
 
-import argparse
-import gc
 import os
-import statistics
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,25 +35,14 @@ import kerasdist  # noqa: E402
 kerasdist.simulate_devices(2)  # before TensorFlow initialises its devices
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from _common import figure, write_result  # noqa: E402
-
-BATCH, CLASSES = 128, 10
+import _training as bench  # noqa: E402
+from _common import write_result  # noqa: E402
 
 
 def build_model() -> keras.Model:
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(CLASSES),
-    ])
-    model.compile(optimizer="adam")
-    return model
+    return bench.tutorial_cnn(with_loss=False)
 
 
 def step(model, optimizer, batch):
@@ -72,117 +57,62 @@ def step(model, optimizer, batch):
     return {"loss": loss}
 
 
-class EpochTimes(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ends: list[float] = []
-
-    def on_epoch_end(self, epoch, logs=None) -> None:
-        self.ends.append(time.perf_counter())
-
-
-def run_custom_fit(strategy, data, epochs, checkpoint_dir) -> list[float]:
-    timer = EpochTimes()
-    kerasdist.custom_fit(build_model, data, step, epochs=epochs, checkpoint_dir=checkpoint_dir,
-                         strategy=strategy, callbacks=[timer], verbose=0)
-    return timer.ends
+def with_custom_fit(strategy, data):
+    def run(epochs: int, checkpoint_dir: str) -> list[float]:
+        return bench.epoch_ends(lambda callbacks: kerasdist.custom_fit(
+            build_model, data, step, epochs=epochs, checkpoint_dir=checkpoint_dir, strategy=strategy,
+            callbacks=callbacks, verbose=0))
+    return run
 
 
-def run_hand_written(strategy, data, epochs, checkpoint_dir) -> list[float]:
-    with strategy.scope():
-        model = build_model()
-        optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    distributed = strategy.experimental_distribute_dataset(data)
+def hand_written(strategy, data):
+    def run(epochs: int, checkpoint_dir: str) -> list[float]:
+        with strategy.scope():
+            model = build_model()
+            optimizer = model.optimizer
+            optimizer.build(model.trainable_variables)
+            checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        distributed = strategy.experimental_distribute_dataset(data)
 
-    @tf.function
-    def train_step(batch):
-        losses = strategy.run(lambda replica_batch: step(model, optimizer, replica_batch), args=(batch,))
-        return strategy.reduce("SUM", losses["loss"], axis=None)
+        @tf.function
+        def train_step(batch):
+            losses = strategy.run(lambda replica_batch: step(model, optimizer, replica_batch), args=(batch,))
+            return strategy.reduce("SUM", losses["loss"], axis=None)
 
-    ends = []
-    for _ in range(epochs):
-        total, batches = 0.0, 0
-        for batch in distributed:
-            total += train_step(batch)
-            batches += 1
-        float(total / batches)  # the epoch's mean loss, as the tutorial prints it
-        checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))
-        ends.append(time.perf_counter())
-    return ends
-
-
-VARIANTS = {"custom_fit": run_custom_fit, "hand_written": run_hand_written}
-
-
-def timed(run, strategy, data, epochs, tmp) -> tuple[float, float]:
-    """(wall seconds of the call, seconds from the first epoch end to the last)."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        ends = run(strategy, data, epochs, tempfile.mkdtemp(dir=tmp))
-        wall = time.perf_counter() - start
-    finally:
-        gc.enable()
-    return wall, ends[-1] - ends[0]
-
-
-def ratios(rates: dict[str, list[float]]) -> list[float]:
-    return [c / h for c, h in zip(rates["custom_fit"], rates["hand_written"], strict=True)]
-
-
-def medians(rates: dict[str, list[float]]) -> dict[str, float]:
-    return {name: round(statistics.median(r), 1) for name, r in rates.items()}
+        ends = []
+        for _ in range(epochs):
+            total, batches = 0.0, 0
+            for batch in distributed:
+                total += train_step(batch)
+                batches += 1
+            float(total / batches)  # the epoch's mean loss, as the tutorial prints it
+            checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))
+            ends.append(time.perf_counter())
+        return ends
+    return run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=16384)
-    args = parser.parse_args()
-    if args.epochs < 2:
-        parser.error("--epochs must be at least 2 (the steady-state figure needs epochs after the first)")
-
-    rng = np.random.default_rng(0)
-    x = rng.random((args.samples, 8, 8, 1), dtype=np.float32)
-    y = rng.integers(0, CLASSES, size=args.samples).astype(np.int32)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(args.samples, seed=0).batch(BATCH)
+    arguments = bench.parser(epochs=3, samples=16384)
+    args = arguments.parse_args()
+    bench.check_epochs(arguments, args.epochs)
+    x, y = bench.synthetic_digits(args.samples)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(args.samples, seed=0).batch(bench.BATCH)
     strategy = kerasdist.select_strategy("mirrored")
-    steps = -(-args.samples // BATCH)
+    steps = -(-args.samples // bench.BATCH)
+    variants = {"custom_fit": with_custom_fit(strategy, data), "hand_written": hand_written(strategy, data)}
+    whole, steady = bench.interleaved(variants, args.repeats, args.epochs, steps)
 
-    whole = {name: [] for name in VARIANTS}
-    steady = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for run in VARIANTS.values():
-            run(strategy, data, 2, tempfile.mkdtemp(dir=tmp))  # warm-up, untimed
-        for _ in range(args.repeats):
-            for name, run in VARIANTS.items():
-                wall, after_first = timed(run, strategy, data, args.epochs, tmp)
-                whole[name].append(steps * args.epochs / wall)
-                steady[name].append(steps * (args.epochs - 1) / after_first)
-
-    figures = [
-        figure("custom_fit_steps_per_s_ratio", ratios(whole), ">= 0.98",
-               "steps/s of the whole call (total steps / wall time), custom_fit over the hand-written "
-               "tutorial loop", steps_per_s=medians(whole)),
-        figure("custom_fit_steady_steps_per_s_ratio", ratios(steady), None,
-               "steps/s over the epochs after the first (epoch end times), custom_fit over hand-written",
-               steps_per_s=medians(steady)),
-    ]
+    figures = bench.whole_and_steady_figures("custom_fit", whole, steady, "custom_fit", "hand_written", ">= 0.98",
+                                             "custom_fit over the hand-written tutorial loop")
     write_result(
         "custom_loop", figures,
         strategy=f"MirroredStrategy over {strategy.num_replicas_in_sync} simulated CPU devices",
-        model=f"Conv2D 32 x2 + Dense 64 + Dense 10 on 8x8x1, Adam, {build_model().count_params()} parameters",
-        samples=args.samples, batch_size=BATCH, epochs=args.epochs, steps_per_call=steps * args.epochs,
-        repeats=args.repeats, order="warm-up of each once, then custom_fit, hand_written, ... interleaved",
+        **bench.run_details(build_model(), args, steps, "custom_fit, hand_written"),
         custom_fit=("kerasdist.custom_fit(build_model, data, step, epochs=E, checkpoint_dir=<fresh dir>, "
                     "strategy=<mirrored>): crash-safe checkpoint every epoch end (keep=3), Keras callbacks"),
         hand_written=("the tutorial loop: experimental_distribute_dataset, tf.function(strategy.run(step) + "
                       "strategy.reduce('SUM')), Python loop over batches, tf.train.Checkpoint.save each epoch"),
-        versions=f"TF {tf.__version__}, Keras {keras.__version__}",
     )
 
 

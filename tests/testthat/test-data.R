@@ -221,4 +221,7 @@ test_that("plan_dataset() says what make_dataset() would, building nothing", {
   expect_identical(plan$steps_per_epoch, 7L)
   expect_identical(unclass(plan), unclass(dataset_info(make_dataset(x, batch_size = 16, strategy = select_strategy("default")))))
   expect_error(plan_dataset(x, batch_size = 0), "batch_size must be an integer >= 1", class = "kerasdist_error")
+  expect_error(plan_dataset(x, batch_sise = 16), "named arguments of make_dataset\\(\\); got `batch_sise`",
+               class = "kerasdist_error")
+  expect_error(make_dataset_split(x, NULL, 0.2, 16), "got an unnamed one", class = "kerasdist_error")
 })
