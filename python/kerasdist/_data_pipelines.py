@@ -147,6 +147,7 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
     skip = plan.skip_batches * batch  # elements of this pipeline's share
     first = plan.initial_epoch
     drop = plan.sizing.drop_remainder
+    small = sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) <= _WHOLE_EPOCH_BYTES
 
     def gather(indices):
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
@@ -155,6 +156,8 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
         order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
         mine = order[index::count]
         skipped = tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0)
+        if plan.map_fn is None and small:  # the epoch gathered at once, then sliced into batches
+            return _sliced_epoch(gather(mine[skipped:]), batch, drop)
         if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
             return _index_batches(mine, skipped, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
@@ -164,6 +167,28 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
         return ds.batch(batch, drop_remainder=drop)
 
     return plan.epoch_range().flat_map(epoch)
+
+
+# In-memory data up to this size is gathered one epoch at a time (one copy of the data per epoch
+# in flight), which leaves the pipeline one slice per batch; larger data is gathered per batch.
+_WHOLE_EPOCH_BYTES = 64 * 2**20
+
+
+def _sliced_epoch(epoch_tensors, batch: int, drop: bool):
+    """Whole batches of an already gathered (ordered) epoch, as `from_tensor_slices(...).batch()`
+    would give them, each cut out in one slice."""
+    import tensorflow as tf
+
+    size = tf.shape(tf.nest.flatten(epoch_tensors)[0], out_type=tf.int64)[0]
+    full = size // batch
+    whole = tf.nest.map_structure(
+        lambda t: tf.reshape(t[: full * batch], tf.concat([[full, batch], tf.shape(t)[1:]], 0)), epoch_tensors
+    )
+    batches = tf.data.Dataset.from_tensor_slices(whole)
+    if drop:
+        return batches
+    rest = tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda t: t[full * batch:], epoch_tensors))
+    return batches.concatenate(rest.filter(lambda *parts: size > full * batch))
 
 
 def _index_batches(indices, skipped, batch: int, drop: bool):
