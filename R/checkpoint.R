@@ -79,7 +79,9 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   `step_in_epoch` is 0), `step_in_epoch`, `global_step` (batches trained in
 #'   all; under gradient accumulation more than the optimizer's applied
 #'   updates), `history`, `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
-#'   `NULL` outside a cluster). Damaged checkpoints are skipped with a warning.
+#'   `NULL` outside a cluster) and `settings` (the run's `mixed_precision`,
+#'   `jit_compile` and `gradient_accumulation_steps`, which a resumed run must
+#'   repeat). Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
 #' @examples

@@ -51,6 +51,7 @@
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
+#' @inheritParams custom_fit
 #' @param steps_per_execution Training steps per call into the graph (Keras's
 #'   `compile()` option; callbacks' batch hooks then run once per call): an
 #'   integer that divides the steps of an epoch (and of which `every_steps` is a
@@ -97,7 +98,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             shuffle = TRUE, sample_weight = NULL, validation_split = NULL,
                             validation_data = NULL, every_steps = NULL, keep = 3L,
                             callbacks = NULL, dataset_args = NULL, verbose = "auto",
-                            steps_per_execution = "auto") {
+                            steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
+                            gradient_accumulation_steps = NULL) {
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
@@ -111,6 +113,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
     verbose = as_py_int(verbose), steps_per_execution = as_py_int(steps_per_execution),
+    mixed_precision = mixed_precision, jit_compile = jit_compile,
+    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps),
     .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))

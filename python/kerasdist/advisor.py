@@ -428,21 +428,14 @@ def _time_speed_options_here(spec: dict[str, Any], strategy: Any) -> dict[str, A
     (mixed precision: built under the policy; XLA: `jit_compile` set), interleaved in rounds."""
     import time
 
-    import keras
-
     from kerasdist.data import make_dataset
-    from kerasdist.training.speed import precision_policy_name
+    from kerasdist.training.speed import TrainingSettings, precision_policy
 
     models = {}
     for variant in ("plain", *spec["speed_options"]):
-        previous = keras.config.dtype_policy()
-        if variant == "mixed_precision":
-            keras.config.set_dtype_policy(precision_policy_name())
-        try:
-            with strategy.scope():
-                models[variant] = load_model_function(spec["model"])()
-        finally:
-            keras.config.set_dtype_policy(previous)
+        settings = TrainingSettings(mixed_precision=variant == "mixed_precision")
+        with precision_policy(settings), strategy.scope():
+            models[variant] = load_model_function(spec["model"])()
         _check_compiled(models[variant])
         if variant == "jit_compile":
             models[variant].jit_compile = True

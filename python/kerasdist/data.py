@@ -356,9 +356,7 @@ class _Planned:
             dataset = _per_worker(self.source, plan, self.context.strategy, info.num_samples)
         else:
             dataset, _ = _auto_sharded(self.source, plan, info.num_samples, self.context.num_workers)
-            if plan.one_epoch and self.context.num_workers > 1:
-                pass  # cardinality asserted per pass only where no worker's share is cut out
-            elif not plan.one_epoch:
+            if not plan.one_epoch:  # the one-epoch form asserts its length per pass (in _finish)
                 dataset = _with_known_length(dataset, plan, self.context.num_workers)
         if plan.one_epoch and info.num_replicas > 1 and info.steps_per_epoch <= SHORT_EPOCH_STEPS:
             warnings.warn(

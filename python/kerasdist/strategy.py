@@ -12,10 +12,13 @@ import os
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
 from kerasdist.validation import integer
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the package supports 3.10
+    from typing_extensions import Unpack
 
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
 CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one_device")

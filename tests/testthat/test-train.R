@@ -19,6 +19,19 @@ test_that("load_digits gives the bundled digits as R arrays", {
   expect_equal(flat$x[2, 1:8], as.vector(digits$x[2, 1, , 1]))  # row-major pixels, as in Python
 })
 
+test_that("distributed_fit records its speed settings and refuses other ones on resume", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  digits <- load_digits(flatten = TRUE)
+  fit_with <- function(steps) {
+    distributed_fit(train_build_model, digits$x[1:128, ], digits$y[1:128], epochs = 1, checkpoint_dir = dir,
+                    strategy = "default", batch_size = 64, verbose = 0, gradient_accumulation_steps = steps)
+  }
+  fit_with(2)
+  expect_identical(latest_checkpoint(dir)$settings$gradient_accumulation_steps, 2L)
+  expect_error(fit_with(NULL), "gradient_accumulation_steps", class = "kerasdist_error")
+})
+
 test_that("distributed_fit trains with an R build function, then resumes to the total", {
   skip_if_no_kerasdist()
   dir <- file.path(withr::local_tempdir(), "ckpt")

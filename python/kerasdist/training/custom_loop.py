@@ -34,6 +34,7 @@ from kerasdist.training.speed import (
     check_jit,
     check_model_precision,
     check_resumed_settings,
+    check_resumed_settings_of,
     precision_policy,
     training_settings,
     with_build_settings,
@@ -155,9 +156,7 @@ def custom_fit(
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
         checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None)
-        latest = checkpoint_dir.latest()
-        if latest is not None:
-            check_resumed_settings(latest.settings, settings, latest.path)
+        check_resumed_settings_of(checkpoint_dir, settings)
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)
         context = run_context(model.distribute_strategy)
@@ -288,7 +287,7 @@ class _Pipeline:
             return self._stream
         if self._rebuild is not None:  # make_dataset's one-epoch form: that epoch, exactly
             built = self._rebuild(initial_epoch=epoch, epochs=epoch + 1, skip_batches=skip)
-            return iter(self.strategy.experimental_distribute_dataset(built[0] if isinstance(built, tuple) else built))
+            return iter(self.strategy.experimental_distribute_dataset(built))
         if isinstance(self.data, tf.data.Dataset):
             dataset = self.data.skip(skip) if skip else self.data
             return iter(self.strategy.experimental_distribute_dataset(dataset))

@@ -15,7 +15,7 @@ from kerasdist.checkpoint.callback import batches_to_skip
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
-from kerasdist.training.speed import fits_epoch, multi_replica_refusal, set_steps_per_execution
+from kerasdist.training.speed import check_steps_per_execution, set_steps_per_execution
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
@@ -105,9 +105,7 @@ def resume_fit(
     # optimizer iteration more than the batches it trained on, which would shift every later step.
     steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
     per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
-    if per_execution > 1 and context.num_replicas > 1:
-        raise ValueError(multi_replica_refusal(per_execution, context.num_replicas))
-    fits_epoch(per_execution, steps, checkpoint.every_steps)
+    check_steps_per_execution(per_execution, steps, checkpoint.every_steps, context.num_replicas)
     if skip > 0:
         # The rest of the epoch in executions that divide it (a checkpoint of a run with another
         # steps_per_execution, or of a preemption, may stop anywhere).
