@@ -14,7 +14,7 @@
 #' epochs `initial_epoch` .. `epochs - 1` (endless with `repeat_epochs`); give `fit()`
 #' the `steps_per_epoch` that [dataset_info()] reports. Each epoch's order is a pure function of
 #' `(seed, epoch)`: the permutation [epoch_order()] returns, computed with
-#' TensorFlow's stateless `index_shuffle`, so it does not depend on the global
+#' TensorFlow's `stateless_shuffle`, so it does not depend on the global
 #' seed, the process or the worker. A run resumed after `k` batches of epoch
 #' `e` rebuilds its stream with `initial_epoch = e, skip_batches = k`: the
 #' batches are the ones the uninterrupted run would have seen next.
@@ -142,7 +142,7 @@ dataset_arguments <- function(x, y, ..., call) {
 }
 
 check_r_map_fn <- function(map_fn, call) {
-  if (is.function(map_fn) && !inherits(map_fn, "python.builtin.object")) {
+  if (is_r_function(map_fn)) {
     kerasdist_abort(paste0(
       "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
       "function cannot run (see reticulate::py_run_string())."

@@ -44,9 +44,18 @@ def _order(n, seed, epoch):
     """The epoch's permutation of range(n), in the graph: a pure function of (seed, epoch)."""
     import tensorflow as tf
 
-    index = tf.range(tf.cast(n, tf.int64), dtype=tf.int64)
-    seeds = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    return tf.random.experimental.index_shuffle(index, seeds, tf.cast(n, tf.int64) - 1)
+    return _permutation(n, tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)]))
+
+
+def _permutation(size, seeds):
+    """A permutation of range(size) drawn from the two int64 `seeds`, statelessly (Philox, named
+    so that no device picks another generator). stateless_shuffle, not index_shuffle: the same
+    kind of pure function, and about 25 times cheaper (0.1 ms against 2.8 ms for 20480 indices,
+    which made a per-epoch shuffle cost several steps of a small model)."""
+    import tensorflow as tf
+
+    index = tf.range(tf.cast(size, tf.int64), dtype=tf.int64)
+    return tf.random.experimental.stateless_shuffle(index, seeds, alg="philox")
 
 
 def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1):
@@ -74,24 +83,22 @@ def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1)
     return dataset.with_options(options)
 
 
-def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int):
-    """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)."""
+def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int, policy: str):
+    """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)
+    with auto-shard `policy` ("FILE" or "DATA": data.DatasetInfo.shard_policy)."""
     batch = plan.sizing.batch_size
     if source.kind == "memory":
-        policy = "DATA"
         build = lambda p: _memory_pipeline(source.arrays, n_train, p, batch)  # noqa: E731
     elif source.kind == "files" and plan.cache in (None, False):
-        policy = "FILE" if len(source.files) >= workers else "DATA"
         shares = workers if policy == "FILE" else 1
         build = lambda p: _file_pipeline(source, p, batch, shares=shares)  # noqa: E731
     else:
-        policy = "DATA"
         build = lambda p: _stream_pipeline(source, p, batch)  # noqa: E731
     if not plan.one_epoch:
-        return _finish(build(plan), policy), policy
+        return _finish(build(plan), policy)
     counter = _epoch_counter(plan.initial_epoch)
     dataset = _one_epoch_per_pass(build, plan, counter)
-    return _finish(dataset, policy, counter, plan.sizing.steps_per_epoch, workers), policy
+    return _finish(dataset, policy, counter, plan.sizing.steps_per_epoch, workers)
 
 
 def _epoch_counter(start: int):
@@ -152,12 +159,23 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
     def gather(indices):
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
 
-    def epoch(ep):
+    def indices(ep):  # this pipeline's share of the epoch's order, and how many to skip
         order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
-        mine = order[index::count]
-        skipped = tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0)
-        if plan.map_fn is None and small:  # the epoch gathered at once, then sliced into batches
-            return _sliced_epoch(gather(mine[skipped:]), batch, drop)
+        return order[index::count], tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0)
+
+    if plan.map_fn is None and small:
+        # Each epoch gathered at once, one epoch ahead (the next one is ready on another thread
+        # when this one ends), then sliced into batches: a slice per batch is all that is left.
+        def gathered_epoch(ep):
+            mine, skipped = indices(ep)
+            return (gather(mine[skipped:]),)  # a 1-tuple: flat_map gets the structure whole
+
+        tail = not drop and len(range(index, n, count)) % batch > 0  # skipping takes whole batches
+        epochs = plan.epoch_range().map(gathered_epoch).prefetch(1)
+        return epochs.flat_map(lambda tensors: _sliced_epoch(tensors, batch, tail))
+
+    def epoch(ep):
+        mine, skipped = indices(ep)
         if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
             return _index_batches(mine, skipped, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
@@ -174,18 +192,21 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
 _WHOLE_EPOCH_BYTES = 64 * 2**20
 
 
-def _sliced_epoch(epoch_tensors, batch: int, drop: bool):
+def _sliced_epoch(epoch_tensors, batch: int, tail: bool):
     """Whole batches of an already gathered (ordered) epoch, as `from_tensor_slices(...).batch()`
-    would give them, each cut out in one slice."""
+    would give them, each cut out in one slice; `tail`: whether a last, short batch can follow.
+    The batches keep their static shape ([batch, ...], unless a short one follows): Keras traces
+    its step for that shape, which runs measurably faster than one traced for [None, ...]."""
     import tensorflow as tf
 
     size = tf.shape(tf.nest.flatten(epoch_tensors)[0], out_type=tf.int64)[0]
     full = size // batch
-    whole = tf.nest.map_structure(
-        lambda t: tf.reshape(t[: full * batch], tf.concat([[full, batch], tf.shape(t)[1:]], 0)), epoch_tensors
-    )
-    batches = tf.data.Dataset.from_tensor_slices(whole)
-    if drop:
+
+    def whole_batches(t):
+        return tf.reshape(t[: full * batch], [-1, batch, *t.shape[1:]])
+
+    batches = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(whole_batches, epoch_tensors))
+    if not tail:
         return batches
     rest = tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda t: t[full * batch:], epoch_tensors))
     return batches.concatenate(rest.filter(lambda *parts: size > full * batch))
@@ -235,7 +256,7 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
             element = element[0] if len(element) == 1 else element
             size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
             seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(plan.seed, tf.int64), ep]), file_id)
-            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
+            order = _permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         return block.map(permute).unbatch()
@@ -277,7 +298,7 @@ def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
             seed = tf.random.experimental.stateless_fold_in(
                 tf.constant([plan.seed, 0], tf.int64), number
             )
-            order = tf.random.experimental.index_shuffle(tf.range(size), seed, size - 1)
+            order = _permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         records = numbered.map(permute).unbatch()

@@ -19,8 +19,8 @@ count: they rebuild the stream of the epochs they need; so does the stream form 
 With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epochs*: epoch
 `initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
 the `steps_per_epoch` that `dataset_info()` reports). The order is a pure function of `(seed, epoch)`:
-each epoch's permutation is `tf.random.experimental.index_shuffle(i, [seed, epoch], n - 1)`,
-computed in the graph, so it depends on nothing else (not the global seed, not the process, not
+each epoch's permutation is `tf.random.experimental.stateless_shuffle(range(n), [seed, epoch],
+alg="philox")`, computed in the graph, so it depends on nothing else (not the global seed, not the process, not
 the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
 batches of epoch `e` rebuilds its stream with `make_dataset(..., initial_epoch=e, skip_batches=k)`:
 the batches are those the uninterrupted run would have seen next.
@@ -43,6 +43,7 @@ This module holds the public functions and the argument checks; the sources are 
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import warnings
@@ -180,8 +181,10 @@ def batch_size_info(
 def epoch_order(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
     """The permutation of `range(n)` that epoch `epoch` uses with `seed` (0-based indices).
 
-    A pure function of `(n, seed, epoch)`: `tf.random.experimental.index_shuffle(range(n),
-    [seed, epoch], n - 1)`, the same op `make_dataset` runs in its pipeline.
+    A pure function of `(n, seed, epoch)`: `tf.random.experimental.stateless_shuffle(range(n),
+    [seed, epoch], alg="philox")`, the same op `make_dataset` runs in its pipeline. Like every
+    stateless TensorFlow op it is the same in every process and on every CPU and GPU, but a
+    TensorFlow release may change it (a test pins it for the version in use).
     """
     n = integer("n", n, 1)
     return _order(n, integer("seed", seed), integer("epoch", epoch, 0)).numpy()
@@ -285,15 +288,8 @@ def make_dataset(
         A `tf.data.Dataset` (a distributed dataset with per_worker=True); `dataset_info()` tells
         what was decided. For a validation split, see `make_dataset_split`.
     """
-    args = dict(
-        sample_weight=sample_weight, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-        strategy=strategy, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed,
-        initial_epoch=initial_epoch, skip_batches=skip_batches, epochs=epochs, repeat=repeat,
-        per_worker=per_worker, cache=cache, map_fn=map_fn,
-        check_finite=check_finite, file_format=file_format, label_column=label_column,
-        features=features, shuffle_buffer=shuffle_buffer,
-    )
-    return _plan(x, y, **args).build()
+    options = {name: value for name, value in locals().items() if name not in ("x", "y")}
+    return _plan(x, y, **options).build()
 
 
 class DatasetSplit(NamedTuple):
@@ -345,17 +341,14 @@ class _Planned:
     info: DatasetInfo
     plan: _Plan
     context: Any
-    sizing: BatchSizeInfo
 
-    def build(self, **epochs: Any) -> Any:
-        """The pipeline; `epochs` may move the stream (initial_epoch, skip_batches, epochs)."""
-        if epochs:
-            return replace_epochs(self, **epochs).build()
+    def build(self) -> Any:
+        """The pipeline (`replace_epochs` first to move the stream)."""
         info, plan = self.info, self.plan
         if info.per_worker:
             dataset = _per_worker(self.source, plan, self.context.strategy, info.num_samples)
         else:
-            dataset, _ = _auto_sharded(self.source, plan, info.num_samples, self.context.num_workers)
+            dataset = _auto_sharded(self.source, plan, info.num_samples, self.context.num_workers, info.shard_policy)
             if not plan.one_epoch:  # the one-epoch form asserts its length per pass (in _finish)
                 dataset = _with_known_length(dataset, plan, self.context.num_workers)
         if plan.one_epoch and info.num_replicas > 1 and info.steps_per_epoch <= SHORT_EPOCH_STEPS:
@@ -372,7 +365,7 @@ class _Planned:
     def validation(self) -> Any:
         """The held-out samples (validation_split) as one unshuffled, finite pass."""
         info = self.info
-        validation = _validation(self.source, self.sizing, info.num_samples, bool(info.drop_remainder))
+        validation = _validation(self.source, self.plan.sizing, info.num_samples, bool(info.drop_remainder))
         n_val = info.validation_samples
         size = info.batch_size
         val_steps = (n_val // size) if info.drop_remainder else math.ceil(n_val / size)
@@ -390,18 +383,27 @@ def replace_epochs(planned: _Planned, **epochs: Any) -> _Planned:
     return _plan(planned.x, planned.y, _source_of=planned, **args)
 
 
+def _one_epoch_rebuild(dataset: Any) -> Callable[..., Any] | None:
+    """For make_dataset's default one-epoch form (each pass the next epoch, counted by passes):
+    `rebuild(initial_epoch=, epochs=, skip_batches=)`, the stream of exactly those epochs, so a
+    trainer can give every epoch, a resumed one included, its own order whatever passes came
+    before. None for any other data."""
+    info = getattr(dataset, _INFO_ATTR, None)
+    rebuild = getattr(dataset, _REBUILD_ATTR, None)
+    return rebuild if isinstance(info, DatasetInfo) and info.form == "one_epoch" else None
+
+
 def _attach(dataset: Any, info: DatasetInfo, planned: _Planned | None) -> None:
     setattr(dataset, _INFO_ATTR, info)
     if planned is not None:
         setattr(dataset, _REBUILD_ATTR, lambda **epochs: replace_epochs(planned, **epochs).build())
 
 
-_DEFAULTS = dict(
-    sample_weight=None, batch_size=None, per_replica_batch_size=None, strategy=None,
-    drop_remainder=False, shuffle=True, seed=0, initial_epoch=0, skip_batches=0, epochs=None,
-    repeat=False, validation_split=None, per_worker=False, cache=None, map_fn=None,
-    check_finite=False, file_format=None, label_column=None, features=None, shuffle_buffer=10_000,
-)
+# make_dataset's options and their defaults, read from its signature (plus make_dataset_split's).
+_DEFAULTS = {
+    name: parameter.default for name, parameter in inspect.signature(make_dataset).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+} | {"validation_split": None}
 
 
 def _plan(x: Any, y: Any = None, *, _source_of: _Planned | None = None, **args: Any) -> _Planned:
@@ -443,7 +445,7 @@ def _plan(x: Any, y: Any = None, *, _source_of: _Planned | None = None, **args: 
         num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
         validation_samples=n_val, form=form,
     )
-    return _Planned(x, y, dict(args), source, info, plan, context, sizing)
+    return _Planned(x, y, dict(args), source, info, plan, context)
 
 
 def _validation_rows(source: Any, validation_split: float | None) -> int:

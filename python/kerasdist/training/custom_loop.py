@@ -26,6 +26,7 @@ from kerasdist.checkpoint import (
     manager_of,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
+from kerasdist.data import _one_epoch_rebuild, dataset_info
 from kerasdist.step_guard import _is_r_function
 from kerasdist.strategy import run_context
 from kerasdist.training.resume import _cardinality, _check_epochs, _merged_history
@@ -300,19 +301,8 @@ class _Pipeline:
         return iter(self.strategy.distribute_datasets_from_function(per_replica))
 
 
-def _one_epoch_rebuild(data: Any) -> Callable[..., Any] | None:
-    """For make_dataset's default one-epoch form (each pass the next epoch, counted by passes):
-    the function that builds any epoch's batches, so every epoch, a resumed one included, reads
-    its own order whatever passes came before. None for other data."""
-    info = getattr(data, "_kerasdist_info", None)
-    rebuild = getattr(data, "_kerasdist_rebuild", None)
-    return rebuild if info is not None and info.form == "one_epoch" and rebuild is not None else None
-
-
 def _made_steps(dataset: tf.data.Dataset) -> int | None:
     """Batches per epoch of a make_dataset pipeline (its cardinality may span epochs)."""
-    from kerasdist.data import dataset_info
-
     try:
         return dataset_info(dataset).steps_per_epoch
     except ValueError:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.callback import batches_to_skip
+from kerasdist.data import _one_epoch_rebuild
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
@@ -128,9 +129,8 @@ def resume_fit(
 def _epochs_of_planned(data: Any) -> Any:
     """A one-epoch `make_dataset` dataset as the epochs it stands for: resume_fit rebuilds the
     stream of the epochs it runs (at the resume point) instead of counting passes."""
-    rebuild = getattr(data, "_kerasdist_rebuild", None)
-    info = getattr(data, "_kerasdist_info", None)
-    if rebuild is None or info is None or info.form != "one_epoch":
+    rebuild = _one_epoch_rebuild(data)
+    if rebuild is None:
         return data
 
     def make(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
