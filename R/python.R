@@ -186,6 +186,10 @@ preempted <- function(status, checkpoint_dir, call) {
   ))
 }
 
+# An R closure (not a Python callable seen through reticulate): TensorFlow would call it on one of
+# its own threads, where R code cannot run.
+is_r_function <- function(f) is.function(f) && !inherits(f, "python.builtin.object")
+
 # Stop with the condition a Python exception of `type` becomes in R: class
 # `kerasdist_<type>` and `kerasdist_error`, the message without a traceback.
 kerasdist_abort <- function(message, type = "ValueError", call = sys.call(-1)) {

@@ -69,7 +69,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
                        strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
                        callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                        gradient_accumulation_steps = NULL) {
-  if (is.function(step_fn) && !inherits(step_fn, "python.builtin.object")) {
+  if (is_r_function(step_fn)) {
     kerasdist_abort(paste(
       "step_fn is an R function: TensorFlow runs the training step on one thread per replica,",
       "and R code cannot run off R's main thread (R aborts with 'C stack usage ... is too close",

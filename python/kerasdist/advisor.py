@@ -385,20 +385,23 @@ def _timing(kind, replicas, described, result, batch_size) -> StrategyTiming:
 
 def run_worker(spec_path: str) -> None:
     """One strategy's process (or one worker of the multi-worker group): measure, write JSON."""
-    import time
-
-    spec = json.loads(Path(spec_path).read_text())
-    from kerasdist.data import make_dataset
     from kerasdist.strategy import select_strategy, simulate_devices
 
+    spec = json.loads(Path(spec_path).read_text())
     if spec["simulate"]:
         simulate_devices(spec["simulate"])
     strategy = select_strategy(spec["kind"], tpu=False)
     name = f"{os.environ.get('KERASDIST_TASK_TYPE', 'local')}-{os.environ.get('KERASDIST_TASK_INDEX', '0')}"
-    if spec.get("speed_options"):
-        result = _time_speed_options_here(spec, strategy)
-        Path(spec["out"], name + ".json").write_text(json.dumps(result))
-        return
+    measure = _time_speed_options_here if spec.get("speed_options") else _time_strategy_here
+    Path(spec["out"], name + ".json").write_text(json.dumps(measure(spec, strategy)))
+
+
+def _time_strategy_here(spec: dict[str, Any], strategy: Any) -> dict[str, Any]:
+    """The step time fed by make_dataset and by one batch held in memory, interleaved."""
+    import time
+
+    from kerasdist.data import make_dataset
+
     with strategy.scope():
         model = load_model_function(spec["model"])()
     _check_compiled(model)
@@ -417,10 +420,9 @@ def run_worker(spec_path: str) -> None:
     fit_ms(held, WARMUP_STEPS)
     per_round = max(1, -(-steps // ROUNDS))
     rounds = [(fit_ms(real, per_round), fit_ms(held, per_round)) for _ in range(ROUNDS)]
-    result = {"step_ms": statistics.median(r[0] for r in rounds),
-              "compute_ms": statistics.median(r[1] for r in rounds),
-              "input_ms": _input_ms(strategy, real, steps), "parameters": int(model.count_params())}
-    Path(spec["out"], name + ".json").write_text(json.dumps(result))
+    return {"step_ms": statistics.median(r[0] for r in rounds),
+            "compute_ms": statistics.median(r[1] for r in rounds),
+            "input_ms": _input_ms(strategy, real, steps), "parameters": int(model.count_params())}
 
 
 def _time_speed_options_here(spec: dict[str, Any], strategy: Any) -> dict[str, Any]:
