@@ -13,15 +13,17 @@ each with 1 step per call into the graph and with several (Keras's `steps_per_ex
   steps_per_execution="auto" chooses for this model and epoch (`--spe` to force one).
 
 Each variant has its own model, compiled and warmed up once (tracing excluded); then REPS rounds,
-interleaved (make_dataset, make_dataset_one_epoch, naive, compute_only, make_dataset_spe,
-compute_only_spe, ...), each timing one fit of EPOCHS epochs. Figures (bench/_common.py), per
-round: make_dataset's steps/s over compute_only's (at 1 and at N steps per call; the one-epoch
-form at 1), over naive's, and make_dataset at N over at 1 (the gain of steps_per_execution);
-median and spread over the rounds. Also the median steps/s of each. Prints one JSON line and
+interleaved, each timing one fit of EPOCHS epochs. The variants of a ratio run next to each other
+(make_dataset, compute_only, make_dataset_spe, compute_only_spe, make_dataset_one_epoch, naive)
+and every other round in the reverse order, so that a ratio pairs fits a fraction of a second
+apart and neither side always runs first (this machine's speed drifts by 2x within seconds).
+Figures (bench/_common.py), per round: make_dataset's steps/s over compute_only's (at 1 and at N
+steps per call; the one-epoch form at 1), over naive's, and make_dataset at N over at 1 (the gain
+of steps_per_execution); median and spread over the rounds. Also the median steps/s of each. Prints one JSON line and
 writes bench/results/data.json.
 
     .venv/bin/python bench/bench_data.py [--samples 20480] [--features 32] [--batch 256]
-                                         [--epochs 3] [--reps 9] [--spe auto]
+                                         [--epochs 3] [--reps 15] [--spe auto]
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--spe", default="auto", help="steps per call of the *_spe variants, or auto")
     args = parser.parse_args()
 
@@ -86,13 +88,13 @@ def main() -> None:
     one = tf.data.Dataset.from_tensors((x[: args.batch], y[: args.batch])).cache().repeat()
     stream = {"steps_per_epoch": steps}
 
-    variants = {  # name: (data, fit arguments, steps per call)
+    variants = {  # name: (data, fit arguments, steps per call), in the order of a round
         "make_dataset": (ours, stream, 1),
-        "make_dataset_one_epoch": (one_epoch, {}, 1),
-        "naive": (naive, {}, 1),
         "compute_only": (one, stream, 1),
         "make_dataset_spe": (ours, stream, spe),
         "compute_only_spe": (one, stream, spe),
+        "make_dataset_one_epoch": (one_epoch, {}, 1),
+        "naive": (naive, {}, 1),
     }
     models = {}
     for name, (data, kwargs, per_call) in variants.items():
@@ -101,8 +103,9 @@ def main() -> None:
         models[name].fit(data, epochs=1, verbose=0, shuffle=False, **kwargs)  # trace, warm up
 
     rates: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.reps):
-        for name, (data, kwargs, _) in variants.items():
+    for round_ in range(args.reps):
+        for name in list(variants)[:: 1 if round_ % 2 == 0 else -1]:
+            data, kwargs, _ = variants[name]
             t0 = time.perf_counter()
             models[name].fit(data, epochs=args.epochs, verbose=0, shuffle=False, **kwargs)
             rates[name].append(steps * args.epochs / (time.perf_counter() - t0))

@@ -23,7 +23,7 @@ export KERASDIST_PYTHON="$PYTHON"
 # custom_loop and speed (issue #13) add about 1 minute each (measured on a loaded machine only:
 # 105 s and 70 s there): about 13 min in all.
 BENCHMARKS=(
-  "data|bench_data.py|--reps 9 --epochs 5"
+  "data|bench_data.py|--reps 15 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
   "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 6"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
