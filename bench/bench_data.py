@@ -19,8 +19,9 @@ and every other round in the reverse order, so that a ratio pairs fits a fractio
 apart and neither side always runs first (this machine's speed drifts by 2x within seconds).
 Figures (bench/_common.py), per round: make_dataset's steps/s over compute_only's (at 1 and at N
 steps per call; the one-epoch form at 1), over naive's, and make_dataset at N over at 1 (the gain
-of steps_per_execution); median and spread over the rounds. Also the median steps/s of each. Prints one JSON line and
-writes bench/results/data.json.
+of steps_per_execution); median and spread over the rounds. Also the median steps/s of each, and
+the same pairing without a model: batches/s a graph loop reads from make_dataset and from the
+repeated batch. Prints one JSON line and writes bench/results/data.json.
 
     .venv/bin/python bench/bench_data.py [--samples 20480] [--features 32] [--batch 256]
                                          [--epochs 3] [--reps 15] [--spe auto]
@@ -57,6 +58,28 @@ def auto_steps_per_execution(features: int, steps: int, batch: int) -> int:
     from kerasdist.training.speed import choose_steps_per_execution
 
     return choose_steps_per_execution("auto", build_model(features), run_context(), steps, batch)[0]
+
+
+def graph_reader(dataset: tf.data.Dataset, count: int):
+    """A function that reads `count` batches of `dataset` in one graph loop (no model) and
+    returns the batches read per second: what the pipeline alone can hand to a step."""
+    iterator = iter(dataset)
+
+    @tf.function
+    def read():
+        total = tf.constant(0.0)
+        for _ in tf.range(count):
+            x, _ = next(iterator)
+            total += x[0, 0]
+        return total
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        read()
+        return count / (time.perf_counter() - t0)
+
+    read()  # trace, warm up
+    return timed
 
 
 def ratios(rates: dict[str, list[float]], top: str, bottom: str) -> list[float]:
@@ -109,6 +132,11 @@ def main() -> None:
             t0 = time.perf_counter()
             models[name].fit(data, epochs=args.epochs, verbose=0, shuffle=False, **kwargs)
             rates[name].append(steps * args.epochs / (time.perf_counter() - t0))
+    readers = {"make_dataset_read": graph_reader(ours, steps * args.epochs),
+               "compute_only_read": graph_reader(one, steps * args.epochs)}
+    for round_ in range(args.reps):
+        for name in list(readers)[:: 1 if round_ % 2 == 0 else -1]:
+            rates.setdefault(name, []).append(readers[name]())
 
     median = {name: statistics.median(r) for name, r in rates.items()}
     figures = [
@@ -129,6 +157,9 @@ def main() -> None:
                "steps/s fed by make_dataset (shuffled per epoch) / steps/s fed by "
                "from_tensor_slices().batch() (no shuffle): context only, the naive feed does less "
                "work and is no limit; the target is the compute-only ceiling"),
+        figure("make_dataset_read_vs_compute_only_read", ratios(rates, "make_dataset_read", "compute_only_read"),
+               None, "batches/s a graph loop reads from make_dataset / from the one batch repeated, no model: "
+               "the pipeline alone, as a step sees it"),
     ]
     write_result(
         "data", figures,
