@@ -27,6 +27,7 @@ class _Plan:
     shuffle_buffer: int
     check_finite: bool
     one_epoch: bool = False  # the finite default: one epoch per pass, the next one on each new pass
+    pass_counter: Any = None  # in a one-epoch pass: the variable holding the pass's epoch
 
     def num_batches(self) -> int | None:
         if self.epochs is None or self.one_epoch:
@@ -34,8 +35,13 @@ class _Plan:
         return (self.epochs - self.initial_epoch) * self.sizing.steps_per_epoch - self.skip_batches
 
     def epoch_range(self):
+        """The epochs, as a dataset: a pipeline that reads its epochs from here serves a
+        one-epoch pass without being rebuilt inside it (see _one_epoch_per_pass)."""
         import tensorflow as tf
 
+        if self.pass_counter is not None:
+            counter = self.pass_counter
+            return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(lambda _: counter.read_value())
         end = _MAX_EPOCH if self.epochs is None else self.epochs
         return tf.data.Dataset.range(self.initial_epoch, end)
 
@@ -48,14 +54,17 @@ def _order(n, seed, epoch):
 
 
 def _permutation(size, seeds):
-    """A permutation of range(size) drawn from the two int64 `seeds`, statelessly (Philox, named
-    so that no device picks another generator). stateless_shuffle, not index_shuffle: the same
-    kind of pure function, and about 25 times cheaper (0.1 ms against 2.8 ms for 20480 indices,
-    which made a per-epoch shuffle cost several steps of a small model)."""
+    """A permutation of range(size) drawn from the two int64 `seeds`, statelessly.
+
+    stateless_shuffle rather than index_shuffle: the same kind of pure function, about 25 times
+    cheaper to run (0.1 ms against 2.8 ms for 20480 indices) and cheaper to instantiate each time
+    a new iterator is made. Its default algorithm is Philox on the CPU, where tf.data runs (and
+    where epoch_order pins it); naming alg="philox" gives the same permutation but added about
+    6 ms to every new iterator, measured."""
     import tensorflow as tf
 
     index = tf.range(tf.cast(size, tf.int64), dtype=tf.int64)
-    return tf.random.experimental.stateless_shuffle(index, seeds, alg="philox")
+    return tf.random.experimental.stateless_shuffle(index, seeds)
 
 
 def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1):
@@ -97,7 +106,7 @@ def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int, poli
     if not plan.one_epoch:
         return _finish(build(plan), policy)
     counter = _epoch_counter(plan.initial_epoch)
-    dataset = _one_epoch_per_pass(build, plan, counter)
+    dataset = _one_epoch_per_pass(build, plan, counter, source)
     return _finish(dataset, policy, counter, plan.sizing.steps_per_epoch, workers)
 
 
@@ -118,12 +127,19 @@ def _epoch_counter(start: int):
         return pool.submit(make).result()
 
 
-def _one_epoch_per_pass(build, plan: _Plan, counter):
+def _one_epoch_per_pass(build, plan: _Plan, counter, source: _Source):
     """Each pass (each new iterator) is one whole epoch: the one the counter holds. Batches carry
     their index in the pass, so `_finish` can advance the counter once the last one is handed
     out, after the prefetch: a pass abandoned early (Keras peeks at one batch to build the model
-    under a strategy, and makes a spare iterator at each epoch end) does not count as an epoch."""
+    under a strategy, and makes a spare iterator at each epoch end) does not count as an epoch.
+
+    In-memory pipelines read their epoch from `plan.epoch_range()`, so they read the counter
+    there. Others count their stream from `plan.initial_epoch` in Python, so each pass builds
+    its pipeline anew inside a flat_map, which makes a new iterator cost several times more."""
     import tensorflow as tf
+
+    if source.kind == "memory":
+        return build(replace(plan, one_epoch=False, epochs=None, pass_counter=counter)).enumerate()
 
     def one_pass(_):
         epoch = counter.read_value()
@@ -145,37 +161,26 @@ def _with_known_length(dataset, plan: _Plan, workers: int):
     return dataset.apply(tf.data.experimental.assert_cardinality(total))
 
 
+# In-memory data up to this size is gathered one epoch at a time (one copy of the data per epoch
+# in flight), which leaves the pipeline one slice per batch; larger data is gathered per batch.
+_WHOLE_EPOCH_BYTES = 64 * 2**20
+
+
 def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
     """Per epoch: the epoch's permutation (or range), this pipeline's share, batched, gathered."""
     import tensorflow as tf
 
     tensors = tf.nest.map_structure(tf.constant, arrays)
-    index, count = share
-    skip = plan.skip_batches * batch  # elements of this pipeline's share
-    first = plan.initial_epoch
     drop = plan.sizing.drop_remainder
-    small = sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) <= _WHOLE_EPOCH_BYTES
+    if plan.map_fn is None and sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) \
+            <= _WHOLE_EPOCH_BYTES:
+        return _gathered_epochs(tensors, n, plan, batch, share)
 
     def gather(indices):
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
 
-    def indices(ep):  # this pipeline's share of the epoch's order, and how many to skip
-        order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
-        return order[index::count], tf.where(tf.equal(ep, first), tf.constant(skip, tf.int64), 0)
-
-    if plan.map_fn is None and small:
-        # Each epoch gathered at once, one epoch ahead (the next one is ready on another thread
-        # when this one ends), then sliced into batches: a slice per batch is all that is left.
-        def gathered_epoch(ep):
-            mine, skipped = indices(ep)
-            return (gather(mine[skipped:]),)  # a 1-tuple: flat_map gets the structure whole
-
-        tail = not drop and len(range(index, n, count)) % batch > 0  # skipping takes whole batches
-        epochs = plan.epoch_range().map(gathered_epoch).prefetch(1)
-        return epochs.flat_map(lambda tensors: _sliced_epoch(tensors, batch, tail))
-
     def epoch(ep):
-        mine, skipped = indices(ep)
+        mine, skipped = _epoch_indices(n, plan, ep, share, batch)
         if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
             return _index_batches(mine, skipped, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
@@ -187,30 +192,58 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
     return plan.epoch_range().flat_map(epoch)
 
 
-# In-memory data up to this size is gathered one epoch at a time (one copy of the data per epoch
-# in flight), which leaves the pipeline one slice per batch; larger data is gathered per batch.
-_WHOLE_EPOCH_BYTES = 64 * 2**20
-
-
-def _sliced_epoch(epoch_tensors, batch: int, tail: bool):
-    """Whole batches of an already gathered (ordered) epoch, as `from_tensor_slices(...).batch()`
-    would give them, each cut out in one slice; `tail`: whether a last, short batch can follow.
-    The batches keep their static shape ([batch, ...], unless a short one follows): Keras then
-    traces its step for that shape, about 4% faster than one traced for [None, ...] in a
-    side-by-side check on the bench's tiny model (2 CPUs)."""
+# The pipeline functions are instantiated again for every new iterator (Keras makes one per fit
+# call, and one or two per epoch of a one-epoch dataset), at a cost that grows with their ops
+# (make_dataset's took about 15 ms before they were trimmed): what Python knows is decided in
+# Python, not put in the graph.
+def _epoch_indices(n, plan: _Plan, ep, share, batch):
+    """Epoch `ep`'s order (or range), this pipeline's share of it, and how many of those the
+    first epoch skips (a plain 0 when none)."""
     import tensorflow as tf
 
-    size = tf.shape(tf.nest.flatten(epoch_tensors)[0], out_type=tf.int64)[0]
-    full = size // batch
+    index, count = share
+    order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
+    mine = order[index::count] if count > 1 else order
+    if not plan.skip_batches:
+        return mine, 0
+    first = tf.equal(ep, plan.initial_epoch)
+    return mine, tf.where(first, tf.constant(plan.skip_batches * batch, tf.int64), 0)
+
+
+def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
+    """Each epoch gathered at once, one epoch ahead (the next one is ready on another thread when
+    this one ends), and cut into whole batches by a reshape: handing out a batch is then one
+    slice, with no function of ours per batch. Without a last, short batch the batches keep
+    their static shape [batch, ...]: Keras then traces its step for that shape, about 4% faster
+    than one traced for [None, ...] in a side-by-side check on the bench's tiny model (2 CPUs)."""
+    import tensorflow as tf
+
+    index, count = share
+    remainder = len(range(index, n, count)) % batch  # every epoch's: skipping takes whole batches
+    tail = remainder > 0 and not plan.sizing.drop_remainder
+    in_order = not plan.shuffle and not plan.skip_batches and count == 1
+    if in_order and any(t.shape[0] != n for t in tf.nest.flatten(tensors)):  # validation rows follow
+        tensors = tf.nest.map_structure(lambda t: t[:n], tensors)
 
     def whole_batches(t):
-        return tf.reshape(t[: full * batch], [-1, batch, *t.shape[1:]])
+        return tf.reshape(t[:-remainder] if remainder else t, [-1, batch, *t.shape[1:]])
 
-    batches = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(whole_batches, epoch_tensors))
+    def epoch_batches(ep):
+        if in_order:
+            epoch = tensors
+        else:
+            mine, skipped = _epoch_indices(n, plan, ep, share, batch)
+            order = mine[skipped:] if plan.skip_batches else mine
+            epoch = tf.nest.map_structure(lambda t: tf.gather(t, order), tensors)
+        whole = tf.nest.map_structure(whole_batches, epoch)
+        return (whole, tf.nest.map_structure(lambda t: t[-remainder:], epoch)) if tail else whole
+
+    epochs = plan.epoch_range().map(epoch_batches).prefetch(1)
     if not tail:
-        return batches
-    rest = tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda t: t[full * batch:], epoch_tensors))
-    return batches.concatenate(rest.filter(lambda *parts: size > full * batch))
+        return epochs.unbatch()
+    return epochs.flat_map(
+        lambda whole, rest: tf.data.Dataset.from_tensor_slices(whole).concatenate(tf.data.Dataset.from_tensors(rest))
+    )
 
 
 def _index_batches(indices, skipped, batch: int, drop: bool):
@@ -347,7 +380,7 @@ def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
         if source.kind == "memory":  # this pipeline's share of the samples, in per-replica batches
             mine = len(range(share[0], n_train, share[1]))
             steps = mine // per_replica if plan.sizing.drop_remainder else -(-mine // per_replica)
-        return _finish(_one_epoch_per_pass(build, worker_plan, counter), "OFF", counter, steps)
+        return _finish(_one_epoch_per_pass(build, worker_plan, counter, source), "OFF", counter, steps)
 
     counter = _epoch_counter(plan.initial_epoch) if plan.one_epoch else None
     return strategy.distribute_datasets_from_function(dataset_fn)

@@ -19,8 +19,8 @@ count: they rebuild the stream of the epochs they need; so does the stream form 
 With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epochs*: epoch
 `initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
 the `steps_per_epoch` that `dataset_info()` reports). The order is a pure function of `(seed, epoch)`:
-each epoch's permutation is `tf.random.experimental.stateless_shuffle(range(n), [seed, epoch],
-alg="philox")`, computed in the graph, so it depends on nothing else (not the global seed, not the process, not
+each epoch's permutation is `tf.random.experimental.stateless_shuffle(range(n), [seed, epoch])`
+(Philox, on the CPU), computed in the graph, so it depends on nothing else (not the global seed, not the process, not
 the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
 batches of epoch `e` rebuilds its stream with `make_dataset(..., initial_epoch=e, skip_batches=k)`:
 the batches are those the uninterrupted run would have seen next.
@@ -182,12 +182,16 @@ def epoch_order(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
     """The permutation of `range(n)` that epoch `epoch` uses with `seed` (0-based indices).
 
     A pure function of `(n, seed, epoch)`: `tf.random.experimental.stateless_shuffle(range(n),
-    [seed, epoch], alg="philox")`, the same op `make_dataset` runs in its pipeline. Like every
+    [seed, epoch])` on the CPU (Philox), the same op `make_dataset` runs in its pipeline. Like every
     stateless TensorFlow op it is the same in every process and on every CPU and GPU, but a
     TensorFlow release may change it (a test pins it for the version in use).
     """
+    import tensorflow as tf
+
     n = integer("n", n, 1)
-    return _order(n, integer("seed", seed), integer("epoch", epoch, 0)).numpy()
+    seed, epoch = integer("seed", seed), integer("epoch", epoch, 0)
+    with tf.device("/CPU:0"):  # where make_dataset's pipeline computes it
+        return _order(n, seed, epoch).numpy()
 
 
 def dataset_info(dataset: Any) -> DatasetInfo:

@@ -388,20 +388,28 @@ def test_short_one_epoch_dataset_under_several_replicas_warns():
         kerasdist.make_dataset(x, batch_size=4)  # one replica
 
 
-@pytest.mark.parametrize("drop_remainder", [False, True])
-def test_small_data_gathered_per_epoch_gives_the_batches_of_per_batch_gathering(monkeypatch, drop_remainder):
+@pytest.mark.parametrize("args, count", [
+    (dict(drop_remainder=False), 7),  # epochs 1 and 2, one batch skipped: 3 + 4 batches
+    (dict(drop_remainder=True), 5),
+    (dict(shuffle=False, skip_batches=0), 8),  # in order: the arrays themselves, sliced
+    (dict(batch_size=10, skip_batches=0), 10),  # no short batch: static batch shape
+    (dict(shuffle=False, skip_batches=0, validation_split=0.2), 6),  # 40 training rows of 50
+])
+def test_small_data_gathered_per_epoch_gives_the_batches_of_per_batch_gathering(monkeypatch, args, count):
     from kerasdist import _data_pipelines
 
     x = np.arange(50 * 3, dtype="float32").reshape(50, 3)
-    args = dict(batch_size=16, seed=3, initial_epoch=1, skip_batches=1, epochs=3, drop_remainder=drop_remainder)
+    args = dict(dict(batch_size=16, seed=3, initial_epoch=1, skip_batches=1, epochs=3), **args)
 
     def batches():
-        return [tuple(t.numpy() for t in b) for b in kerasdist.make_dataset(x, np.arange(50), **args)]
+        make = kerasdist.make_dataset_split if "validation_split" in args else kerasdist.make_dataset
+        made = make(x, np.arange(50), **args)
+        return [tuple(t.numpy() for t in b) for b in (made.train if "validation_split" in args else made)]
 
     whole_epochs = batches()
     monkeypatch.setattr(_data_pipelines, "_WHOLE_EPOCH_BYTES", 0)  # every source gathered per batch
     per_batch = batches()
-    assert len(whole_epochs) == len(per_batch) == (5 if drop_remainder else 7)  # epochs 1 and 2, one batch skipped
+    assert len(whole_epochs) == len(per_batch) == count
     for a, b in zip(whole_epochs, per_batch, strict=True):
         np.testing.assert_array_equal(a[0], b[0])
         np.testing.assert_array_equal(a[1], b[1])
