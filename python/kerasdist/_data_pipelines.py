@@ -42,8 +42,9 @@ class _Plan:
         if self.pass_counter is not None:
             counter = self.pass_counter
             return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(lambda _: counter.read_value())
-        end = _MAX_EPOCH if self.epochs is None else self.epochs
-        return tf.data.Dataset.range(self.initial_epoch, end)
+        if self.epochs is None:  # endless: infinite cardinality (a long range would overflow it)
+            return tf.data.Dataset.counter(self.initial_epoch)
+        return tf.data.Dataset.range(self.initial_epoch, self.epochs)
 
 
 def _order(n, seed, epoch):

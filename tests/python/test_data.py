@@ -360,8 +360,9 @@ def test_finite_pipelines_tell_their_length_so_keras_ends_passes_without_warning
     x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20, dtype=np.float32)
     finite = kerasdist.make_dataset(x, y, batch_size=8, epochs=3, skip_batches=1)
     assert int(finite.cardinality()) == 3 * 3 - 1 == len(list(finite))
-    endless = int(kerasdist.make_dataset(x, y, batch_size=8, repeat=True).cardinality())
-    assert endless in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY)
+    for batch_size in (8, 10):  # with and without a short last batch (10: whole batches, unbatched)
+        endless = int(kerasdist.make_dataset(x, y, batch_size=batch_size, repeat=True).cardinality())
+        assert endless in (tf.data.INFINITE_CARDINALITY, tf.data.UNKNOWN_CARDINALITY)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     with warnings.catch_warnings():
