@@ -16,12 +16,9 @@ PYTHON="${KERASDIST_PYTHON:-$PWD/.venv/bin/python}"
 export KERASDIST_PYTHON="$PYTHON"
 
 # name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
-# development machine: 6 min 56 s in all there with nothing else running (data 24 s, data_r 19 s,
-# checkpoint 84 s, multi_worker 88 s, overhead 44 s, r_python 46 s, advisor 110 s); about twice
-# that while other test runs loaded the same cores. Since issue #12, overhead times 30-second
-# calls (3 repeats of 2 variants, about 4 min) and data has 6 variants (about 1 min): about 11 min;
-# custom_loop and speed (issue #13) add about 1 minute each (measured on a loaded machine only:
-# 105 s and 70 s there): about 13 min in all.
+# development machine: 10 min 6 s in all on 2026-11-23 with nothing else running (data 51 s,
+# data_r 28 s, checkpoint 82 s, multi_worker 83 s, overhead 187 s, custom_loop 31 s, speed 29 s,
+# r_python 30 s, advisor 78 s); about twice that while other test runs load the same cores.
 BENCHMARKS=(
   "data|bench_data.py|--reps 15 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
