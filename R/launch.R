@@ -56,7 +56,7 @@
 #'   `"worker 1 was killed by SIGKILL"`, or `NULL`), `failures` (every failure
 #'   that stopped a group, oldest first), `timed_out`, `message`, `cluster`,
 #'   `port_retries` and `exit_codes` (per attempt, every task's exit status
-#'   once the group stopped, e.g. `c("worker 0" = 75L, "worker 1" = 75L)`
+#'   once the group stopped, -N if signal N ended it, e.g. `c("worker 0" = 75L, "worker 1" = 75L)`
 #'   for a multi-worker run preempted by SIGTERM).
 #' @family launch
 #' @seealso Python: `kerasdist.launch()`; command line:
@@ -92,7 +92,7 @@ launch_result_to_r <- function(result) {
   record$cluster <- lapply(record$cluster, as.character)
   record$failures <- vapply(result$failures, function(f) f$description, character(1))
   record["failed"] <- list(if (is.null(result$failed)) NULL else result$failed$description)
-  record$exit_codes <- lapply(result$exit_codes, function(codes) unlist(lapply(codes, as.integer)))
+  record$exit_codes <- lapply(record$exit_codes, unlist)
   structure(record, class = "kerasdist_launch_result")
 }
 

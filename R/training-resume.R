@@ -53,7 +53,7 @@
 resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch = NULL, callbacks = NULL,
                        validation_data = NULL, validation_steps = NULL, verbose = "auto") {
   epoch_data <- data
-  if (is.function(data)) {
+  if (is_r_function(data)) {
     r_data <- data
     epoch_data <- function(epoch) r_data(as.integer(epoch))
   }

@@ -93,13 +93,9 @@ def hand_written(strategy, data):
 
 
 def main() -> None:
-    arguments = bench.parser(epochs=3, samples=16384)
-    args = arguments.parse_args()
-    bench.check_epochs(arguments, args.epochs)
-    x, y = bench.synthetic_digits(args.samples)
+    args, x, y, steps = bench.arguments_and_data(bench.parser(epochs=3, samples=16384))
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(args.samples, seed=0).batch(bench.BATCH)
     strategy = kerasdist.select_strategy("mirrored")
-    steps = -(-args.samples // bench.BATCH)
     variants = {"custom_fit": with_custom_fit(strategy, data), "hand_written": hand_written(strategy, data)}
     whole, steady = bench.interleaved(variants, args.repeats, args.epochs, steps)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,6 +42,7 @@ import tensorflow as tf  # noqa: E402
 
 import kerasdist  # noqa: E402
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
+from _training import medians, ratios  # noqa: E402
 
 
 def build_model(features: int, steps_per_execution: int = 1) -> keras.Model:
@@ -80,10 +80,6 @@ def graph_reader(dataset: tf.data.Dataset, count: int):
 
     read()  # trace, warm up
     return timed
-
-
-def ratios(rates: dict[str, list[float]], top: str, bottom: str) -> list[float]:
-    return [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
 
 
 def main() -> None:
@@ -138,7 +134,6 @@ def main() -> None:
         for name in list(readers)[:: 1 if round_ % 2 == 0 else -1]:
             rates.setdefault(name, []).append(readers[name]())
 
-    median = {name: statistics.median(r) for name, r in rates.items()}
     figures = [
         figure("make_dataset_vs_compute_only", ratios(rates, "make_dataset", "compute_only"), ">= 0.95",
                "steps/s fed by make_dataset (one stream of epochs, fit with steps_per_epoch: what "
@@ -165,7 +160,7 @@ def main() -> None:
         "data", figures,
         samples=args.samples, features=args.features, batch_size=args.batch, steps_per_epoch=steps,
         steps_per_fit=steps * args.epochs, reps=args.reps, steps_per_execution=spe,
-        steps_per_s_median={k: round(v, 1) for k, v in median.items()},
+        steps_per_s_median=medians(rates),
         steps_per_s_all={k: [round(v, 1) for v in r] for k, r in rates.items()},
         make_dataset_build_s=round(build_s, 3),
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, TF {tf.__version__}, Keras {keras.__version__}",

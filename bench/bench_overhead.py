@@ -59,9 +59,7 @@ def hand_written(strategy, x, y):
             model = build_model()
         data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(bench.BATCH)
         checkpoint = keras.callbacks.ModelCheckpoint(str(Path(checkpoint_dir) / "model.keras"))
-        timer = bench.EpochTimes()
-        model.fit(data, epochs=epochs, callbacks=[checkpoint, timer], verbose=0)
-        return timer.ends
+        return bench.epoch_ends(lambda timer: model.fit(data, epochs=epochs, callbacks=[checkpoint, *timer], verbose=0))
     return run
 
 
@@ -77,8 +75,8 @@ def main() -> None:
     arguments.add_argument("--seconds", type=float, default=30.0,
                            help="length of a timed call when --epochs is 0 (from a hand-written epoch's time)")
     args = arguments.parse_args()
-    if args.epochs == 1 or args.epochs < 0:
-        arguments.error("--epochs must be at least 2 (the steady-state figure needs epochs after the first)")
+    if args.epochs:  # 0: as many as make a call of --seconds
+        bench.check_epochs(arguments, args.epochs)
     x, y = bench.synthetic_digits(args.samples)
     strategy = kerasdist.select_strategy("mirrored")
     steps = -(-args.samples // bench.BATCH)

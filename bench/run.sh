@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the benchmarks in order, then bench/summarize.py: bench/results/NAME.json per benchmark,
 # bench/results/summary.md and summary.png, each benchmark's stderr in bench/results/logs/.
-# `make bench` runs this with no arguments: every benchmark, about 13 minutes on 2 CPU cores.
+# `make bench` runs this with no arguments: every benchmark, about 10 minutes on 2 CPU cores.
 #
 #   bench/run.sh [NAME ...]            names from the list below (or script names): only those
 #   BENCH_ARGS_checkpoint="--repeats 2" bench/run.sh checkpoint    other arguments for one

@@ -150,9 +150,9 @@ def _one_epoch_per_pass(build, plan: _Plan, counter, source: _Source):
 
 
 def _with_known_length(dataset, plan: _Plan, workers: int):
-    """Tell tf.data how many batches a finite pipeline has (its flat_map hides it). Keras then
-    ends each pass cleanly instead of warning "Your input ran out of data" after every
-    evaluation, and counts its steps right. Only where no worker's share is cut out of the
+    """Tell tf.data how many batches a finite pipeline has (its flat_map, or its unbatch after a
+    reshape, hides it). Keras then ends each pass cleanly instead of warning "Your input ran out
+    of data" after every evaluation, and counts its steps right. Only where no worker's share is cut out of the
     pipeline later (one worker): a sharded share would trip the assertion."""
     import tensorflow as tf
 
@@ -168,25 +168,28 @@ _WHOLE_EPOCH_BYTES = 64 * 2**20
 
 
 def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
-    """Per epoch: the epoch's permutation (or range), this pipeline's share, batched, gathered."""
+    """Per epoch: the epoch's permutation (or range) and this pipeline's share of it; then data up
+    to _WHOLE_EPOCH_BYTES is gathered whole and cut into batches (`_gathered_epochs`), larger data
+    (or data with a map_fn) is batched and gathered batch by batch."""
     import tensorflow as tf
 
     tensors = tf.nest.map_structure(tf.constant, arrays)
     drop = plan.sizing.drop_remainder
-    if plan.map_fn is None and sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) \
-            <= _WHOLE_EPOCH_BYTES:
+    whole_epochs_fit = sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) \
+        <= _WHOLE_EPOCH_BYTES
+    if plan.map_fn is None and whole_epochs_fit:
         return _gathered_epochs(tensors, n, plan, batch, share)
 
     def gather(indices):
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
 
     def epoch(ep):
-        mine, skipped = _epoch_indices(n, plan, ep, share, batch)
+        mine = _epoch_indices(n, plan, ep, share, batch)
         if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
-            return _index_batches(mine, skipped, batch, drop).map(
+            return _index_batches(mine, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
-        ds = tf.data.Dataset.from_tensor_slices(mine).skip(skipped)
+        ds = tf.data.Dataset.from_tensor_slices(mine)
         ds = ds.map(gather).map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.batch(batch, drop_remainder=drop)
 
@@ -198,17 +201,17 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
 # (make_dataset's took about 15 ms before they were trimmed): what Python knows is decided in
 # Python, not put in the graph.
 def _epoch_indices(n, plan: _Plan, ep, share, batch):
-    """Epoch `ep`'s order (or range), this pipeline's share of it, and how many of those the
-    first epoch skips (a plain 0 when none)."""
+    """Epoch `ep`'s order (or range), this pipeline's share of it, less the whole batches the
+    first epoch skips."""
     import tensorflow as tf
 
     index, count = share
     order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
     mine = order[index::count] if count > 1 else order
     if not plan.skip_batches:
-        return mine, 0
+        return mine
     first = tf.equal(ep, plan.initial_epoch)
-    return mine, tf.where(first, tf.constant(plan.skip_batches * batch, tf.int64), 0)
+    return mine[tf.where(first, tf.constant(plan.skip_batches * batch, tf.int64), 0):]
 
 
 def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
@@ -233,8 +236,7 @@ def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
         if in_order:
             epoch = tensors
         else:
-            mine, skipped = _epoch_indices(n, plan, ep, share, batch)
-            order = mine[skipped:] if plan.skip_batches else mine
+            order = _epoch_indices(n, plan, ep, share, batch)
             epoch = tf.nest.map_structure(lambda t: tf.gather(t, order), tensors)
         whole = tf.nest.map_structure(whole_batches, epoch)
         return (whole, tf.nest.map_structure(lambda t: t[-remainder:], epoch)) if tail else whole
@@ -247,10 +249,9 @@ def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
     )
 
 
-def _index_batches(indices, skipped, batch: int, drop: bool):
-    """`from_tensor_slices(indices).skip(skipped).batch(batch, drop)`, with each batch sliced out
-    in one op instead of gathered element by element by tf.data (`skipped` is a whole number of
-    batches here)."""
+def _index_batches(indices, batch: int, drop: bool):
+    """`from_tensor_slices(indices).batch(batch, drop)`, with each batch sliced out in one op
+    instead of gathered element by element by tf.data."""
     import tensorflow as tf
 
     size = tf.shape(indices, out_type=tf.int64)[0]
@@ -260,7 +261,7 @@ def _index_batches(indices, skipped, batch: int, drop: bool):
         part = indices[i * batch: tf.minimum((i + 1) * batch, size)]
         return tf.ensure_shape(part, [batch]) if drop else part
 
-    return tf.data.Dataset.range(skipped // batch, count).map(one)
+    return tf.data.Dataset.range(count).map(one)
 
 
 def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
@@ -296,6 +297,8 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
 
         return block.map(permute).unbatch()
 
+    # A long range, not Dataset.counter(): its (overflowing) cardinality is hidden by the
+    # interleave below, and a known one would make sharded file pipelines claim a length.
     names = tf.data.Dataset.range(0, _MAX_EPOCH).map(epoch_files).unbatch()
     if share is not None and share[1] > 1 and n_files >= share[1]:
         names = names.shard(share[1], share[0])

@@ -48,8 +48,13 @@ _original_symbolic_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
 
 def keras_needs_multi_worker_fixes(version: str = keras.__version__) -> bool:
     """Whether this Keras version's multi-worker fit is known to need the patches."""
+    return _version_within(version, MULTI_WORKER_FIX_VERSIONS)
+
+
+def _version_within(version: str, bounds: tuple[tuple[int, int], tuple[int, int]]) -> bool:
+    """Whether `version`'s (major, minor) lies in [low, high) of `bounds`."""
     major_minor = tuple(int(part) for part in version.split(".")[:2])
-    low, high = MULTI_WORKER_FIX_VERSIONS
+    low, high = bounds
     return low <= major_minor < high
 
 
@@ -113,9 +118,7 @@ _GCE_METADATA_VARIABLE = "GCE_METADATA_IP"  # failure_handling_util._GCE_METADAT
 
 
 def tensorflow_needs_preemption_fix(version: str = tf.__version__) -> bool:
-    major_minor = tuple(int(part) for part in version.split(".")[:2])
-    low, high = PREEMPTION_HANDLER_FIX_VERSIONS
-    return low <= major_minor < high
+    return _version_within(version, PREEMPTION_HANDLER_FIX_VERSIONS)
 
 
 def preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],
@@ -134,15 +137,22 @@ def preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],
 
 @contextlib.contextmanager
 def _metadata_probe_off():
-    before = os.environ.get(_GCE_METADATA_VARIABLE)
-    os.environ[_GCE_METADATA_VARIABLE] = "127.0.0.1:1"  # nothing listens on port 1: refused at once
+    with _environment_variable_kept(_GCE_METADATA_VARIABLE):
+        os.environ[_GCE_METADATA_VARIABLE] = "127.0.0.1:1"  # nothing listens on port 1: refused at once
+        yield
+
+
+@contextlib.contextmanager
+def _environment_variable_kept(name: str):
+    """Whatever the block does to the environment variable `name`, put it back as it was."""
+    before = os.environ.get(name)
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(_GCE_METADATA_VARIABLE, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[_GCE_METADATA_VARIABLE] = before
+            os.environ[name] = before
 
 
 def save_if_preempted(handler: Any) -> None:
@@ -162,17 +172,9 @@ def slurm_gpu_share(resolver: Any) -> list[int]:
     when it starts: the write changes nothing in this process. So the share is read back, and the
     variable is left as it was (one that Slurm set itself numbers the same GPUs differently).
     """
-    import os
-
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    try:
+    with _environment_variable_kept("CUDA_VISIBLE_DEVICES"):
         resolver.cluster_spec()
         share = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
     return [int(index) for index in share.split(",") if index.strip()]
 
 

@@ -20,8 +20,8 @@ With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epoc
 `initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
 the `steps_per_epoch` that `dataset_info()` reports). The order is a pure function of `(seed, epoch)`:
 each epoch's permutation is `tf.random.experimental.stateless_shuffle(range(n), [seed, epoch])`
-(Philox, on the CPU), computed in the graph, so it depends on nothing else (not the global seed, not the process, not
-the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
+(Philox, on the CPU), computed in the graph, so it depends on nothing else (not the global seed,
+not the process, not the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
 batches of epoch `e` rebuilds its stream with `make_dataset(..., initial_epoch=e, skip_batches=k)`:
 the batches are those the uninterrupted run would have seen next.
 

@@ -46,7 +46,7 @@ def test_data_case(row):
     if row["function"] == "batch_size_info":
         info, dataset = result, None
     else:
-        dataset = result[0] if isinstance(result, tuple) else result
+        dataset = result.train if row["function"] == "make_dataset_split" else result
         info = kerasdist.dataset_info(dataset)
     batches = list(dataset) if dataset is not None else []
     for name, expected in row["expect"].items():

@@ -189,8 +189,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         return steps is not None and self._batches_seen >= steps
 
     def on_epoch_end(self, epoch, logs=None):
-        steps = self.params.get("steps")
-        if self._preempted and (steps is None or self._batches_seen < steps):
+        if self._preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
         self._history.append(plain(logs or {}))
         if self.every_epoch or self._preempted:

@@ -124,7 +124,7 @@ def launch(
         cluster = build_cluster(tasks, host)
         group = ProcessGroup(argv, tasks, cluster, restart, base_env, cwd)
         outcome = _attempt(group, deadline, startup_timeout, grace_period)
-        exit_codes.append(outcome.exit_codes or {})
+        exit_codes.append(outcome.exit_codes)
         if outcome.timed_out:
             exit_code, message = TIMEOUT_EXIT_CODE, timeout_message(timeout, restart)
             break

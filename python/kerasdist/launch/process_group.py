@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from kerasdist.launch.ports import accepts_connections, port_clash
@@ -36,7 +36,7 @@ class Outcome:
     failure: TaskFailure | None = None
     timed_out: bool = False
     port_clash: bool = False
-    exit_codes: dict[str, int] | None = None  # every task's status once the group stopped
+    exit_codes: dict[str, int] = field(default_factory=dict)  # every task's status once the group stopped
 
 
 class _Task:

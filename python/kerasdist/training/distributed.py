@@ -118,10 +118,11 @@ def distributed_fit(
             an epoch, and `every_steps` must be a multiple of it; above 1 it needs a strategy of
             one replica (Keras 3.15's multi-step loop fails under several: keras-team/keras#19246).
             "auto" (default): the model's own compiled value if above 1; else 1 when a callback
-            has batch hooks, under several replicas and parameter servers; else a divisor of the epoch's steps (and of
-            `every_steps`) that makes one call last about 50 ms of estimated compute (from the
-            model's size and the batch), which hides the per-call hand-off of small models. Not
-            recorded: a resumed run may use another value and still continues exactly.
+            has batch hooks, under several replicas and parameter servers; else a divisor of the
+            epoch's steps (and of `every_steps`) that makes one call last about 50 ms of estimated
+            compute (from the model's size and the batch), which hides the per-call hand-off of
+            small models. Not recorded: a resumed run may use another value and still continues
+            exactly.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -176,21 +177,15 @@ def distributed_fit(
         check_step_functions(model, context.strategy)
         checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
         checkpoint.settings = settings.record()
-        _use_steps_per_execution(model, steps_per_execution, context, planned.info, every_steps, callbacks)
+        chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
+                                               every_steps, callbacks)
+        set_steps_per_execution(model, chosen)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
         # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
         return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
                           steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
-
-
-def _use_steps_per_execution(model: Any, value: Any, context: Any, info: Any, every_steps: int | None,
-                             callbacks: Sequence[Any]) -> None:
-    """Give the model the steps per execution the run uses (`choose_steps_per_execution`)."""
-    chosen, _ = choose_steps_per_execution(value, model, context, info.steps_per_epoch, info.batch_size,
-                                           every_steps, callbacks)
-    set_steps_per_execution(model, chosen)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

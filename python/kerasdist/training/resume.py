@@ -16,7 +16,11 @@ from kerasdist.data import _one_epoch_rebuild
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
-from kerasdist.training.speed import check_steps_per_execution, set_steps_per_execution
+from kerasdist.training.speed import (
+    check_steps_per_execution,
+    model_steps_per_execution,
+    set_steps_per_execution,
+)
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
@@ -105,7 +109,7 @@ def resume_fit(
     # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
     # optimizer iteration more than the batches it trained on, which would shift every later step.
     steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
-    per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+    per_execution = model_steps_per_execution(model)
     check_steps_per_execution(per_execution, steps, checkpoint.every_steps, context.num_replicas)
     if skip > 0:
         # The rest of the epoch in executions that divide it (a checkpoint of a run with another

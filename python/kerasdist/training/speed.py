@@ -193,7 +193,7 @@ def fits_epoch(steps_per_execution: int, steps_per_epoch: int, every_steps: int 
     """Refuse a value that does not divide the epoch or does not divide `every_steps`."""
     n = steps_per_execution
     if steps_per_epoch % n:
-        divisors = [d for d in range(1, steps_per_epoch + 1) if steps_per_epoch % d == 0]
+        divisors = _divisors(steps_per_epoch)
         raise ValueError(
             f"steps_per_execution={n} does not divide the {steps_per_epoch} steps of an epoch: Keras runs "
             f"whole executions, so an epoch's last one would take batches of the next epoch. Use one of "
@@ -215,7 +215,7 @@ def choose_steps_per_execution(value: int | str, model: Any, context: Any, steps
     cannot run several (several replicas); else the divisor of the epoch (and of every_steps)
     nearest above the steps that make an execution last `_EXECUTION_S`, from the model's size and
     the batch (at most 4 times that; below it when no divisor is that close)."""
-    own = int(getattr(model, "steps_per_execution", 1) or 1)
+    own = model_steps_per_execution(model)
     if value == "auto" and own > 1:
         value = own
     if context.is_parameter_server:
@@ -235,11 +235,14 @@ def choose_steps_per_execution(value: int | str, model: Any, context: Any, steps
         return 1, f"{', '.join(batch_hooks)} has batch hooks; 'auto' keeps them called every step"
     step_s = 6.0 * max(model.count_params(), 1) * batch_size / _FLOPS
     wanted = min(max(1, math.ceil(_EXECUTION_S / step_s)), _MAX_STEPS_PER_EXECUTION)
-    room = math.gcd(steps_per_epoch, every_steps) if every_steps else steps_per_epoch
-    divisors = [d for d in range(1, room + 1) if room % d == 0]
+    divisors = _divisors(math.gcd(steps_per_epoch, every_steps) if every_steps else steps_per_epoch)
     above = [d for d in divisors if wanted <= d <= 4 * wanted]
     chosen = above[0] if above else max(d for d in divisors if d <= wanted)
     return chosen, f"about {wanted} steps make an execution of {_EXECUTION_S * 1000:.0f} ms (estimated)"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _has_batch_hooks(callback: Any) -> bool:
@@ -250,9 +253,14 @@ def _has_batch_hooks(callback: Any) -> bool:
     return any(getattr(getattr(callback, hook, None), "__func__", None) is not getattr(base, hook) for hook in hooks)
 
 
+def model_steps_per_execution(model: Any) -> int:
+    """The steps per execution a model was compiled with (1 if none)."""
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
 def set_steps_per_execution(model: Any, steps_per_execution: int) -> None:
     """Give a compiled model another value (Keras reads it when it traces its train function,
     which is then traced again)."""
-    if int(getattr(model, "steps_per_execution", 1) or 1) != steps_per_execution:
+    if model_steps_per_execution(model) != steps_per_execution:
         model.steps_per_execution = steps_per_execution
         model.train_function = model.test_function = model.predict_function = None
