@@ -27,7 +27,7 @@ demo: setup
 test: setup
 	@tools/test.sh
 
-# Every benchmark under bench/ (about 13 minutes on 2 cores): bench/results/*.json, summary.md,
+# Every benchmark under bench/ (about 10 minutes on 2 cores): bench/results/*.json, summary.md,
 # summary.png. `make bench BENCH="data checkpoint"` runs only those.
 bench: setup
 	@bench/run.sh $(BENCH)

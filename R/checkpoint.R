@@ -43,7 +43,9 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' so a crash never leaves a torn checkpoint that gets picked. Keeps the `keep`
 #' newest (and the best by `monitor` with `keep_best`), never deleting the
 #' newest valid one. Under multi-worker strategies only the chief writes. On
-#' SIGTERM it saves at the next step and exits with status 75.
+#' SIGTERM it saves at the next step and exits with status 75. Under a
+#' multi-worker strategy a SIGTERM to any worker stops every worker after one
+#' agreed step: the chief saves that step and every worker exits with 75.
 #'
 #' @inheritParams make_or_restore_model
 #' @param every_epoch Save at each epoch end.

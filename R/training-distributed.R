@@ -51,7 +51,13 @@
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
-#' @inheritParams custom_fit
+#' @param mixed_precision Train under `mixed_float16` (GPU) or
+#'   `mixed_bfloat16` (CPU). Like `jit_compile` and
+#'   `gradient_accumulation_steps`, recorded in every checkpoint: a resumed run
+#'   with other values is refused, naming the setting.
+#' @param jit_compile Compile the training step with XLA.
+#' @param gradient_accumulation_steps Apply the optimizer every this many
+#'   steps; `NULL`: every step.
 #' @param steps_per_execution Training steps per call into the graph (Keras's
 #'   `compile()` option; callbacks' batch hooks then run once per call): an
 #'   integer that divides the steps of an epoch (and of which `every_steps` is a

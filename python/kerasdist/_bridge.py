@@ -11,9 +11,12 @@ def call_capturing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
     """Call fn and return (result, messages of the kerasdist warnings it raised), so R can
     re-raise them as R warnings instead of leaving them on Python's stderr."""
     from kerasdist.checkpoint import CheckpointWarning
+    from kerasdist.data import ShortEpochWarning
 
+    ours = (CheckpointWarning, ShortEpochWarning)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CheckpointWarning)
+        for category in ours:
+            warnings.simplefilter("always", category)
         result = fn(*args, **kwargs)
-    messages = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    messages = [str(w.message) for w in caught if issubclass(w.category, ours)]
     return result, messages

@@ -337,3 +337,11 @@ def test_whole_model_load_is_safe_mode_by_default_and_takes_custom_objects(tmp_p
         kerasdist.make_or_restore_model(tmp_path)
     model = kerasdist.make_or_restore_model(tmp_path, safe_mode=False, custom_objects={"Doubled": Doubled})
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
+
+
+def test_resume_fit_refuses_a_steps_per_execution_that_does_not_divide_the_epoch(tmp_path):
+    model = build_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    with pytest.raises(ValueError, match="steps_per_execution=3 does not divide the 4 steps of an epoch"):
+        kerasdist.resume_fit(model, dataset(), 2, kerasdist.checkpoint_callback(tmp_path / "ckpt"), verbose=0)
+    assert kerasdist.latest_checkpoint(tmp_path / "ckpt") is None

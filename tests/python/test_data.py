@@ -261,6 +261,8 @@ def test_forms_are_checked():
     with pytest.raises(ValueError, match="repeat=True and epochs=3"):
         ids_dataset(batch_size=4, repeat=True, epochs=3)
     assert kerasdist.plan_dataset(np.zeros((10, 1)), batch_size=4).steps_per_epoch == 3
+    held_out = kerasdist.plan_dataset(np.zeros((10, 1)), batch_size=4, validation_split=0.2)  # the training part
+    assert (held_out.validation_samples, held_out.num_samples, held_out.steps_per_epoch) == (2, 8, 2)
 
 
 # --- 2 simulated devices (fresh process) -----------------------------------------------------

@@ -159,3 +159,13 @@ test_that("resume_fit takes one callback object as well as a list", {
   resume_fit(model, small_dataset(), 2L, dir, callbacks = one, verbose = 0L)
   expect_identical(seen, 1:2)  # keras3 hands R callbacks 1-based epochs (Python's 0 and 1)
 })
+
+test_that("resume_fit refuses a steps_per_execution that does not divide the epoch", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  model <- keras_model_sequential(input_shape = 3) |> layer_dense(1) |>
+    compile(optimizer = "sgd", loss = "mse", steps_per_execution = 3)
+  expect_error(resume_fit(model, small_dataset(), 2L, dir, verbose = 0L),
+               "steps_per_execution=3 does not divide the 4 steps of an epoch", class = "kerasdist_error")
+  expect_null(latest_checkpoint(dir))
+})

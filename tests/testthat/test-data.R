@@ -170,7 +170,14 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
     simulate_devices(2)
     strategy <- select_strategy()
     x <- matrix(as.numeric(1:24), 12)
-    g <- dataset_info(make_dataset(x, y = 1:12, batch_size = 4, strategy = strategy))
+    short <- NULL  # 3 batches an epoch under 2 replicas: make_dataset warns, as in Python
+    g <- withCallingHandlers(
+      dataset_info(make_dataset(x, y = 1:12, batch_size = 4, strategy = strategy)),
+      kerasdist_warning = function(w) {
+        short <<- conditionMessage(w)
+        invokeRestart("muffleWarning")
+      }
+    )
     p <- dataset_info(make_dataset(x, y = 1:12, per_replica_batch_size = 4, strategy = strategy))
     uneven <- tryCatch(make_dataset(x, batch_size = 5, strategy = strategy, per_worker = TRUE),
                        kerasdist_error = function(e) conditionMessage(e))
@@ -182,12 +189,13 @@ test_that("2 simulated devices: global and per-replica sizing, and fit", {
     fit(model, ds, epochs = 2, steps_per_epoch = 3, verbose = 0)
     list(g = g[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
          p = p[c("batch_size", "per_replica_batch_size", "num_replicas", "sizing")],
-         uneven = uneven, steps = as.integer(model$optimizer$iterations$numpy()))
+         uneven = uneven, short = short, steps = as.integer(model$optimizer$iterations$numpy()))
   })
   expect_identical(result$g, list(batch_size = 4L, per_replica_batch_size = 2L, num_replicas = 2L, sizing = "batch_size"))
   expect_identical(result$p, list(batch_size = 8L, per_replica_batch_size = 4L, num_replicas = 2L,
                                   sizing = "per_replica_batch_size"))
   expect_match(result$uneven, "batch_size 5 is not divisible by the 2 replicas")
+  expect_match(result$short, "epoch of 3 batches under 2 replicas")
   expect_identical(result$steps, 6L)
 })
 
@@ -219,6 +227,8 @@ test_that("plan_dataset() says what make_dataset() would, building nothing", {
   plan <- plan_dataset(x, batch_size = 16, strategy = select_strategy("default"))
   expect_s3_class(plan, "kerasdist_dataset_info")
   expect_identical(plan$steps_per_epoch, 7L)
+  held_out <- plan_dataset(x, batch_size = 16, validation_split = 0.2)  # the training part
+  expect_identical(c(held_out$validation_samples, held_out$num_samples, held_out$steps_per_epoch), c(20L, 80L, 5L))
   expect_identical(unclass(plan), unclass(dataset_info(make_dataset(x, batch_size = 16, strategy = select_strategy("default")))))
   expect_error(plan_dataset(x, batch_size = 0), "batch_size must be an integer >= 1", class = "kerasdist_error")
   expect_error(plan_dataset(x, batch_sise = 16), "named arguments of make_dataset\\(\\); got `batch_sise`",
