@@ -60,7 +60,7 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @seealso Python: `kerasdist.checkpoint_callback()`.
 #' @examples
 #' \dontrun{
-#' model$fit(x, y, epochs = 10L, callbacks = list(checkpoint_callback("checkpoints")))
+#' model |> fit(x, y, epochs = 10, callbacks = list(checkpoint_callback("checkpoints")))
 #' }
 #' @export
 checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,

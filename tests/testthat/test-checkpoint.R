@@ -169,3 +169,15 @@ test_that("resume_fit refuses a steps_per_execution that does not divide the epo
                "steps_per_execution=3 does not divide the 4 steps of an epoch", class = "kerasdist_error")
   expect_null(latest_checkpoint(dir))
 })
+
+test_that("checkpoint_callback keeps the newest checkpoints and the best by monitor", {
+  skip_if_no_kerasdist()
+  set_random_seed(3)
+  dir <- withr::local_tempdir()
+  callback <- checkpoint_callback(dir, keep = 2L, keep_best = TRUE, monitor = "loss", mode = "max")
+  history <- make_or_restore_model(dir, build_model) |> resume_fit(small_dataset(), 5L, callback, verbose = 0L)
+  best_epoch <- which.max(history$metrics$loss)
+  expect_lt(best_epoch, 4)  # else the newest two hide whether the best was kept
+  kept <- vapply(list_checkpoints(dir), function(checkpoint) checkpoint$epoch, integer(1))
+  expect_identical(kept, c(best_epoch, 4L, 5L))
+})
