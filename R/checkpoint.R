@@ -83,7 +83,10 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   updates), `history`, `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
 #'   `NULL` outside a cluster) and `settings` (the run's `mixed_precision`,
 #'   `jit_compile` and `gradient_accumulation_steps`, which a resumed run must
-#'   repeat). Damaged checkpoints are skipped with a warning.
+#'   repeat), and, for `make_dataset` data, `global_batch_size` and
+#'   `epoch_order` (the name of the function that ordered the epochs; a run
+#'   resumed inside an epoch by a kerasdist that orders epochs otherwise warns).
+#'   Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
 #' @examples

@@ -47,6 +47,12 @@ class _Plan:
         return tf.data.Dataset.range(self.initial_epoch, self.epochs)
 
 
+# The name of the function `_order` draws epochs with, recorded in checkpoints: a resume whose
+# kerasdist orders epochs otherwise is told so (`checkpoint.callback.check_epoch_order`).
+# Give it a new name whenever `_order`'s permutation changes.
+EPOCH_ORDER = "stateless_shuffle/1"
+
+
 def _order(n, seed, epoch):
     """The epoch's permutation of range(n), in the graph: a pure function of (seed, epoch)."""
     import tensorflow as tf

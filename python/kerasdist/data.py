@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kerasdist import _data_pipelines
 from kerasdist._data_pipelines import (
     _auto_sharded,
     _order,
@@ -119,6 +120,7 @@ class DatasetInfo:
     validation_samples: int = 0
     role: str = "train"
     form: str = "one_epoch"  # "one_epoch" (the default), "epochs" (epochs=) or "repeat" (repeat=True)
+    epoch_order: str | None = None  # the name of the shuffle's order function (None: in order)
 
 
 def batch_size_info(
@@ -447,7 +449,7 @@ def _plan(x: Any, y: Any = None, *, _source_of: _Planned | None = None, **args: 
         per_worker=bool(a["per_worker"]), shuffle=bool(a["shuffle"]), seed=int(a["seed"]),
         initial_epoch=int(a["initial_epoch"]), skip_batches=int(a["skip_batches"]), epochs=plan.epochs,
         num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
-        validation_samples=n_val, form=form,
+        validation_samples=n_val, form=form, epoch_order=_data_pipelines.EPOCH_ORDER if plan.shuffle else None,
     )
     return _Planned(x, y, dict(args), source, info, plan, context)
 

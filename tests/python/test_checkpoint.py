@@ -185,6 +185,34 @@ def test_keep_last_k_and_best(tmp_path):
     assert [c.epoch for c in kerasdist.list_checkpoints(tmp_path)] == [best_epoch, 4, 5]
 
 
+def test_make_dataset_checkpoints_record_the_global_batch_and_the_epoch_order(tmp_path):
+    x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
+    for shuffle, order in ((True, kerasdist._data_pipelines.EPOCH_ORDER), (False, None)):
+        directory = tmp_path / str(shuffle)
+        data = kerasdist.make_dataset(x, x.sum(1, keepdims=True), batch_size=4, seed=1, shuffle=shuffle)
+        model = kerasdist.make_or_restore_model(directory, build_model)
+        kerasdist.resume_fit(model, data, 1, directory, verbose=0)
+        latest = kerasdist.latest_checkpoint(directory)
+        assert (latest.global_batch_size, latest.epoch_order) == (4, order)
+
+
+def test_resume_inside_an_epoch_another_order_drew_warns_and_goes_on(tmp_path, monkeypatch):
+    x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
+    y = x.sum(1, keepdims=True)
+    callback = kerasdist.checkpoint_callback(tmp_path, every_steps=2, keep=10)
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    kerasdist.resume_fit(model, kerasdist.make_dataset(x, y, batch_size=4, seed=1), 1, callback, verbose=0)
+    shutil.rmtree(tmp_path / "ckpt-4")  # back to ckpt-2: 2 of epoch 0's 4 batches done
+    monkeypatch.setattr(kerasdist._data_pipelines, "EPOCH_ORDER", "another_order/2")  # a later kerasdist
+    model = kerasdist.make_or_restore_model(tmp_path, build_model)
+    with pytest.warns(kerasdist.CheckpointWarning, match=r"stopped 2 batches into epoch 0, whose order came from "
+                      r"'stateless_shuffle/1'; this kerasdist orders epochs with 'another_order/2'"):
+        history = kerasdist.resume_fit(model, kerasdist.make_dataset(x, y, batch_size=4, seed=1), 2,
+                                       kerasdist.checkpoint_callback(tmp_path, keep=10), verbose=0)
+    assert history.epoch == [0, 1] and int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    assert kerasdist.latest_checkpoint(tmp_path).epoch_order == "another_order/2"
+
+
 def test_step_checkpoints_resume_mid_epoch(tmp_path):
     model = kerasdist.make_or_restore_model(tmp_path, build_model)
     callback = kerasdist.checkpoint_callback(tmp_path, every_steps=3, every_epoch=False, keep=10)

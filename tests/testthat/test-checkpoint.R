@@ -181,3 +181,27 @@ test_that("checkpoint_callback keeps the newest checkpoints and the best by moni
   kept <- vapply(list_checkpoints(dir), function(checkpoint) checkpoint$epoch, integer(1))
   expect_identical(kept, c(best_epoch, 4L, 5L))
 })
+
+test_that("a resume inside an epoch that another order function drew warns, then trains on", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  x <- matrix(seq(0, 1, length.out = 48), ncol = 3, byrow = TRUE)
+  data <- function() make_dataset(x, rowSums(x), batch_size = 4L, seed = 1L)
+  model <- make_or_restore_model(dir, build_model)
+  resume_fit(model, data(), 1L, checkpoint_callback(dir, every_steps = 2L, keep = 10L), verbose = 0L)
+  pipelines <- reticulate::import("kerasdist._data_pipelines")
+  recorded <- pipelines$EPOCH_ORDER
+  expect_identical(latest_checkpoint(dir)$epoch_order, recorded)
+  expect_identical(latest_checkpoint(dir)$global_batch_size, 4L)
+  unlink(file.path(dir, "ckpt-4"), recursive = TRUE)  # back to ckpt-2: 2 of epoch 0's 4 batches done
+  reticulate::py_set_attr(pipelines, "EPOCH_ORDER", "another_order/2")  # as a later kerasdist would
+  withr::defer(reticulate::py_set_attr(pipelines, "EPOCH_ORDER", recorded))
+  model <- make_or_restore_model(dir, build_model)
+  expect_warning(
+    history <- resume_fit(model, data(), 2L, checkpoint_callback(dir, keep = 10L), verbose = 0L),
+    "stopped 2 batches into epoch 0, whose order came from 'stateless_shuffle/1'", fixed = TRUE,
+    class = "kerasdist_warning"
+  )
+  expect_length(history$metrics$loss, 2)
+  expect_identical(latest_checkpoint(dir)$epoch_order, "another_order/2")
+})

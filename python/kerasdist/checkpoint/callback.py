@@ -99,8 +99,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._is_chief = True
         self._task: str | None = None
         self.settings: dict[str, Any] = {}  # the run's training settings, recorded in each checkpoint
-        # samples per step, recorded in each checkpoint; set by resume_fit for make_dataset data
+        # samples per step and the epochs' order function, recorded in each checkpoint; set by
+        # resume_fit for make_dataset data
         self.global_batch_size: int | None = None
+        self.epoch_order: str | None = None
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
@@ -207,6 +209,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         info = self.manager.save(
             self.model, epoch=epoch, step_in_epoch=step, history=self._history,
             metrics=plain(logs or {}), writer=self._task, global_batch_size=self.global_batch_size,
+            epoch_order=self.epoch_order,
             **({"settings": self.settings} if self.settings else {}),
         )
         self.saved.append(info)
@@ -267,6 +270,23 @@ def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int
         CheckpointWarning, stacklevel=3,
     )
     return skip
+
+
+def check_epoch_order(point: CheckpointInfo, epoch_order: str | None) -> None:
+    """Warn when `point` stopped inside an epoch whose order came from another order function
+    (an older or newer kerasdist): the batches left of that epoch are then cut from this
+    version's order, so some of its samples are trained twice and others not at all. Epoch
+    boundaries, and orders unknown on either side, pass."""
+    old = point.epoch_order
+    if point.step_in_epoch == 0 or old is None or epoch_order is None or old == epoch_order:
+        return
+    warnings.warn(
+        f"The checkpoint {point.path} stopped {point.step_in_epoch} batches into epoch {point.epoch}, "
+        f"whose order came from {old!r}; this kerasdist orders epochs with {epoch_order!r}. The rest "
+        f"of that epoch is cut from the new order, so some of its samples are trained twice and "
+        f"others not at all; later epochs are whole.",
+        CheckpointWarning, stacklevel=3,
+    )
 
 
 def check_trainer_callbacks(callbacks: Any, trainer: str) -> list[Any]:

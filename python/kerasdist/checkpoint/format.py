@@ -62,6 +62,8 @@ class CheckpointInfo:
             were recorded.
         global_batch_size: samples per optimizer step of the run that wrote it, when known
             (data from `make_dataset`); a resume under another global batch is told apart by it.
+        epoch_order: the name of the function that ordered its epochs (shuffled `make_dataset`
+            data), when known; a resume whose kerasdist orders them otherwise is told apart by it.
     """
 
     path: str
@@ -73,6 +75,7 @@ class CheckpointInfo:
     writer: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     global_batch_size: int | None = None
+    epoch_order: str | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -138,6 +141,7 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
         writer=record.get("writer"),
         settings=dict(record.get("settings") or {}),
         global_batch_size=None if record.get("global_batch_size") is None else int(record["global_batch_size"]),
+        epoch_order=record.get("epoch_order"),
     )
 
 
@@ -175,10 +179,11 @@ def write_checkpoint(
     writer: str | None = None,
     settings: dict[str, Any] | None = None,
     global_batch_size: int | None = None,
+    epoch_order: str | None = None,
 ) -> CheckpointInfo:
     """Write one checkpoint of `model` into `directory` atomically and return it. `settings`
-    (the run's training settings) goes into the record only when given, so records of runs
-    without settings are as before."""
+    (the run's training settings) and `epoch_order` go into the record only when given, so
+    records of runs without them are as before."""
     global_step = optimizer_step(model)
     temp = directory / f"{TEMP_PREFIX}{global_step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temp.mkdir(parents=True)
@@ -197,6 +202,7 @@ def write_checkpoint(
             "history": plain(history or []),
             "metrics": plain(metrics or {}),
             **({"settings": dict(settings)} if settings else {}),
+            **({"epoch_order": epoch_order} if epoch_order else {}),
             "files": {name: _fsync_and_describe(temp / name) for name in (MODEL_FILE, RNG_FILE)},
         }
         _write_durably(temp / RECORD_FILE, json.dumps(record, indent=1))

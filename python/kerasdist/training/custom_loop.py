@@ -25,11 +25,17 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     manager_of,
 )
+from kerasdist.checkpoint.callback import batches_to_skip, check_epoch_order
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.data import _one_epoch_rebuild, dataset_info
 from kerasdist.step_guard import _is_r_function
 from kerasdist.strategy import run_context
-from kerasdist.training.resume import _cardinality, _check_epochs, _merged_history
+from kerasdist.training.resume import (
+    _cardinality,
+    _check_epochs,
+    _merged_history,
+    _planned_batch_and_order,
+)
 from kerasdist.training.speed import (
     apply_to_optimizer,
     check_jit,
@@ -169,13 +175,15 @@ def custom_fit(
                 manager.restore(model)
         optimizer = _optimizer_of(model, optimizer, context)
         point = manager.resume_point(model)
-        if point is not None:
-            check_resumed_settings(point.settings, settings, point.path)
-        epoch, skip = (point.epoch, point.step_in_epoch) if point is not None else (0, 0)
-        prior = list(point.history) if point is not None else []
-        pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
         checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep)
         checkpoint.settings = settings.record()
+        checkpoint.global_batch_size, checkpoint.epoch_order = _planned_batch_and_order(data)
+        epoch, skip, prior = 0, 0, []
+        if point is not None:
+            check_resumed_settings(point.settings, settings, point.path)
+            check_epoch_order(point, checkpoint.epoch_order)
+            epoch, skip, prior = point.epoch, batches_to_skip(point, checkpoint.global_batch_size), list(point.history)
+        pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
         with context.strategy.scope():
             apply_to_optimizer(optimizer, settings)
             optimizer.build(model.trainable_variables)

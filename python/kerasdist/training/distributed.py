@@ -183,8 +183,8 @@ def distributed_fit(
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
         # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
-        return resume_fit(model, EpochRange(epochs_data, planned.info.batch_size), epochs, checkpoint,
-                          steps_per_epoch=steps,
+        epoch_range = EpochRange(epochs_data, planned.info.batch_size, planned.info.epoch_order)
+        return resume_fit(model, epoch_range, epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 
 

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
-from kerasdist.checkpoint.callback import batches_to_skip
+from kerasdist.checkpoint.callback import batches_to_skip, check_epoch_order
 from kerasdist.data import _one_epoch_rebuild
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
@@ -32,13 +32,16 @@ class EpochRange:
 
     resume_fit otherwise builds one dataset per epoch and concatenates them, and each of those
     holds its own copy of in-memory data; one pipeline over the range holds one.
-    `global_batch_size` (samples per step), when given, is recorded in checkpoints and checked
-    on resume (`batches_to_skip`).
+    `global_batch_size` (samples per step) and `epoch_order` (the name of the function that
+    orders the epochs), when given, are recorded in checkpoints and checked on resume
+    (`batches_to_skip`, `check_epoch_order`).
     """
 
-    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset], global_batch_size: int | None = None):
+    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset], global_batch_size: int | None = None,
+                 epoch_order: str | None = None):
         self.make = make
         self.global_batch_size = global_batch_size
+        self.epoch_order = epoch_order
 
     def __call__(self, epoch: int) -> tf.data.Dataset:
         return self.make(epoch, epoch + 1, 0)
@@ -133,6 +136,8 @@ def resume_fit(
 def _epochs_of_planned(data: Any) -> Any:
     """A one-epoch `make_dataset` dataset as the epochs it stands for: resume_fit rebuilds the
     stream of the epochs it runs (at the resume point) instead of counting passes."""
+    from kerasdist.data import dataset_info
+
     rebuild = _one_epoch_rebuild(data)
     if rebuild is None:
         return data
@@ -140,7 +145,8 @@ def _epochs_of_planned(data: Any) -> Any:
     def make(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
         return rebuild(initial_epoch=first, epochs=last, skip_batches=skip)
 
-    return EpochRange(make)
+    info = dataset_info(data)
+    return EpochRange(make, info.batch_size, info.epoch_order)
 
 
 def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, validation_data,
@@ -191,25 +197,28 @@ def _resume_point(model: Any, checkpoint: CheckpointCallback,
                   data: Any = None) -> tuple[int, int, list[dict[str, float]]]:
     """(epoch, batches of it already trained, history so far) from the checkpoint training
     continues from (`CheckpointManager.resume_point`); for `make_dataset` data the batches are
-    counted in its global batch (`batches_to_skip`), which the checkpoints then record."""
+    counted in its global batch (`batches_to_skip`), and a mid-epoch point whose epoch another
+    order function drew is warned of (`check_epoch_order`); the checkpoints then record both."""
     point = checkpoint.manager.resume_point(model)
-    checkpoint.global_batch_size = _global_batch_size(data)
+    checkpoint.global_batch_size, checkpoint.epoch_order = _planned_batch_and_order(data)
     if point is None:
         return 0, 0, []
+    check_epoch_order(point, checkpoint.epoch_order)
     return point.epoch, batches_to_skip(point, checkpoint.global_batch_size), list(point.history)
 
 
-def _global_batch_size(data: Any) -> int | None:
-    """Samples per step of `make_dataset` data or of an EpochRange that knows it (distributed_fit's);
-    None for other data. Builds no dataset."""
+def _planned_batch_and_order(data: Any) -> tuple[int | None, str | None]:
+    """Samples per step and the epochs' order function of `make_dataset` data or of an EpochRange
+    that knows them (distributed_fit's); None for other data. Builds no dataset."""
     from kerasdist.data import dataset_info
 
     if isinstance(data, EpochRange):
-        return data.global_batch_size
+        return data.global_batch_size, data.epoch_order
     try:
-        return dataset_info(data).batch_size
+        info = dataset_info(data)
     except (ValueError, TypeError):
-        return None
+        return None, None
+    return info.batch_size, info.epoch_order
 
 
 def _check_epochs(epochs: Any) -> None:
