@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs ruff, then pytest and, beside it, R CMD build (which runs the vignettes, once) and R CMD
-# check (which runs testthat; --ignore-vignettes, as the build has just run them); prints each
-# one's counts and a total, and exits non-zero if anything failed or R CMD check warned.
+# Runs ruff, then pytest (listing its 10 slowest tests) and, beside it, R CMD build (which runs
+# the vignettes, once) and R CMD check (which runs testthat; --ignore-vignettes, as the build has
+# just run them); prints each one's counts and a total, and exits non-zero if anything failed
+# or R CMD check warned.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -22,7 +23,7 @@ ruff_status=${PIPESTATUS[0]}
 r_pid=$!
 
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
 [ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
 
