@@ -10,13 +10,16 @@ each with 1 step per call into the graph and with several (Keras's `steps_per_ex
 - compute_only: one batch already in memory, repeated (from_tensors(batch).repeat()): the model
   stepping with no input work, the ceiling for any pipeline.
 - the same make_dataset and compute_only fits with N steps per call: N is what distributed_fit's
-  steps_per_execution="auto" chooses for this model and epoch (`--spe` to force one).
+  steps_per_execution="auto" chooses for this model and epoch (`--spe` to force one). These fits
+  run SPE_EPOCHS epochs (25 by default): N steps per call run about 5 times faster, and a fit of
+  EPOCHS epochs would last only about 0.07 s, too short to time on a shared machine.
 
 Each variant has its own model, compiled and warmed up once (tracing excluded); then REPS rounds,
-interleaved, each timing one fit of EPOCHS epochs. The variants of a ratio run next to each other
-(make_dataset, compute_only, make_dataset_spe, compute_only_spe, make_dataset_one_epoch, naive)
-and every other round in the reverse order, so that a ratio pairs fits a fraction of a second
-apart and neither side always runs first (this machine's speed drifts by 2x within seconds).
+interleaved, each timing one fit of EPOCHS epochs (SPE_EPOCHS at N steps per call). The variants
+of a ratio run next to each other (make_dataset, compute_only, make_dataset_spe, compute_only_spe,
+make_dataset_one_epoch, naive) and every other round in the reverse order, so that a ratio pairs
+fits a fraction of a second apart and neither side always runs first (this machine's speed
+drifts by 2x within seconds).
 Figures (bench/_common.py), per round: make_dataset's steps/s over compute_only's (at 1 and at N
 steps per call; the one-epoch form at 1), over naive's, and make_dataset at N over at 1 (the gain
 of steps_per_execution); median and spread over the rounds. Also the median steps/s of each, and
@@ -24,7 +27,7 @@ the same pairing without a model: batches/s a graph loop reads from make_dataset
 repeated batch. Prints one JSON line and writes bench/results/data.json.
 
     .venv/bin/python bench/bench_data.py [--samples 20480] [--features 32] [--batch 256]
-                                         [--epochs 3] [--reps 15] [--spe auto]
+                                         [--epochs 3] [--spe-epochs 25] [--reps 15] [--spe auto]
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--spe-epochs", type=int, default=25, help="epochs of each fit at N steps per call")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--spe", default="auto", help="steps per call of the *_spe variants, or auto")
     args = parser.parse_args()
@@ -107,16 +111,16 @@ def main() -> None:
     one = tf.data.Dataset.from_tensors((x[: args.batch], y[: args.batch])).cache().repeat()
     stream = {"steps_per_epoch": steps}
 
-    variants = {  # name: (data, fit arguments, steps per call), in the order of a round
-        "make_dataset": (ours, stream, 1),
-        "compute_only": (one, stream, 1),
-        "make_dataset_spe": (ours, stream, spe),
-        "compute_only_spe": (one, stream, spe),
-        "make_dataset_one_epoch": (one_epoch, {}, 1),
-        "naive": (naive, {}, 1),
+    variants = {  # name: (data, fit arguments, steps per call, epochs), in the order of a round
+        "make_dataset": (ours, stream, 1, args.epochs),
+        "compute_only": (one, stream, 1, args.epochs),
+        "make_dataset_spe": (ours, stream, spe, args.spe_epochs),
+        "compute_only_spe": (one, stream, spe, args.spe_epochs),
+        "make_dataset_one_epoch": (one_epoch, {}, 1, args.epochs),
+        "naive": (naive, {}, 1, args.epochs),
     }
     models = {}
-    for name, (data, kwargs, per_call) in variants.items():
+    for name, (data, kwargs, per_call, _) in variants.items():
         keras.utils.set_random_seed(0)
         models[name] = build_model(args.features, per_call)
         models[name].fit(data, epochs=1, verbose=0, shuffle=False, **kwargs)  # trace, warm up
@@ -124,10 +128,10 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.reps):
         for name in list(variants)[:: 1 if round_ % 2 == 0 else -1]:
-            data, kwargs, _ = variants[name]
+            data, kwargs, _, epochs = variants[name]
             t0 = time.perf_counter()
-            models[name].fit(data, epochs=args.epochs, verbose=0, shuffle=False, **kwargs)
-            rates[name].append(steps * args.epochs / (time.perf_counter() - t0))
+            models[name].fit(data, epochs=epochs, verbose=0, shuffle=False, **kwargs)
+            rates[name].append(steps * epochs / (time.perf_counter() - t0))
     readers = {"make_dataset_read": graph_reader(ours, steps * args.epochs),
                "compute_only_read": graph_reader(one, steps * args.epochs)}
     for round_ in range(args.reps):
@@ -147,7 +151,8 @@ def main() -> None:
                "hand-off no longer hides the input work"),
         figure("steps_per_execution_gain", ratios(rates, "make_dataset_spe", "make_dataset"), None,
                f"steps/s fed by make_dataset with {spe} steps per call / with 1 (distributed_fit's "
-               "steps_per_execution='auto' on one replica), the tiny model"),
+               "steps_per_execution='auto' on one replica), the tiny model (fits of "
+               f"{args.spe_epochs} and {args.epochs} epochs)"),
         figure("make_dataset_vs_naive", ratios(rates, "make_dataset", "naive"), None,
                "steps/s fed by make_dataset (shuffled per epoch) / steps/s fed by "
                "from_tensor_slices().batch() (no shuffle): context only, the naive feed does less "
@@ -159,7 +164,8 @@ def main() -> None:
     write_result(
         "data", figures,
         samples=args.samples, features=args.features, batch_size=args.batch, steps_per_epoch=steps,
-        steps_per_fit=steps * args.epochs, reps=args.reps, steps_per_execution=spe,
+        steps_per_fit=steps * args.epochs, steps_per_fit_spe=steps * args.spe_epochs, reps=args.reps,
+        steps_per_execution=spe,
         steps_per_s_median=medians(rates),
         steps_per_s_all={k: [round(v, 1) for v in r] for k, r in rates.items()},
         make_dataset_build_s=round(build_s, 3),

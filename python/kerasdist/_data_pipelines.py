@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kerasdist._data_sources import _Source
+from kerasdist.compat import flat_map_on_cpu, map_on_cpu
 
 if TYPE_CHECKING:
     from kerasdist.data import BatchSizeInfo
@@ -41,9 +42,10 @@ class _Plan:
 
         if self.pass_counter is not None:
             counter = self.pass_counter
-            return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(lambda _: counter.read_value())
-        if self.epochs is None:  # endless: infinite cardinality (a long range would overflow it)
-            return tf.data.Dataset.counter(self.initial_epoch)
+            return map_on_cpu(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)), lambda _: counter.read_value())
+        if self.epochs is None:  # endless: infinite cardinality (a long range's overflows once unbatched);
+            # not Dataset.counter, whose scan function costs every new iterator an instantiation
+            return tf.data.Dataset.range(self.initial_epoch, _MAX_EPOCH).repeat()
         return tf.data.Dataset.range(self.initial_epoch, self.epochs)
 
 
@@ -93,7 +95,7 @@ def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1)
             with tf.control_dependencies([done]):
                 return tf.nest.map_structure(tf.identity, batch)
 
-        dataset = dataset.map(hand_out)
+        dataset = map_on_cpu(dataset, hand_out)
         if shares <= 1:
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
     return dataset.with_options(options)
@@ -152,7 +154,7 @@ def _one_epoch_per_pass(build, plan: _Plan, counter, source: _Source):
         epoch = counter.read_value()
         return build(replace(plan, initial_epoch=epoch, epochs=epoch + 1, one_epoch=False)).enumerate()
 
-    return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(one_pass)
+    return flat_map_on_cpu(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)), one_pass)
 
 
 def _with_known_length(dataset, plan: _Plan, workers: int):
@@ -195,17 +197,18 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
             return _index_batches(mine, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
-        ds = tf.data.Dataset.from_tensor_slices(mine)
-        ds = ds.map(gather).map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = map_on_cpu(tf.data.Dataset.from_tensor_slices(mine), gather)
+        ds = ds.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.batch(batch, drop_remainder=drop)
 
-    return plan.epoch_range().flat_map(epoch)
+    return flat_map_on_cpu(plan.epoch_range(), epoch)
 
 
 # The pipeline functions are instantiated again for every new iterator (Keras makes one per fit
-# call, and one or two per epoch of a one-epoch dataset), at a cost that grows with their ops
-# (make_dataset's took about 15 ms before they were trimmed): what Python knows is decided in
-# Python, not put in the graph.
+# call, and one or two per epoch of a one-epoch dataset). They are built with compat.map_on_cpu,
+# which spares each instantiation tf.data's Grappler pass (4 to 20 ms a function here), and what
+# Python knows is decided in Python, not put in the graph: a new iterator of the in-memory stream,
+# its first epoch's shuffle and gather included, takes 3 to 5 ms (12 to 17 ms with Grappler).
 def _epoch_indices(n, plan: _Plan, ep, share, batch):
     """Epoch `ep`'s order (or range), this pipeline's share of it, less the whole batches the
     first epoch skips."""
@@ -247,12 +250,17 @@ def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
         whole = tf.nest.map_structure(whole_batches, epoch)
         return (whole, tf.nest.map_structure(lambda t: t[-remainder:], epoch)) if tail else whole
 
-    epochs = plan.epoch_range().map(epoch_batches).prefetch(1)
-    if not tail:
-        return epochs.unbatch()
-    return epochs.flat_map(
-        lambda whole, rest: tf.data.Dataset.from_tensor_slices(whole).concatenate(tf.data.Dataset.from_tensors(rest))
-    )
+    epochs = map_on_cpu(plan.epoch_range(), epoch_batches).prefetch(1)
+    if tail:
+        batches = flat_map_on_cpu(epochs, lambda whole, rest: tf.data.Dataset.from_tensor_slices(whole).concatenate(
+            tf.data.Dataset.from_tensors(rest)))
+    else:
+        batches = epochs.unbatch()
+    # Nothing here runs in parallel, so there is nothing for tf.data's autotuning to tune; left
+    # on, it would give every new iterator a performance model and a thread.
+    untuned = tf.data.Options()
+    untuned.autotune.enabled = False
+    return batches.with_options(untuned)
 
 
 def _index_batches(indices, batch: int, drop: bool):
@@ -267,7 +275,7 @@ def _index_batches(indices, batch: int, drop: bool):
         part = indices[i * batch: tf.minimum((i + 1) * batch, size)]
         return tf.ensure_shape(part, [batch]) if drop else part
 
-    return tf.data.Dataset.range(count).map(one)
+    return map_on_cpu(tf.data.Dataset.range(count), one)
 
 
 def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
@@ -301,11 +309,11 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
             order = _permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
-        return block.map(permute).unbatch()
+        return map_on_cpu(block, permute).unbatch()
 
     # A long range, not Dataset.counter(): its (overflowing) cardinality is hidden by the
     # interleave below, and a known one would make sharded file pipelines claim a length.
-    names = tf.data.Dataset.range(0, _MAX_EPOCH).map(epoch_files).unbatch()
+    names = map_on_cpu(tf.data.Dataset.range(0, _MAX_EPOCH), epoch_files).unbatch()
     if share is not None and share[1] > 1 and n_files >= share[1]:
         names = names.shard(share[1], share[0])
         shares, share = share[1], None
@@ -345,7 +353,7 @@ def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
             order = _permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
-        records = numbered.map(permute).unbatch()
+        records = map_on_cpu(numbered, permute).unbatch()
     else:
         records = records.repeat()
     return _batch_stream(records, plan, batch)

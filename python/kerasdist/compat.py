@@ -24,6 +24,15 @@ service, the same on any host, so `preemption_checkpoint_handler` makes the hand
 pointed at a closed local port (no request leaves the machine; the handler takes the path it
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
+
+tf.data instantiates a dataset's functions again for every new iterator (Keras makes one per `fit`
+call, and one or two per epoch of a finite dataset), and it instantiates them as multi-device
+functions, which runs Grappler's whole optimizer over each one every time: 4 to 20 ms per function
+on the 2-core development machine, however small the function (captured_function.cc). A function
+marked `experimental_ints_on_device` is instantiated on the pipeline's own device without it, in
+about 1 ms. `map_on_cpu` and `flat_map_on_cpu` build kerasdist's own pipeline steps so; on the
+CPU, where those pipelines run, the mark changes nothing else (integers live in host memory either
+way). tests/python/test_data.py fails once upstream stops optimizing plain `map` functions.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
+from tensorflow.python.data.ops import dataset_ops, structured_function
+from tensorflow.python.ops import gen_dataset_ops
 
 # Keras releases whose multi-worker fit needs the patches (3.15.1 checked; 3.16 unknown yet).
 MULTI_WORKER_FIX_VERSIONS = ((3, 0), (3, 16))
@@ -202,3 +213,56 @@ def slurm_resolver(cluster: Any, gpus: list[str]) -> Any:
         tf.train.ClusterSpec(cluster.cluster), task_type="worker", task_id=cluster.task_index,
         rpc_layer="grpc",
     )
+
+
+# TensorFlow releases whose tf.data runs Grappler on every function of every new iterator (2.21 checked).
+DATA_FUNCTION_FIX_VERSIONS = ((2, 0), (2, 22))
+_ON_ITS_DEVICE = {"experimental_ints_on_device": True}  # captured_function.cc: single-device, no Grappler
+
+
+def tensorflow_optimizes_data_functions(version: str = tf.__version__) -> bool:
+    return _version_within(version, DATA_FUNCTION_FIX_VERSIONS)
+
+
+def map_on_cpu(dataset: tf.data.Dataset, fn: Callable[..., Any]) -> tf.data.Dataset:
+    """`dataset.map(fn)`, with `fn` instantiated for each new iterator without Grappler."""
+    if not tensorflow_optimizes_data_functions():
+        return dataset.map(fn)
+    return _SingleDeviceFunctionDataset(dataset, fn, flat=False)
+
+
+def flat_map_on_cpu(dataset: tf.data.Dataset, fn: Callable[..., Any]) -> tf.data.Dataset:
+    """`dataset.flat_map(fn)`, with `fn` instantiated for each new iterator without Grappler."""
+    if not tensorflow_optimizes_data_functions():
+        return dataset.flat_map(fn)
+    return _SingleDeviceFunctionDataset(dataset, fn, flat=True)
+
+
+class _SingleDeviceFunctionDataset(dataset_ops.UnaryDataset):
+    """tf.data's MapDataset or FlatMapDataset as `Dataset.map` / `flat_map` build them (map_op.py,
+    flat_map_op.py), with the function traced with the single-device mark."""
+
+    def __init__(self, input_dataset: Any, fn: Callable[..., Any], flat: bool):
+        self._input_dataset = input_dataset
+        self._fn = structured_function.StructuredFunctionWrapper(
+            fn, "Dataset.flat_map()" if flat else "Dataset.map()", dataset=input_dataset,
+            defun_kwargs=dict(_ON_ITS_DEVICE))
+        output = self._fn.output_structure
+        self._structure = output._element_spec if flat else output
+        self._name = None
+        function, upstream = self._fn.function, input_dataset._variant_tensor
+        if flat:
+            variant = gen_dataset_ops.flat_map_dataset(
+                upstream, function.captured_inputs, f=function, **self._common_args)
+        else:
+            variant = gen_dataset_ops.map_dataset(
+                upstream, function.captured_inputs, f=function, use_inter_op_parallelism=True,
+                preserve_cardinality=True, force_synchronous=False, **self._common_args)
+        super().__init__(input_dataset, variant)
+
+    def _functions(self) -> list[Any]:
+        return [self._fn]
+
+    @property
+    def element_spec(self) -> Any:
+        return self._structure

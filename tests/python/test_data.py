@@ -416,3 +416,48 @@ def test_small_data_gathered_per_epoch_gives_the_batches_of_per_batch_gathering(
     for a, b in zip(whole_epochs, per_batch, strict=True):
         np.testing.assert_array_equal(a[0], b[0])
         np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_tf_data_still_runs_grappler_on_each_plain_map_function_but_not_on_kerasdists():
+    """The upstream cost compat.map_on_cpu avoids: with Grappler's debug stripper on, a plain
+    `Dataset.map` function loses its Assert (Grappler rewrote it when the iterator instantiated
+    it), while one built by map_on_cpu keeps it (instantiated without Grappler). Fails once
+    upstream stops optimizing tf.data functions: drop the shim then."""
+    result = run_python("""
+        import tensorflow as tf
+        tf.config.optimizer.set_experimental_options({"debug_stripper": True})
+        from kerasdist import compat
+
+        def failing(x):
+            with tf.control_dependencies([tf.debugging.Assert(tf.equal(x, -1), ["the assert ran"])]):
+                return tf.identity(x)
+
+        for name, ds in (("plain", tf.data.Dataset.range(1).map(failing)),
+                         ("kerasdist", compat.map_on_cpu(tf.data.Dataset.range(1), failing))):
+            try:
+                list(ds)
+                print(name, "stripped")
+            except tf.errors.InvalidArgumentError:
+                print(name, "ran")
+    """)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:2] == ["plain stripped", "kerasdist ran"], result.stdout
+
+
+def _pipeline_functions(dataset):
+    """Every function tf.data instantiates for a new iterator of `dataset`."""
+    functions = [wrapper.function for wrapper in dataset._functions()]
+    return functions + [f for upstream in dataset._inputs() for f in _pipeline_functions(upstream)]
+
+
+@pytest.mark.parametrize("form", [{"repeat": True}, {}, {"epochs": 3}, {"batch_size": 3}])
+def test_every_function_of_an_in_memory_pipeline_skips_grappler(form):
+    """make_dataset's in-memory pipelines (the stream, the one-epoch form, a short last batch)
+    instantiate only functions marked for their own device, so a new iterator (one per fit call,
+    one or two per epoch of the one-epoch form) costs no Grappler pass."""
+    kwargs = {"batch_size": 4, "seed": 1, **form}
+    dataset = ids_dataset(10, **kwargs)
+    functions = _pipeline_functions(dataset)
+    assert functions, "the pipeline has its shuffle function"
+    unmarked = [f.name for f in functions if not f.function_def.attr["experimental_ints_on_device"].b]
+    assert not unmarked
