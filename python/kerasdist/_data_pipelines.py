@@ -77,16 +77,16 @@ def _permutation(size, seeds):
 
 
 def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1):
-    """Prefetch and options; for a one-epoch dataset (with its `counter`) also drop the batch
-    indices and count the pass done when its last batch leaves the prefetch buffer. Under DATA
-    auto-sharding over `shares` workers each worker sees one of the last `shares` indices."""
+    """Options; for a one-epoch dataset (with its `counter`) also drop the batch indices and
+    count the pass done when its last batch is handed out (after the pipeline's prefetch, where
+    it has one). Under DATA auto-sharding over `shares` workers each worker sees one of the last
+    `shares` indices."""
     import tensorflow as tf
 
     options = tf.data.Options()
     options.deterministic = True
     policies = tf.data.experimental.AutoShardPolicy
     options.experimental_distribute.auto_shard_policy = getattr(policies, policy)
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
     if counter is not None:
         last = max(steps - max(shares, 1), 0)
 
@@ -201,7 +201,7 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
         ds = ds.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.batch(batch, drop_remainder=drop)
 
-    return flat_map_on_cpu(plan.epoch_range(), epoch)
+    return flat_map_on_cpu(plan.epoch_range(), epoch).prefetch(tf.data.AUTOTUNE)
 
 
 # The pipeline functions are instantiated again for every new iterator (Keras makes one per fit
@@ -256,8 +256,10 @@ def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
             tf.data.Dataset.from_tensors(rest)))
     else:
         batches = epochs.unbatch()
-    # Nothing here runs in parallel, so there is nothing for tf.data's autotuning to tune; left
-    # on, it would give every new iterator a performance model and a thread.
+    # No prefetch after the batches: handing out a slice is cheaper than a hand-off between
+    # threads (a graph loop read a batch in 29 us without one, 41 us with one). Nothing here runs
+    # in parallel, so there is nothing for tf.data's autotuning to tune either; left on, it would
+    # give every new iterator a performance model and a thread.
     untuned = tf.data.Options()
     untuned.autotune.enabled = False
     return batches.with_options(untuned)
@@ -370,7 +372,7 @@ def _batch_stream(records, plan: _Plan, batch):
     if not isinstance(start, int) or start:  # a tensor in a one-epoch pass
         batches = batches.skip(start)
     total = plan.num_batches()
-    return batches if total is None else batches.take(total)
+    return (batches if total is None else batches.take(total)).prefetch(tf.data.AUTOTUNE)
 
 
 def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
@@ -415,4 +417,4 @@ def _validation(source: _Source, sizing: BatchSizeInfo, n_train: int, drop_remai
 
     tail = tf.nest.map_structure(lambda a: a[n_train:], source.arrays)
     ds = tf.data.Dataset.from_tensor_slices(tail).batch(sizing.batch_size, drop_remainder=drop_remainder)
-    return _finish(ds, "DATA")
+    return _finish(ds.prefetch(tf.data.AUTOTUNE), "DATA")
