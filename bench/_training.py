@@ -91,16 +91,17 @@ def timed(variant: Variant, epochs: int, directory: str) -> tuple[float, float]:
 
 def interleaved(variants: dict[str, Variant], repeats: int, epochs: int, steps: int,
                 warm_up_epochs: int = 2) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """One untimed warm-up call of each variant, then `repeats` rounds of each in turn: steps/s
-    of each whole call and of its epochs after the first, by variant."""
+    """One untimed warm-up call of each variant, then `repeats` rounds of each in turn (every other
+    round in the reverse order, so that no variant always runs first): steps/s of each whole call
+    and of its epochs after the first, by variant."""
     whole: dict[str, list[float]] = {name: [] for name in variants}
     steady: dict[str, list[float]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in variants.values():
             variant(warm_up_epochs, tempfile.mkdtemp(dir=tmp))
-        for _ in range(repeats):
-            for name, variant in variants.items():
-                wall, after_first = timed(variant, epochs, tempfile.mkdtemp(dir=tmp))
+        for round_ in range(repeats):
+            for name in list(variants)[:: 1 if round_ % 2 == 0 else -1]:
+                wall, after_first = timed(variants[name], epochs, tempfile.mkdtemp(dir=tmp))
                 whole[name].append(steps * epochs / wall)
                 steady[name].append(steps * (epochs - 1) / after_first)
     return whole, steady
@@ -149,5 +150,6 @@ def run_details(model: keras.Model, args: argparse.Namespace, steps: int, order:
 
     return dict(model=f"{MODEL_TEXT}, {model.count_params()} parameters", samples=args.samples,
                 batch_size=BATCH, epochs=args.epochs, steps_per_call=steps * args.epochs,
-                repeats=args.repeats, order=f"warm-up of each once, then {order}, ... interleaved",
+                repeats=args.repeats,
+                order=f"warm-up of each once, then {order}, ... interleaved, every other round reversed",
                 versions=f"TF {tf.__version__}, Keras {keras.__version__}")

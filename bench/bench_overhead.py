@@ -93,7 +93,8 @@ def main() -> None:
         strategy=f"MirroredStrategy over {strategy.num_replicas_in_sync} simulated CPU devices",
         model=f"Conv2D 32 x2 + Dense 64 + Dense 10 on 8x8x1, Adam, {build_model().count_params()} parameters",
         samples=args.samples, batch_size=bench.BATCH, epochs=args.epochs, steps_per_call=steps * args.epochs,
-        repeats=args.repeats, order="warm-up of each once, then distributed_fit, hand_written, ... interleaved",
+        repeats=args.repeats,
+        order="warm-up of each once, then distributed_fit, hand_written, ... interleaved, every other round reversed",
         distributed_fit=("kerasdist.distributed_fit(build_model, x, y, strategy=<mirrored>, batch_size=128, "
                          "seed=0, epochs=E, checkpoint_dir=<fresh empty dir>): make_dataset reshuffled "
                          "each epoch, checkpoint every epoch end (keep=3)"),

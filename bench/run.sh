@@ -17,7 +17,7 @@ export KERASDIST_PYTHON="$PYTHON"
 
 # name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
 # development machine: 10 min 6 s in all on 2026-11-23 with nothing else running (data 51 s,
-# data_r 28 s, checkpoint 82 s, multi_worker 83 s, overhead 187 s, custom_loop 31 s, speed 29 s,
+# data_r 28 s, checkpoint 82 s, multi_worker 83 s, overhead 187 s, custom_loop 31 s (3 repeats; 7 now), speed 29 s,
 # r_python 30 s, advisor 78 s); about twice that while other test runs load the same cores.
 BENCHMARKS=(
   "data|bench_data.py|--reps 15 --epochs 5"
@@ -25,7 +25,7 @@ BENCHMARKS=(
   "checkpoint|bench_checkpoint.py|--samples 16384 --epochs 1 --repeats 6"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
   "overhead|bench_overhead.py|--seconds 30 --repeats 3"
-  "custom_loop|bench_custom_loop.py|--repeats 3 --epochs 3 --samples 8192"
+  "custom_loop|bench_custom_loop.py|--repeats 7 --epochs 3 --samples 8192"
   "speed|bench_speed.py|--repeats 3 --epochs 3 --samples 8192"
   "r_python|bench_r_python.py|"
   "advisor|bench_advisor.py|"
