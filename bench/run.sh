@@ -16,9 +16,9 @@ PYTHON="${KERASDIST_PYTHON:-$PWD/.venv/bin/python}"
 export KERASDIST_PYTHON="$PYTHON"
 
 # name|script|arguments. The arguments keep the whole run well under 15 minutes on the 2-core
-# development machine: 10 min 6 s in all on 2026-11-23 with nothing else running (data 51 s,
-# data_r 28 s, checkpoint 82 s, multi_worker 83 s, overhead 187 s, custom_loop 31 s (3 repeats; 7 now), speed 29 s,
-# r_python 30 s, advisor 78 s); about twice that while other test runs load the same cores.
+# development machine: 9 min 43 s in all on 2026-11-24 with nothing else running (data 40 s,
+# data_r 21 s, checkpoint 82 s, multi_worker 80 s, overhead 179 s, custom_loop 51 s, speed 26 s,
+# r_python 26 s, advisor 77 s); about twice that while other test runs load the same cores.
 BENCHMARKS=(
   "data|bench_data.py|--reps 15 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
