@@ -32,7 +32,9 @@ on the 2-core development machine, however small the function (captured_function
 marked `experimental_ints_on_device` is instantiated on the pipeline's own device without it, in
 about 1 ms. `map_on_cpu` and `flat_map_on_cpu` build kerasdist's own pipeline steps so; on the
 CPU, where those pipelines run, the mark changes nothing else (integers live in host memory either
-way). tests/python/test_data.py fails once upstream stops optimizing plain `map` functions.
+way). Functions that return int32 tensors are left unmarked (see `map_on_cpu`).
+tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
+marked function with an int32 result stops failing.
 """
 
 from __future__ import annotations
@@ -225,32 +227,45 @@ def tensorflow_optimizes_data_functions(version: str = tf.__version__) -> bool:
 
 
 def map_on_cpu(dataset: tf.data.Dataset, fn: Callable[..., Any]) -> tf.data.Dataset:
-    """`dataset.map(fn)`, with `fn` instantiated for each new iterator without Grappler."""
-    if not tensorflow_optimizes_data_functions():
-        return dataset.map(fn)
-    return _SingleDeviceFunctionDataset(dataset, fn, flat=False)
+    """`dataset.map(fn)`, with `fn` instantiated for each new iterator without Grappler, unless it
+    returns int32 tensors: under the mark those become `_DeviceRetval` nodes, which tf.data's own
+    graph optimizers (inject_prefetch, with autotuning on) do not take for a function's results,
+    so a function with two results, one of them int32, fails when an iterator is made ("Expected
+    only one fetch node"). Such a function is mapped as usual."""
+    if tensorflow_optimizes_data_functions():
+        marked = _marked_function(fn, "Dataset.map()", dataset)
+        if not any(spec.dtype == tf.int32 for spec in tf.nest.flatten(marked.output_structure)):
+            return _SingleDeviceFunctionDataset(dataset, marked, flat=False)
+    return dataset.map(fn)
 
 
 def flat_map_on_cpu(dataset: tf.data.Dataset, fn: Callable[..., Any]) -> tf.data.Dataset:
-    """`dataset.flat_map(fn)`, with `fn` instantiated for each new iterator without Grappler."""
+    """`dataset.flat_map(fn)`, with `fn` instantiated for each new iterator without Grappler (its
+    one result is a dataset, never an int32 tensor)."""
     if not tensorflow_optimizes_data_functions():
         return dataset.flat_map(fn)
-    return _SingleDeviceFunctionDataset(dataset, fn, flat=True)
+    return _SingleDeviceFunctionDataset(dataset, _marked_function(fn, "Dataset.flat_map()", dataset), flat=True)
+
+
+def _marked_function(fn: Callable[..., Any], transformation: str, dataset: Any) -> Any:
+    """`fn` traced for `dataset`'s elements with the single-device mark. Not yet added to the
+    graph being built (inside another dataset function): the dataset op that uses it adds it, and
+    an unused marked function would still be optimized, and could fail, with the others."""
+    return structured_function.StructuredFunctionWrapper(
+        fn, transformation, dataset=dataset, add_to_graph=False, defun_kwargs=dict(_ON_ITS_DEVICE))
 
 
 class _SingleDeviceFunctionDataset(dataset_ops.UnaryDataset):
     """tf.data's MapDataset or FlatMapDataset as `Dataset.map` / `flat_map` build them (map_op.py,
-    flat_map_op.py), with the function traced with the single-device mark."""
+    flat_map_op.py), over a function traced by `_marked_function`."""
 
-    def __init__(self, input_dataset: Any, fn: Callable[..., Any], flat: bool):
+    def __init__(self, input_dataset: Any, marked: Any, flat: bool):
         self._input_dataset = input_dataset
-        self._fn = structured_function.StructuredFunctionWrapper(
-            fn, "Dataset.flat_map()" if flat else "Dataset.map()", dataset=input_dataset,
-            defun_kwargs=dict(_ON_ITS_DEVICE))
-        output = self._fn.output_structure
+        self._fn = marked
+        output = marked.output_structure
         self._structure = output._element_spec if flat else output
         self._name = None
-        function, upstream = self._fn.function, input_dataset._variant_tensor
+        function, upstream = marked.function, input_dataset._variant_tensor
         if flat:
             variant = gen_dataset_ops.flat_map_dataset(
                 upstream, function.captured_inputs, f=function, **self._common_args)

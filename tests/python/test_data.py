@@ -461,3 +461,36 @@ def test_every_function_of_an_in_memory_pipeline_skips_grappler(form):
     assert functions, "the pipeline has its shuffle function"
     unmarked = [f.name for f in functions if not f.function_def.attr["experimental_ints_on_device"].b]
     assert not unmarked
+
+
+def test_a_marked_function_with_an_int32_result_still_fails_upstream():
+    """Why compat.map_on_cpu maps int32-returning functions as usual: under the single-device mark
+    their int32 results are _DeviceRetval nodes, and tf.data's inject_prefetch (autotuning on)
+    then refuses a function with two results. Fails once upstream accepts them."""
+    from kerasdist import compat
+
+    pair = lambda i: (tf.cast(i, tf.int32), tf.cast(i, tf.int32))  # noqa: E731
+    marked = compat._marked_function(pair, "Dataset.map()", tf.data.Dataset.range(2))
+    dataset = compat._SingleDeviceFunctionDataset(tf.data.Dataset.range(2), marked, flat=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected only one fetch node"):
+        list(dataset)
+    assert [a.numpy().tolist() for a, _ in compat.map_on_cpu(tf.data.Dataset.range(2), pair)] == [0, 1]
+
+
+@pytest.mark.parametrize("form", [{"repeat": True}, {}, {"epochs": 2}, {"batch_size": 3},
+                                  {"map_fn": lambda x, y: (x * 2, y)}])
+def test_int32_data_flows_through_every_in_memory_form_even_autotuned(form):
+    """R integers arrive as int32: every in-memory pipeline form takes them, also when the
+    user turns tf.data's autotuning on, and gives the batches the same data as int64 gives."""
+    kwargs = {"batch_size": 4, "seed": 3, "epochs": 1, **form}
+    if form.get("repeat"):
+        kwargs.pop("epochs")
+    tuned = tf.data.Options()
+    tuned.autotune.enabled = True
+
+    def first_batches(dtype):
+        x = np.arange(20, dtype=dtype).reshape(10, 2)
+        dataset = kerasdist.make_dataset(x, np.arange(10, dtype=dtype), **kwargs).with_options(tuned)
+        return [(bx.numpy().tolist(), by.numpy().tolist()) for bx, by in dataset.take(5)]
+
+    assert first_batches(np.int32) == first_batches(np.int64)
