@@ -146,6 +146,22 @@ test_that("an R function as map_fn is refused, a Python one runs", {
   expect_identical(as.integer(batch[[1]]$numpy()), c(2L, 4L, 6L, 8L))
 })
 
+test_that("R integers give the batches doubles give, in every in-memory form", {
+  skip_if_no_kerasdist()
+  # R integers arrive as int32, which kerasdist's pipeline functions treat apart (compat.map_on_cpu)
+  values_of <- function(x, y, batch_size = 4, ...) {
+    lapply(batches_of(make_dataset(x, y = y, batch_size = batch_size, seed = 3, ...)),
+           function(b) list(as.numeric(b[[1]]$numpy()), as.numeric(b[[2]]$numpy())))
+  }
+  py <- reticulate::py_run_string("def double(x, y):\n    return x * 2, y", convert = FALSE)
+  forms <- list(list(), list(epochs = 2), list(batch_size = 3), list(map_fn = py$double, epochs = 1))
+  for (form in forms) {
+    ints <- do.call(values_of, c(list(matrix(1:20, 10), 1:10), form))
+    doubles <- do.call(values_of, c(list(matrix(as.numeric(1:20), 10), as.numeric(1:10)), form))
+    expect_identical(ints, doubles, label = paste(names(form), collapse = ","))
+  }
+})
+
 test_that("CSV files from R, with the label column", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
