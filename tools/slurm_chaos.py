@@ -1,0 +1,195 @@
+"""Preempt the Slurm recipe at random instants on a real cluster and check every job ends equal.
+
+usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [--out FILE.json]
+
+Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
+unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
+reference), then per trial submits the same job and sends SIGTERM at a random instant over the
+whole job: before Python starts, while TensorFlow starts, before the first step, mid-epoch, during
+a save, in the last steps or after fit returns. Half the trials signal the tasks
+(`scancel --signal=TERM`), the other half the batch shell too (`scancel --full`, as the scheduler's
+preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every task's final
+weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
+exit statuses, requeues, equal or not) and `K/N completed and bitwise equal`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import SlurmCluster, _cmdline  # noqa: E402
+
+RECIPE = ROOT / "examples" / "slurm" / "train.sbatch"
+TRAIN_PY = ROOT / "examples" / "slurm" / "train.py"
+TRAIN_R = ROOT / "examples" / "slurm" / "train.R"
+STEPS = 30  # train.py / train.R: 3 epochs x 10 steps
+STEP_SECONDS = 0.2  # each step sleeps this long, so training spans a few seconds and signals land in it
+JOB_OPTIONS = ["--cpus-per-task=1", "--time=10"]  # the test nodes have 1 CPU each
+
+
+@dataclass
+class Run:
+    """One recipe job: its directories on the cluster's shared disk and the command it trains with."""
+
+    name: str
+    directory: Path
+    language: str = "python"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.directory / "ckpt"
+
+    @property
+    def out_dir(self) -> Path:
+        return self.directory / "out"
+
+    def command(self, checkpoint_dir: Path | None = None, step_seconds: float = STEP_SECONDS) -> list[str]:
+        ckpt = str(checkpoint_dir or self.checkpoint_dir)
+        args = ["--checkpoint-dir", ckpt, "--out-dir", str(self.out_dir), "--step-seconds", str(step_seconds)]
+        if self.language == "r":
+            return ["Rscript", str(TRAIN_R), *args]
+        python = os.environ.get("KERASDIST_PYTHON", sys.executable)
+        return [python, str(TRAIN_PY), *args]
+
+    def weights(self, task: int) -> list[np.ndarray] | None:
+        path = self.out_dir / f"weights-task{task}.npz"
+        if not path.exists():
+            return None
+        with np.load(path) as data:
+            return [data[name] for name in data.files]
+
+
+def new_run(cluster: SlurmCluster, name: str, language: str = "python") -> Run:
+    directory = cluster.shared / name
+    directory.mkdir(parents=True)
+    return Run(name, directory, language)
+
+
+def submit(cluster: SlurmCluster, run: Run, options: list[str] = (), env: dict[str, str] | None = None,
+           **command) -> int:
+    """sbatch the recipe, unchanged, on 2 nodes with the run's training command; the job id."""
+    return cluster.submit(RECIPE, *run.command(**command), options=[*JOB_OPTIONS, *options], env=env, cwd=ROOT)
+
+
+def bitwise_equal(a: list[np.ndarray] | None, b: list[np.ndarray] | None) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(
+        x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b))
+
+
+def step_statuses(output: str) -> list[int]:
+    """The step exit statuses the recipe reported, in order."""
+    return [int(s) for s in re.findall(r"kerasdist: step exited with status (\d+)", output)]
+
+
+def phase(output: str, training_started: bool) -> str:
+    """Where a job was when signalled, from its output so far (and whether train.py/R had started)."""
+    steps = [int(s) for s in re.findall(r"^step (\d+)$", output, re.M)]
+    if "done:" in output:
+        return "after fit returned"
+    if steps:
+        last = max(steps)
+        return "in the last steps" if last >= STEPS - 3 else f"mid-training (step {last})"
+    return "while Python/TensorFlow start" if training_started else "before Python started"
+
+
+@dataclass
+class Trial:
+    index: int
+    delay: float
+    how: str
+    phase: str
+    state: str
+    exit_code: str
+    restarts: int
+    statuses: list[int]
+    equal: bool
+    seconds: float
+
+    def line(self) -> str:
+        return (f"trial {self.index:2d}: {self.how:<10} at {self.delay:5.2f} s ({self.phase}): {self.state} "
+                f"{self.exit_code}, step statuses {self.statuses}, requeued {self.restarts}x, "
+                f"{'bitwise equal' if self.equal else 'NOT EQUAL'} ({self.seconds:.0f} s)")
+
+
+def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, delay: float, how: str,
+                  timeout: float = 300) -> Trial:
+    """Submit the recipe, signal it `delay` s after it starts running (`how`: "tasks" or "full"),
+    wait until it ends for good (releasing its requeues) and compare every task with `reference`."""
+    run = new_run(cluster, f"trial-{index}", reference.language)
+    started = time.monotonic()
+    job_id = submit(cluster, run)
+    cluster.wait_started(job_id)
+    time.sleep(delay)
+    training_started = training_process_started(cluster)
+    cluster.signal_job(job_id, "TERM", full=(how == "full"))
+    seen = cluster.output(job_id)
+    job = cluster.wait_final(job_id, timeout)
+    output = cluster.output(job_id)
+    equal = all(bitwise_equal(run.weights(t), reference.weights(t)) for t in range(2))
+    return Trial(index, delay, how, phase(seen, training_started), job.state, job.exit_code, job.restarts,
+                 step_statuses(output), equal, time.monotonic() - started)
+
+
+def training_process_started(cluster: SlurmCluster) -> bool:
+    """Whether the first host runs train.py / train.R yet (not counting srun, which names it too)."""
+    pids = cluster.host_processes(0, "train.")
+    return any(not _cmdline(pid).startswith(("srun", "setsid")) for pid in pids)
+
+
+def reference_run(cluster: SlurmCluster, language: str = "python", timeout: float = 300) -> tuple[Run, float]:
+    """An uninterrupted recipe job; (its run, seconds from running to its end)."""
+    run = new_run(cluster, f"reference-{language}", language)
+    job_id = submit(cluster, run)
+    cluster.wait_started(job_id)
+    started = time.monotonic()
+    job = cluster.wait_final(job_id, timeout)
+    if job.state != "COMPLETED" or not bitwise_equal(run.weights(0), run.weights(1)):
+        raise RuntimeError(f"the reference job ended {job.state} {job.exit_code}:\n{cluster.output(job_id)[-3000:]}")
+    return run, time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--r", action="store_true", help="train.R instead of train.py")
+    parser.add_argument("--out", help="write the trials as JSON here")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    with SlurmCluster(args.hosts) as cluster:
+        reference, duration = reference_run(cluster, "r" if args.r else "python")
+        print(f"reference job: {duration:.1f} s from start to end; signals at 0-{duration + 1:.1f} s", flush=True)
+        trials = []
+        for index in range(args.trials):
+            delay = rng.uniform(0, duration + 1)
+            trial = preempt_trial(cluster, reference, index, delay, rng.choice(["tasks", "full"]))
+            trials.append(trial)
+            print(trial.line(), flush=True)
+    good = sum(t.state == "COMPLETED" and t.equal for t in trials)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{good}/{len(trials)} completed and bitwise equal ({time.monotonic() - began:.0f} s, load {load})")
+    if args.out:
+        Path(args.out).write_text(json.dumps([asdict(t) for t in trials], indent=1))
+    return 0 if good == len(trials) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
