@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_cluster import SlurmCluster, _cmdline  # noqa: E402
+from slurm_cluster import FINAL_STATES, SlurmCluster, cmdline  # noqa: E402,F401
 
 RECIPE = ROOT / "examples" / "slurm" / "train.sbatch"
 TRAIN_PY = ROOT / "examples" / "slurm" / "train.py"
@@ -85,11 +85,11 @@ def submit(cluster: SlurmCluster, run: Run, options: list[str] = (), env: dict[s
 
 def bitwise_equal(a: list[np.ndarray] | None, b: list[np.ndarray] | None) -> bool:
     return a is not None and b is not None and len(a) == len(b) and all(
-        x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
+        x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b, strict=True))
 
 
 def step_statuses(output: str) -> list[int]:
@@ -120,6 +120,7 @@ class Trial:
     statuses: list[int]
     equal: bool
     seconds: float
+    output: str = ""  # the job's output (its last 4,000 characters), for a trial that failed
 
     def line(self) -> str:
         return (f"trial {self.index:2d}: {self.how:<10} at {self.delay:5.2f} s ({self.phase}): {self.state} "
@@ -127,15 +128,31 @@ class Trial:
                 f"{'bitwise equal' if self.equal else 'NOT EQUAL'} ({self.seconds:.0f} s)")
 
 
-def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, delay: float, how: str,
+def wait_for_output(cluster: SlurmCluster, job_id: int, pattern: str, timeout: float = 120) -> str:
+    """Wait until the job's output matches `pattern` (a regular expression); the output so far."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, output := cluster.output(job_id), re.M):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} never printed {pattern!r}:\n{output[-3000:]}")
+        time.sleep(0.1)
+    return output
+
+
+def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, at: float | str, how: str,
                   timeout: float = 300) -> Trial:
-    """Submit the recipe, signal it `delay` s after it starts running (`how`: "tasks" or "full"),
-    wait until it ends for good (releasing its requeues) and compare every task with `reference`."""
+    """Submit the recipe, signal it at `at` (seconds after it starts running, or once its output
+    matches that regular expression; `how`: "tasks" or "full"), wait until it ends for good
+    (releasing its requeues) and compare every task's weights with `reference`'s."""
     run = new_run(cluster, f"trial-{index}", reference.language)
     started = time.monotonic()
     job_id = submit(cluster, run)
     cluster.wait_started(job_id)
-    time.sleep(delay)
+    running = time.monotonic()
+    if isinstance(at, str):
+        wait_for_output(cluster, job_id, at)
+    else:
+        time.sleep(at)
+    delay = time.monotonic() - running
     training_started = training_process_started(cluster)
     cluster.signal_job(job_id, "TERM", full=(how == "full"))
     seen = cluster.output(job_id)
@@ -143,13 +160,13 @@ def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, delay: floa
     output = cluster.output(job_id)
     equal = all(bitwise_equal(run.weights(t), reference.weights(t)) for t in range(2))
     return Trial(index, delay, how, phase(seen, training_started), job.state, job.exit_code, job.restarts,
-                 step_statuses(output), equal, time.monotonic() - started)
+                 step_statuses(output), equal, time.monotonic() - started, output[-4000:])
 
 
 def training_process_started(cluster: SlurmCluster) -> bool:
     """Whether the first host runs train.py / train.R yet (not counting srun, which names it too)."""
     pids = cluster.host_processes(0, "train.")
-    return any(not _cmdline(pid).startswith(("srun", "setsid")) for pid in pids)
+    return any(not cmdline(pid).startswith(("srun", "setsid")) for pid in pids)
 
 
 def reference_run(cluster: SlurmCluster, language: str = "python", timeout: float = 300) -> tuple[Run, float]:
@@ -183,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             trial = preempt_trial(cluster, reference, index, delay, rng.choice(["tasks", "full"]))
             trials.append(trial)
             print(trial.line(), flush=True)
+            if not (trial.state == "COMPLETED" and trial.equal):
+                print(trial.output, flush=True)
     good = sum(t.state == "COMPLETED" and t.equal for t in trials)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{good}/{len(trials)} completed and bitwise equal ({time.monotonic() - began:.0f} s, load {load})")

@@ -384,7 +384,7 @@ PartitionName=high PriorityTier=10 {partition}
 
     def host_processes(self, host: int, pattern: str) -> list[int]:
         """The pids of host `host`'s processes whose command line contains `pattern`."""
-        return [pid for pid in _netns_pids(self.host_ns(host)) if pattern in _cmdline(pid)]
+        return [pid for pid in _netns_pids(self.host_ns(host)) if pattern in cmdline(pid)]
 
 
 # helpers -------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ def _netns_pids(ns: str) -> list[int]:
     return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:

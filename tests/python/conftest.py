@@ -36,3 +36,27 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True, text=True, env=full_env, timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster of 2 hosts (tools/slurm_cluster.py), shared by the tests that need one.
+
+    Skipped with the reason where it cannot run (not root, slurm-wlm/munge missing) unless CI=true:
+    there these tests must run, so a cluster that cannot start fails them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from slurm_cluster import ClusterError, SlurmCluster, missing_requirements
+
+    in_ci = os.environ.get("CI") == "true"
+    reason = missing_requirements()
+    if reason:
+        (pytest.fail if in_ci else pytest.skip)(reason)
+    cluster = SlurmCluster(2)
+    try:
+        cluster.up()
+    except ClusterError as error:
+        pytest.fail(f"the Slurm test cluster did not start: {error}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()

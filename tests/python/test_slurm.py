@@ -1,0 +1,141 @@
+"""The Slurm recipe (examples/slurm/) on a real Slurm cluster of 2 hosts (tools/slurm_cluster.py).
+
+Every job is examples/slurm/train.sbatch submitted unchanged with sbatch (parameters through sbatch
+options and the script's arguments). Each preempted or failed job must end COMPLETED with every
+task's final weights bitwise equal to an uninterrupted job's. The long run is
+`python tools/slurm_chaos.py --trials 20` (RELIABILITY.md). Needs root (skipped otherwise, unless
+CI=true, where a cluster that cannot start fails).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import slurm_chaos as chaos  # noqa: E402
+
+TOL = chaos.STEPS * float(np.finfo(np.float32).eps)  # RELIABILITY.md: steps x float32 eps
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster) -> chaos.Run:
+    """An uninterrupted Python job of the recipe on 2 hosts."""
+    run, _ = chaos.reference_run(slurm_cluster)
+    return run
+
+
+def assert_completed_equal(cluster, job_id: int, run: chaos.Run, reference: chaos.Run):
+    job = cluster.job(job_id)
+    output = cluster.output(job_id)
+    assert job.state == "COMPLETED", output[-3000:]
+    for task in range(2):
+        assert chaos.bitwise_equal(run.weights(task), reference.weights(task)), (task, output[-3000:])
+    return job, output
+
+
+def test_recipe_trains_both_hosts_to_the_same_weights_as_one_process(slurm_cluster, reference, tmp_path):
+    """Both tasks of the 2-host job end with the same weights, equal to one process training the
+    same global batches (default strategy) within RELIABILITY.md's tolerance."""
+    assert chaos.bitwise_equal(reference.weights(0), reference.weights(1))
+    local = chaos.Run("local", tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(local.command(step_seconds=0), capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "task 0 done: 1 replicas" in result.stdout
+    assert chaos.max_difference(local.weights(0), reference.weights(0)) <= TOL
+
+
+def test_preemption_at_any_instant_short_chaos(slurm_cluster, reference):
+    """Three instants of tools/slurm_chaos.py: before Python starts (the tasks), mid-training
+    (the batch shell too, as `scancel --full`) and after fit returns (the tasks)."""
+    instants = [(0.3, "tasks"), (r"^step 14$", "full"), (r"done:", "tasks")]
+    trials = [chaos.preempt_trial(slurm_cluster, reference, i, at, how) for i, (at, how) in enumerate(instants)]
+    for trial in trials:
+        print(trial.line())
+    assert all(t.state == "COMPLETED" and t.equal for t in trials), "\n".join(t.line() + "\n" + t.output for t in trials)
+    early, middle, late = trials
+    assert early.restarts >= 1 and early.statuses[0] in (75, 143), early.line()
+    assert middle.restarts == 1 and middle.statuses == [75, 0], middle.line()
+    assert late.statuses[-1] == 0, late.line()
+
+
+def test_scheduler_preemption_by_a_high_priority_job_requeues_and_completes_equal(slurm_cluster, reference):
+    """PreemptType=preempt/partition_prio, PreemptMode=REQUEUE: a job in the high partition takes
+    both nodes; the tasks save and exit 75, the job is requeued and resumes once the nodes are free."""
+    run = chaos.new_run(slurm_cluster, "preempted-by-scheduler")
+    job_id = chaos.submit(slurm_cluster, run)
+    slurm_cluster.wait_started(job_id)
+    chaos.wait_for_output(slurm_cluster, job_id, r"^step 12$")
+    urgent = slurm_cluster.shared / "urgent.sh"
+    urgent.write_text("#!/bin/bash\nsrun true\n")
+    urgent_id = slurm_cluster.submit(urgent, options=["--partition=high", "--nodes=2"])
+    assert slurm_cluster.wait_final(urgent_id, 120).state == "COMPLETED"
+    slurm_cluster.wait_final(job_id, 300)
+    job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
+    assert job.restarts >= 1 and chaos.step_statuses(output) == [75, 0], output[-3000:]
+
+
+def test_time_limit_warning_signal_saves_requeues_and_completes_equal(slurm_cluster, reference):
+    """`--signal=TERM@55` with `--time=1`: the tasks get SIGTERM (slurmctld checks time limits every
+    30 s, so 5-35 s after the start; training is stretched to about 30 s so it lands in it)."""
+    run = chaos.new_run(slurm_cluster, "time-limit")
+    job_id = chaos.submit(slurm_cluster, run, options=["--time=1", "--signal=TERM@55"], step_seconds=1.0)
+    slurm_cluster.wait_started(job_id)
+    slurm_cluster.wait(job_id, lambda job: job.restarts >= 1 or job.state in chaos.FINAL_STATES, 120,
+                       release=False)
+    # the requeued job would be warned again 5-35 s into its run: give it room to finish
+    slurm_cluster.client(["scontrol", "update", f"jobid={job_id}", "TimeLimit=10"])
+    slurm_cluster.wait_final(job_id, 300)
+    job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
+    assert job.restarts >= 1 and chaos.step_statuses(output)[-1] == 0, output[-3000:]
+    assert chaos.step_statuses(output)[0] in (75, 143), output[-3000:]
+
+
+def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_equal(slurm_cluster, reference):
+    """An OOM kill (SIGKILL to one task): the recipe starts the step again inside the same
+    allocation (no requeue) and the job completes with the reference's weights."""
+    run = chaos.new_run(slurm_cluster, "sigkill")
+    job_id = chaos.submit(slurm_cluster, run)
+    slurm_cluster.wait_started(job_id)
+    chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
+    victims = [p for p in slurm_cluster.host_processes(1, "train.py") if "slurmstepd" not in chaos.cmdline(p)]
+    assert victims, "no training process on host 1"
+    for pid in victims:
+        os.kill(pid, 9)
+    slurm_cluster.wait_final(job_id, 300)
+    job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
+    assert job.restarts == 0 and chaos.step_statuses(output) == [137, 0], output[-3000:]
+    assert "restart 1 of 3" in output
+
+
+def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_back(slurm_cluster, reference):
+    """Host n1's slurmd and tasks are SIGKILLed mid-training: Slurm notices (SlurmdTimeout=5),
+    requeues the job, and it completes once the host is back."""
+    run = chaos.new_run(slurm_cluster, "lost-host")
+    job_id = chaos.submit(slurm_cluster, run)
+    slurm_cluster.wait_started(job_id)
+    chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
+    assert slurm_cluster.kill_host(1)
+    slurm_cluster.wait(job_id, lambda job: job.restarts >= 1 or job.state in chaos.FINAL_STATES, 120,
+                       release=False)
+    slurm_cluster.start_host(1)
+    slurm_cluster.wait_nodes_idle(60)
+    slurm_cluster.wait_final(job_id, 300)
+    job, _ = assert_completed_equal(slurm_cluster, job_id, run, reference)
+    assert job.restarts >= 1
+
+
+def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster):
+    """train.R under srun on both hosts: SIGTERM mid-training, 75, requeued, bitwise equal to an
+    uninterrupted R job."""
+    r_reference, _ = chaos.reference_run(slurm_cluster, "r")
+    trial = chaos.preempt_trial(slurm_cluster, r_reference, 100, r"^step 12\s*$", "tasks")
+    print(trial.line())
+    assert trial.state == "COMPLETED" and trial.equal, trial.line()
+    assert trial.restarts == 1 and trial.statuses == [75, 0], trial.line()
