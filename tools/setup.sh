@@ -11,11 +11,14 @@ DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev r-cran-testthat r-c
   r-cran-png r-cran-rappdirs r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
   r-cran-rlang r-cran-magrittr r-cran-processx r-cran-yaml r-cran-whisker r-cran-tidyselect
   r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports"
+# The Slurm cluster tests (tests/python/test_slurm.py, tools/slurm_cluster.py) need root, so these
+# are installed only when the set-up runs as root (as CI does); elsewhere those tests skip.
+SLURM_PACKAGES="slurm-wlm munge iproute2 util-linux"
 STAMPS=.venv/.stamps
 
 need_debian_packages() {
   local pkg
-  for pkg in $DEBIAN_PACKAGES; do
+  for pkg in $DEBIAN_PACKAGES $( [ "$(id -u)" -eq 0 ] && echo "$SLURM_PACKAGES" ); do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || return 0
   done
   return 1
@@ -25,9 +28,11 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_debian_packages() {
   if need_debian_packages; then
-    echo "setup: installing Debian packages: $DEBIAN_PACKAGES"
+    local packages="$DEBIAN_PACKAGES"
+    [ "$(id -u)" -eq 0 ] && packages="$packages $SLURM_PACKAGES"
+    echo "setup: installing Debian packages: $packages"
     as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends $DEBIAN_PACKAGES >/dev/null
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends $packages >/dev/null
   fi
 }
 

@@ -99,7 +99,7 @@ def step_statuses(output: str) -> list[int]:
 
 def phase(output: str, training_started: bool) -> str:
     """Where a job was when signalled, from its output so far (and whether train.py/R had started)."""
-    steps = [int(s) for s in re.findall(r"^step (\d+)$", output, re.M)]
+    steps = [int(s) for s in re.findall(r"^step (\d+)\s*$", output, re.M)]
     if "done:" in output:
         return "after fit returned"
     if steps:

@@ -174,7 +174,7 @@ class SlurmCluster:
         self._daemons.clear()
 
     def _make_files(self) -> None:
-        for sub in ("munge", "log", "state", "spool", "scratch", "shared", "out"):
+        for sub in ("munge", "log", "state", "scratch", "shared", "out", *(f"spool/{n}" for n in self.node_names)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)  # munged refuses a socket directory others can write
         (self.root / "owner").write_text(str(os.getpid()))

@@ -58,7 +58,8 @@ def test_preemption_at_any_instant_short_chaos(slurm_cluster, reference):
     trials = [chaos.preempt_trial(slurm_cluster, reference, i, at, how) for i, (at, how) in enumerate(instants)]
     for trial in trials:
         print(trial.line())
-    assert all(t.state == "COMPLETED" and t.equal for t in trials), "\n".join(t.line() + "\n" + t.output for t in trials)
+    report = "\n".join(f"{t.line()}\n{t.output}" for t in trials)
+    assert all(t.state == "COMPLETED" and t.equal for t in trials), report
     early, middle, late = trials
     assert early.restarts >= 1 and early.statuses[0] in (75, 143), early.line()
     assert middle.restarts == 1 and middle.statuses == [75, 0], middle.line()
