@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--r", action="store_true", help="train.R instead of train.py")
     parser.add_argument("--out", help="write the trials as JSON here")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # tear the cluster down on kill too
     rng = random.Random(args.seed)
     began = time.monotonic()
     with SlurmCluster(args.hosts) as cluster:

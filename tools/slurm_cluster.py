@@ -40,6 +40,7 @@ PREFIX = "kdslurm-"
 NETNS_DIR = Path("/run/netns")
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                           "BOOT_FAIL", "DEADLINE"})
+RELEASE_DELAY = 2.0  # seconds between a requeue and releasing the job (see SlurmCluster.wait)
 REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "scontrol", "ip", "nsenter",
                      "unshare")
 
@@ -357,13 +358,20 @@ PartitionName=high PriorityTier=10 {partition}
         return self.wait(job_id, lambda job: job.state in FINAL_STATES, timeout, release)
 
     def wait(self, job_id: int, done, timeout: float, release: bool = True) -> Job:
-        """Poll the job until `done(job)`; release it whenever it waits on BeginTime after a requeue."""
+        """Poll the job until `done(job)`; release it whenever it waits on BeginTime after a requeue.
+
+        Released RELEASE_DELAY s after the requeue, not at once: the requeue revokes the job's
+        credential on its nodes, and a restart stamped within the same second is refused there
+        ("Job credential revoked"), which fails the job."""
         deadline = time.monotonic() + timeout
+        requeued_at = None
         while True:
             job = self.job(job_id)
             if done(job):
                 return job
-            if release and job.state == "PENDING" and job.reason == "BeginTime":
+            waiting = release and job.state == "PENDING" and job.reason == "BeginTime"
+            requeued_at = (requeued_at or time.monotonic()) if waiting else None
+            if waiting and time.monotonic() - requeued_at >= RELEASE_DELAY:
                 self.release(job_id)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.state} ({job.reason}) after {timeout:.0f} s;"
