@@ -125,6 +125,40 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         self._symbolic_build(data_batch=data_batch)
 
 
+# Keras releases whose saving_lib caches its attribute skip-sets under a key it never reads
+# (3.15.1 checked).
+SAVING_SKIPSET_FIX_VERSIONS = ((3, 0), (3, 16))
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss",
+                  "Cross", "Feature")
+
+
+def keras_needs_skipset_fix(version: str = keras.__version__) -> bool:
+    return _version_within(version, SAVING_SKIPSET_FIX_VERSIONS)
+
+
+def warm_saving_skipsets() -> None:
+    """Fill the cache Keras's saving_lib reads its attribute skip-sets from. Must run outside
+    any strategy scope (it makes reference objects, an Optimizer with variables among them).
+
+    `saving_lib.get_attr_skipset` stores each set under "saving_attr_skipset_<type>" but looks
+    for "saving_attr_skiplist_<type>", so every save and load makes its reference objects again,
+    and a reference Optimizer's two variables inside a MultiWorkerMirroredStrategy scope are
+    created by collectives that only the worker that loads joins ("Collective instance ...
+    expected type 0 ... but got type 1" when only the chief restores). Filled once under the key
+    it reads, the sets are never made in a scope. `keras.backend.clear_session()` empties the
+    cache, so callers warm it before each restore (cheap when warm).
+    """
+    if not keras_needs_skipset_fix():
+        return
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+
+    for obj_type in _SKIPSET_TYPES:
+        key = f"saving_attr_skiplist_{obj_type}"
+        if global_state.get_global_attribute(key) is None:
+            global_state.set_global_attribute(key, saving_lib.get_attr_skipset(obj_type))
+
+
 # TensorFlow releases whose PreemptionCheckpointHandler skips GCE CPU VMs (2.21 checked).
 PREEMPTION_HANDLER_FIX_VERSIONS = ((2, 0), (2, 22))
 _GCE_METADATA_VARIABLE = "GCE_METADATA_IP"  # failure_handling_util._GCE_METADATA_URL_ENV_VARIABLE
