@@ -25,6 +25,13 @@ pointed at a closed local port (no request leaves the machine; the handler takes
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
 
+Keras's saving_lib caches the attribute sets it skips when it walks a model under a key it never
+reads, so each save and load builds reference objects again, a reference Optimizer with two
+variables among them; inside a multi-worker strategy scope those variables are made by
+collectives, which a restore on the chief alone then mismatches. `warm_saving_skipsets` fills the
+cache under the key that is read, outside the scope; tests/python/test_multi_worker.py fails once
+upstream reads the key it writes.
+
 tf.data instantiates a dataset's functions again for every new iterator (Keras makes one per `fit`
 call, and one or two per epoch of a finite dataset), and it instantiates them as multi-device
 functions, which runs Grappler's whole optimizer over each one every time: 4 to 20 ms per function
@@ -200,6 +207,24 @@ def _environment_variable_kept(name: str):
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+# TensorFlow's coordination agent publishes a SIGTERM it caught under this key (tsl's
+# preemption_sync_manager; tf.distribute.experimental.PreemptionWatcher reads it too).
+PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
+
+
+def preemption_noticed_by_tensorflow(wait_ms: int = 100) -> bool:
+    """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
+    multi-worker strategy forms the cluster, caught a signal on any worker (`_sigterm`).
+    Waits at most `wait_ms` for the cluster's key-value store."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(PREEMPTION_NOTICE_KEY, timeout_in_ms=wait_ms)
+    except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError, tf.errors.UnavailableError):
+        return False
+    return True
 
 
 def save_if_preempted(handler: Any) -> None:
