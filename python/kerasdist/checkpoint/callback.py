@@ -12,13 +12,12 @@ from typing import Any
 
 import keras
 
+from kerasdist._sigterm import PREEMPTED_EXIT_CODE
 from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.preemption import agreement_for
 from kerasdist.validation import boolean, choice, integer, optional_integer
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
 
 
 def checkpoint_callback(
@@ -141,7 +140,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._first_epoch = None
         if self._is_chief:
             self.manager.remove_temporary()
-        self._agreement = agreement_for(context.strategy) if self.handle_sigterm else None
+        agreement = agreement_for(context.strategy) if self.handle_sigterm else None
+        self._agreement = agreement.serve(self) if agreement is not None else None
         self._install_sigterm_handler()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -165,7 +165,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batches_seen = last + 1
         if self._agreement is not None:
             self._logs = logs
-            self._agreement.check(self)  # on the agreed step: save_agreed_step, stop_preempted
+            self._agreement.check()  # on the agreed step: save_agreed_step, stop_preempted
             if self._preempted:
                 return
         elif self._preempted:

@@ -18,6 +18,8 @@ from typing import Any
 
 import keras
 
+from kerasdist import compat
+from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
 from kerasdist.checkpoint.format import (
     MODEL_FILE,
     REPLACED_MARK,
@@ -283,7 +285,9 @@ def make_or_restore_model(
     The model is built by `build_fn()` inside the strategy's scope (the given `strategy`, else the
     active one). When `checkpoint_dir` holds checkpoints, the newest valid one (by the epoch and
     step recorded in it) is loaded: weights, optimizer state and random-generator states; damaged
-    ones are skipped with a warning. `latest_checkpoint(checkpoint_dir)` then tells the epoch and
+    ones are skipped with a warning. Under a multi-worker strategy only the chief reads
+    `checkpoint_dir`, and every other worker gets the state it restored (hosts need not share a
+    disk; see `chief_state`). `latest_checkpoint(checkpoint_dir)` then tells the epoch and
     step to resume from; pass its `epoch` as `initial_epoch` to `fit` (or use `resume_fit`, which
     continues from the checkpoint restored here) so `epochs=N` means N in total.
 
@@ -304,12 +308,19 @@ def make_or_restore_model(
         raise ValueError(f"build_fn must be a function returning a Keras model, got {type(build_fn).__name__}.")
     context = run_context(strategy)
     manager = as_manager(checkpoint_dir)
+    multi_worker = compat.is_multi_worker(context.strategy)
+    compat.warm_saving_skipsets()  # outside the scope: Keras's loading makes variables otherwise
     with context.strategy.scope():
         if build_fn is None:
+            if multi_worker:
+                check_chief_checkpoint_is_seen(manager, context)
             model = manager.load_model(custom_objects, safe_mode)
         else:
             model = _build(build_fn)
-            manager.restore(model)
+            if multi_worker:  # only the chief reads: the hosts may share no disk
+                restore_from_chief(manager, model, context)
+            else:
+                manager.restore(model)
     guard_train_function(model)
     return model
 
