@@ -142,8 +142,6 @@ def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_clust
     assert trial.restarts == 1 and trial.statuses == [75, 0], trial.line()
 
 
-@pytest.mark.xfail(strict=True, reason="needs main's 'state from the chief' (issue #21 item 5): today "
-                   "worker 1 finds no checkpoint on its own scratch and the restart fails in a collective")
 def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(slurm_cluster, reference):
     """`--checkpoint-dir` on node-local scratch (the same path on both hosts, only the chief's has
     the checkpoints): preempted mid-training, the requeued job restores every worker from the
