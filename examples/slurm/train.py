@@ -19,10 +19,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import kerasdist  # noqa: E402
+# kerasdist first: from its import on, a SIGTERM before training exits 75 at once (nothing to save)
+import kerasdist  # noqa: E402, I001
+import keras  # noqa: E402, I001
+import numpy as np  # noqa: E402, I001
 
 SEED = 2026
 
