@@ -172,6 +172,11 @@ class SlurmCluster:
     def down(self) -> None:
         """Stop every process of the cluster, delete its namespaces and its directory."""
         _teardown(self.name, self.root)
+        for process in self._daemons.values():  # reap them (all killed by now)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         self._daemons.clear()
 
     def _make_files(self) -> None:
@@ -445,10 +450,9 @@ def _owner_alive(root: Path) -> bool:
 def _teardown(name: str, root: Path) -> None:
     """Kill every process in the run's namespaces and its munged, delete the namespaces and files."""
     namespaces = [ns for ns in _list_netns() if ns.startswith(f"{name}-")]
-    for sig in (signal.SIGKILL,):
-        for ns in namespaces:
-            for pid in _netns_pids(ns):
-                _kill(pid, sig)
+    for ns in namespaces:
+        for pid in _netns_pids(ns):
+            _kill(pid, signal.SIGKILL)
     munge_pid = root / "munge" / "munged.pid"
     if munge_pid.exists():
         try:

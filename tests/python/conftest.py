@@ -38,23 +38,27 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
     )
 
 
+def require_slurm_cluster():
+    """tools/slurm_cluster.py, once this machine can run it: skips with the reason where it cannot
+    (not root, slurm-wlm/munge missing), unless CI=true, where these tests must run and fail."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import slurm_cluster
+
+    reason = slurm_cluster.missing_requirements()
+    if reason:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(reason)
+    return slurm_cluster
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A real Slurm cluster of 2 hosts (tools/slurm_cluster.py), shared by the tests that need one.
-
-    Skipped with the reason where it cannot run (not root, slurm-wlm/munge missing) unless CI=true:
-    there these tests must run, so a cluster that cannot start fails them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    from slurm_cluster import ClusterError, SlurmCluster, missing_requirements
-
-    in_ci = os.environ.get("CI") == "true"
-    reason = missing_requirements()
-    if reason:
-        (pytest.fail if in_ci else pytest.skip)(reason)
-    cluster = SlurmCluster(2)
+    """A real Slurm cluster of 2 hosts (tools/slurm_cluster.py), shared by the tests that need one;
+    a cluster that cannot start fails them."""
+    harness = require_slurm_cluster()
+    cluster = harness.SlurmCluster(2)
     try:
         cluster.up()
-    except ClusterError as error:
+    except harness.ClusterError as error:
         pytest.fail(f"the Slurm test cluster did not start: {error}")
     try:
         yield cluster

@@ -10,16 +10,21 @@ CI=true, where a cluster that cannot start fails).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import require_slurm_cluster
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import slurm_chaos as chaos  # noqa: E402
 
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 TOL = chaos.STEPS * float(np.finfo(np.float32).eps)  # RELIABILITY.md: steps x float32 eps
 
 
@@ -156,3 +161,40 @@ def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(s
                for h in range(2)]
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
     assert job.restarts == 1 and chaos.step_statuses(output) == [75, 0], (listing, output[-3000:])
+
+
+def leftovers(run: str) -> list[str]:
+    """What a cluster run left on this machine: namespaces, daemons and its directory."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    daemons = subprocess.run(["pgrep", "-af", f"kdslurm-{run}"], capture_output=True, text=True).stdout
+    found = [line for line in namespaces.splitlines() if run in line]
+    found += [line for line in daemons.splitlines() if "slurm" in line and "pgrep" not in line]
+    return found + [str(p) for p in Path("/tmp").glob(f"kdslurm-{run}")]
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "kill"])
+def test_a_cluster_leaves_nothing_behind_when_interrupted_or_when_its_owner_is_killed(stop):
+    """`slurm_cluster.py up` stopped by Ctrl-C tears its cluster down; one SIGKILLed (no chance to
+    clean up) is removed by the next `cleanup`. Nothing stays: namespaces, daemons, files."""
+    require_slurm_cluster()
+    process = subprocess.Popen([sys.executable, str(TOOLS / "slurm_cluster.py"), "up", "--hosts", "2"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("run "), first
+        run = first.split()[1].rstrip(":")
+        assert leftovers(run), "the cluster is not up"
+        process.send_signal(signal.SIGINT if stop == "interrupt" else signal.SIGKILL)
+        process.wait(timeout=30)
+        if stop == "kill":
+            assert leftovers(run), "a SIGKILLed owner cannot have cleaned up"
+            cleaned = subprocess.run([sys.executable, str(TOOLS / "slurm_cluster.py"), "cleanup"],
+                                     capture_output=True, text=True, timeout=60)
+            assert f"kdslurm-{run}" in cleaned.stdout
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 10
+    while leftovers(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(run) == []
