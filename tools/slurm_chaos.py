@@ -140,13 +140,13 @@ def wait_for_output(cluster: SlurmCluster, job_id: int, pattern: str, timeout: f
 
 
 def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, at: float | str, how: str,
-                  timeout: float = 300) -> Trial:
+                  timeout: float = 300, step_seconds: float = STEP_SECONDS) -> Trial:
     """Submit the recipe, signal it at `at` (seconds after it starts running, or once its output
     matches that regular expression; `how`: "tasks" or "full"), wait until it ends for good
     (releasing its requeues) and compare every task's weights with `reference`'s."""
     run = new_run(cluster, f"trial-{index}", reference.language)
     started = time.monotonic()
-    job_id = submit(cluster, run)
+    job_id = submit(cluster, run, step_seconds=step_seconds)
     cluster.wait_started(job_id)
     running = time.monotonic()
     if isinstance(at, str):
@@ -170,10 +170,11 @@ def training_process_started(cluster: SlurmCluster) -> bool:
     return any(not cmdline(pid).startswith(("srun", "setsid")) for pid in pids)
 
 
-def reference_run(cluster: SlurmCluster, language: str = "python", timeout: float = 300) -> tuple[Run, float]:
+def reference_run(cluster: SlurmCluster, language: str = "python", timeout: float = 300,
+                  step_seconds: float = STEP_SECONDS) -> tuple[Run, float]:
     """An uninterrupted recipe job; (its run, seconds from running to its end)."""
     run = new_run(cluster, f"reference-{language}", language)
-    job_id = submit(cluster, run)
+    job_id = submit(cluster, run, step_seconds=step_seconds)
     cluster.wait_started(job_id)
     started = time.monotonic()
     job = cluster.wait_final(job_id, timeout)

@@ -25,13 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import slurm_chaos as chaos  # noqa: E402
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
+PACE = 0.1  # seconds each step sleeps: training spans a few seconds, so step markers are caught mid-run
 TOL = chaos.STEPS * float(np.finfo(np.float32).eps)  # RELIABILITY.md: steps x float32 eps
 
 
 @pytest.fixture(scope="module")
 def reference(slurm_cluster) -> chaos.Run:
     """An uninterrupted Python job of the recipe on 2 hosts."""
-    run, _ = chaos.reference_run(slurm_cluster)
+    run, _ = chaos.reference_run(slurm_cluster, step_seconds=PACE)
     return run
 
 
@@ -60,7 +61,8 @@ def test_preemption_at_any_instant_short_chaos(slurm_cluster, reference):
     """Three instants of tools/slurm_chaos.py: before Python starts (the tasks), mid-training
     (the batch shell too, as `scancel --full`) and after fit returns (the tasks)."""
     instants = [(0.3, "tasks"), (r"^step 14$", "full"), (r"done:", "tasks")]
-    trials = [chaos.preempt_trial(slurm_cluster, reference, i, at, how) for i, (at, how) in enumerate(instants)]
+    trials = [chaos.preempt_trial(slurm_cluster, reference, i, at, how, step_seconds=PACE)
+              for i, (at, how) in enumerate(instants)]
     for trial in trials:
         print(trial.line())
     report = "\n".join(f"{t.line()}\n{t.output}" for t in trials)
@@ -75,7 +77,7 @@ def test_scheduler_preemption_by_a_high_priority_job_requeues_and_completes_equa
     """PreemptType=preempt/partition_prio, PreemptMode=REQUEUE: a job in the high partition takes
     both nodes; the tasks save and exit 75, the job is requeued and resumes once the nodes are free."""
     run = chaos.new_run(slurm_cluster, "preempted-by-scheduler")
-    job_id = chaos.submit(slurm_cluster, run)
+    job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 12$")
     urgent = slurm_cluster.shared / "urgent.sh"
@@ -107,7 +109,7 @@ def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_eq
     """An OOM kill (SIGKILL to one task): the recipe starts the step again inside the same
     allocation (no requeue) and the job completes with the reference's weights."""
     run = chaos.new_run(slurm_cluster, "sigkill")
-    job_id = chaos.submit(slurm_cluster, run)
+    job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
     victims = [p for p in slurm_cluster.host_processes(1, "train.py") if "slurmstepd" not in chaos.cmdline(p)]
@@ -124,7 +126,7 @@ def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_bac
     """Host n1's slurmd and tasks are SIGKILLed mid-training: Slurm notices (SlurmdTimeout=5),
     requeues the job, and it completes once the host is back."""
     run = chaos.new_run(slurm_cluster, "lost-host")
-    job_id = chaos.submit(slurm_cluster, run)
+    job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
     assert slurm_cluster.kill_host(1)
@@ -140,8 +142,8 @@ def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_bac
 def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster):
     """train.R under srun on both hosts: SIGTERM mid-training, 75, requeued, bitwise equal to an
     uninterrupted R job."""
-    r_reference, _ = chaos.reference_run(slurm_cluster, "r")
-    trial = chaos.preempt_trial(slurm_cluster, r_reference, 100, r"^step 12\s*$", "tasks")
+    r_reference, _ = chaos.reference_run(slurm_cluster, "r", step_seconds=PACE)
+    trial = chaos.preempt_trial(slurm_cluster, r_reference, 100, r"^step 12\s*$", "tasks", step_seconds=PACE)
     print(trial.line())
     assert trial.state == "COMPLETED" and trial.equal, trial.line()
     assert trial.restarts == 1 and trial.statuses == [75, 0], trial.line()
@@ -152,7 +154,8 @@ def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(s
     the checkpoints): preempted mid-training, the requeued job restores every worker from the
     chief's newest checkpoint and ends bitwise equal."""
     run = chaos.new_run(slurm_cluster, "node-local")
-    job_id = chaos.submit(slurm_cluster, run, checkpoint_dir=slurm_cluster.scratch / "node-local-ckpt")
+    job_id = chaos.submit(slurm_cluster, run, checkpoint_dir=slurm_cluster.scratch / "node-local-ckpt",
+                          step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 12$")
     slurm_cluster.signal_job(job_id, "TERM")
