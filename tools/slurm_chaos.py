@@ -5,8 +5,8 @@ usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [-
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
 reference), then per trial submits the same job and sends SIGTERM at a random instant over the
-whole job: before Python starts, while TensorFlow starts, before the first step, mid-epoch, during
-a save, in the last steps or after fit returns. Half the trials signal the tasks
+whole job (`random_instant`): before Python starts, while TensorFlow starts, before the first
+step, mid-epoch, during a save, in the last steps or after fit returns. Half the trials signal the tasks
 (`scancel --signal=TERM`), the other half the batch shell too (`scancel --full`, as the scheduler's
 preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every task's final
 weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
@@ -183,6 +183,22 @@ def reference_run(cluster: SlurmCluster, language: str = "python", timeout: floa
     return run, time.monotonic() - started
 
 
+def random_instant(rng: random.Random) -> float | str:
+    """When to signal a trial: one of four kinds of instant, equally likely, so that each phase of
+    the job is hit (uniform times would mostly land in start-up and in the exit after training):
+    0-0.5 s after the job starts (before Python runs), 1-6 s (while Python and TensorFlow start),
+    right after a random step 1-30 is printed (mid-epoch, during a save: a checkpoint follows
+    every step, the last steps), or once a task has printed that fit returned."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        return rng.uniform(0.0, 0.5)
+    if kind == 1:
+        return rng.uniform(1.0, 6.0)
+    if kind == 2:
+        return rf"^step {rng.randint(1, STEPS)}\s*$"
+    return "done:"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
@@ -192,15 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the trials as JSON here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # tear the cluster down on kill too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # and on Ctrl-C, also when started in the background
     rng = random.Random(args.seed)
     began = time.monotonic()
     with SlurmCluster(args.hosts) as cluster:
         reference, duration = reference_run(cluster, "r" if args.r else "python")
-        print(f"reference job: {duration:.1f} s from start to end; signals at 0-{duration + 1:.1f} s", flush=True)
+        print(f"reference job: {duration:.1f} s from start to end", flush=True)
         trials = []
         for index in range(args.trials):
-            delay = rng.uniform(0, duration + 1)
-            trial = preempt_trial(cluster, reference, index, delay, rng.choice(["tasks", "full"]))
+            at = random_instant(rng)
+            trial = preempt_trial(cluster, reference, index, at, rng.choice(["tasks", "full"]))
             trials.append(trial)
             print(trial.line(), flush=True)
             if not (trial.state == "COMPLETED" and trial.equal):

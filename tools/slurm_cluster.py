@@ -503,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{PREFIX}{args.run_id.removeprefix(PREFIX)}")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Ctrl-C stops it even when started in the background, where SIGINT comes in ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with SlurmCluster(args.hosts) as cluster:
         print(f"run {cluster.run_id}: nodes {', '.join(cluster.node_names)}; clients:\n"
               f"  SLURM_CONF={cluster.conf} nsenter --net={NETNS_DIR / cluster.controller_ns} sinfo\n"
