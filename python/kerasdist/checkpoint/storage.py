@@ -305,6 +305,8 @@ class ObjectStore:
     """
 
     def __init__(self, url: str, scheme: str, storage_options: Mapping[str, Any]):
+        if not url.split("://", 1)[1].strip("/"):
+            raise ValueError(f"checkpoint_dir {url!r} names no bucket or folder: write e.g. {scheme}://bucket/run.")
         plugin, install = _OBJECT_SCHEMES[scheme]
         try:
             import fsspec
@@ -321,8 +323,6 @@ class ObjectStore:
         self.scheme = scheme
         self.storage_options = dict(storage_options)
         self.root = self.fs._strip_protocol(url).rstrip("/")
-        if not self.root.strip("/"):
-            raise ValueError(f"checkpoint_dir {url!r} names no bucket or folder: write e.g. {scheme}://bucket/run.")
         self.url = f"{scheme}://{self.root.lstrip('/')}"
         self._checked = False
         self._reachable = False
@@ -362,14 +362,19 @@ class ObjectStore:
             return
         bucket = self.root.lstrip("/").split("/", 1)[0]
         try:
-            exists = self.fs.exists(bucket)
-        except Exception as err:  # noqa: BLE001
-            raise ValueError(f"checkpoint_dir {self.url!r} cannot be reached: {_reason(err)}") from None
-        if not exists:
+            self.fs.info(bucket)
+        except FileNotFoundError:
             raise ValueError(
-                f"checkpoint_dir {self.url!r}: the bucket {bucket!r} does not exist (or these "
-                "credentials cannot see it); kerasdist does not create buckets."
-            )
+                f"checkpoint_dir {self.url!r}: the bucket {bucket!r} does not exist; kerasdist does not "
+                "create buckets."
+            ) from None
+        except PermissionError as err:
+            raise ValueError(
+                f"checkpoint_dir {self.url!r}: access denied ({_reason(err)}) Check the credentials "
+                "(storage_options, or the environment and credentials files)."
+            ) from None
+        except Exception as err:  # noqa: BLE001 (whatever the plugin raises: named here)
+            raise ValueError(f"checkpoint_dir {self.url!r} cannot be reached: {_reason(err)}") from None
         self._reachable = True
 
     # -- reading ---------------------------------------------------------------------------
