@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -248,28 +249,36 @@ def test_s3_errors_name_checkpoint_dir_before_training(s3, tmp_path):
     assert s3fs_of(s3).find(bucket) == []  # nothing was written
 
 
-def run_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TRAIN_SCRIPT), url, str(out), "--epochs", "2", *extra],
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+def start_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), url, str(out), "--epochs", "2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+
+
+def finished(trainer: subprocess.Popen) -> tuple[int, str]:
+    output, _ = trainer.communicate(timeout=300)
+    return trainer.returncode, output
 
 
 def test_a_trainer_killed_mid_upload_resumes_bitwise(s3, tmp_path):
     """The trainer is configured the ecosystem's way (AWS_* environment variables) and SIGKILLs
     itself between uploading a checkpoint's files and its record."""
     env = s3.environment()
-    reference = run_trainer(str(tmp_path / "reference"), tmp_path / "reference.npz", {})
-    assert reference.returncode == 0, reference.stdout + reference.stderr
     url = f"s3://{s3.make_bucket()}/run"
-    killed = run_trainer(url, tmp_path / "killed.npz", env, "--kill-during-upload", "9")
-    assert killed.returncode == -9, killed.stdout + killed.stderr
+    reference = start_trainer(str(tmp_path / "reference"), tmp_path / "reference.npz", {})
+    killed = start_trainer(url, tmp_path / "killed.npz", env, "--kill-during-upload", "9")
+    code, output = finished(killed)
+    assert code == -signal.SIGKILL, output
+    code, output = finished(reference)
+    assert code == 0, output
     fs = s3fs_of(s3)
     root = url[len("s3://"):]
     assert fs.exists(f"{root}/ckpt-9/model.keras") and not fs.exists(f"{root}/ckpt-9/state.json")  # torn upload
     with kerasdist_env(env):
         assert [c.global_step for c in kerasdist.list_checkpoints(url)][-1] == 6
-    resumed = run_trainer(url, tmp_path / "resumed.npz", env)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "step 7" in resumed.stdout.split("\n")[0]  # continued after ckpt-6
+    code, output = finished(start_trainer(url, tmp_path / "resumed.npz", env))
+    assert code == 0, output
+    assert [line for line in output.split("\n") if line.startswith("step ")][0] == "step 7"  # after ckpt-6
+    assert "ckpt-9/state.json is missing (the save never completed)" in output
     expected, got = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
     assert all(np.array_equal(expected[name], got[name]) for name in expected.files)
     fs.invalidate_cache()

@@ -444,15 +444,18 @@ class ObjectStore:
     def commit(self, step: int, files: Mapping[str, bytes]) -> str:
         """Upload `files` as a checkpoint of `step`, the record last; returns the entry's name.
         Older entries of the same step are deleted once the new record is in place."""
-        base = f"{CHECKPOINT_PREFIX}{step}"
-        same_step = [e for e in self.entries() if e == base or e.startswith(base + SAVED_AGAIN_MARK)]
-        entry = base if not same_step else f"{base}{SAVED_AGAIN_MARK}{time.time_ns():020d}"
+        entry, uploading = f"{CHECKPOINT_PREFIX}{step}", False
         try:
+            same_step = [e for e in self.entries() if e == entry or e.startswith(entry + SAVED_AGAIN_MARK)]
+            if same_step:  # a new name: the old one stays valid until the new record is in place
+                entry = f"{entry}{SAVED_AGAIN_MARK}{time.time_ns():020d}"
+            uploading = True
             for name in _record_last(files):
                 self.fs.pipe_file(self._key(entry, name), files[name])
         except BaseException as err:
-            with contextlib.suppress(Exception):
-                self.remove(entry)
+            if uploading:  # only the entry this save began, never an older one
+                with contextlib.suppress(Exception):
+                    self.remove(entry)
             if isinstance(err, Exception):
                 raise OSError(f"Saving checkpoint {self.path_of(entry)} failed: {_reason(err)}") from err
             raise
