@@ -13,6 +13,7 @@ removed, by `S3TestServer.stop()` (also when the process that started it exits).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ACCESS_KEY = "kerasdist-test"
+_READY_BUCKET = "kerasdist-ready"  # where the readiness probe writes (kept across restarts)
 _PORT_OPTIONS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
     "filer.port.grpc", "s3.port.grpc", "metricsPort", "debug.port", "iam.port",
@@ -80,7 +82,7 @@ class S3TestServer:
             weed, "server", f"-dir={data_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=0",
-            "-master.volumeSizeLimitMB=64",
+            "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
             *(f"-{option}={port}" for option, port in zip(_PORT_OPTIONS, ports, strict=False)),
         ]
         self._log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 (closed by stop)
@@ -126,13 +128,13 @@ class S3TestServer:
                                config_kwargs={"connect_timeout": 1, "read_timeout": 2,
                                               "retries": {"max_attempts": 1}})
         while True:
-            probe = f"ready{uuid.uuid4().hex[:8]}"
             if not self.running:
                 raise RuntimeError(f"weed server exited with {self.process.returncode}: {self._log_tail()}")
-            try:
-                fs.mkdir(probe)  # needs the master, a volume and the filer, not only the S3 port
-                fs.pipe_file(f"{probe}/x", b"x")
-                fs.rm(probe, recursive=True)
+            try:  # needs the master, a volume and the filer, not only the S3 port
+                fs.invalidate_cache()
+                if not fs.exists(_READY_BUCKET):
+                    fs.mkdir(_READY_BUCKET)
+                fs.pipe_file(f"{_READY_BUCKET}/probe", b"x")
                 return
             except Exception:  # noqa: BLE001 (not up yet: any error)
                 if time.monotonic() > deadline:
@@ -147,16 +149,11 @@ class S3TestServer:
             return "(no log)"
 
     def stop(self, remove: bool = True) -> None:
-        """Stop the server (its whole process group); with `remove`, delete its data too."""
+        """Kill the server (its whole process group); with `remove`, delete its data too."""
         if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(3)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # killed outright: its data is disposable
                 os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-            except ProcessLookupError:
-                pass
+            self.process.wait()
         if remove:
             self._log.close()
             shutil.rmtree(self.data_dir, ignore_errors=True)
