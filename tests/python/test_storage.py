@@ -328,3 +328,13 @@ def test_s3_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun
     for a, b in zip(reference.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]
+
+
+def test_a_model_remembers_its_store_with_its_options(s3):
+    """resume_fit(model, data, epochs, url) without storage_options uses the options the model
+    was restored with (make_or_restore_model remembers its manager)."""
+    url, options = f"s3://{s3.make_bucket()}/run", s3.storage_options()
+    model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+    data = kerasdist.make_dataset(X, X.sum(1), batch_size=4, seed=1)
+    kerasdist.resume_fit(model, data, 1, url, verbose=0)
+    assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]

@@ -218,12 +218,14 @@ def _build_optimizer(model: Any, path: str) -> None:
 def as_manager(checkpoint_dir: Any, model: Any = None,
                storage_options: Mapping[str, Any] | None = None) -> CheckpointManager:
     """`checkpoint_dir` as a manager: itself if it is one, the manager `model` was restored by
-    when it names the same directory, else a new manager of that directory."""
+    when it names the same directory (a URL given without `storage_options` names the store the
+    model came from, with its options), else a new manager of that directory."""
     if isinstance(checkpoint_dir, CheckpointManager):
         return checkpoint_dir
     store = open_store(checkpoint_dir, storage_options)
     remembered = manager_of(model) if model is not None else None
-    if remembered is not None and remembered.store.same_as(store):
+    if remembered is not None and (remembered.store.same_as(store) or (
+            storage_options is None and remembered.store.location == store.location)):
         return remembered
     manager = CheckpointManager(store)
     manager.create()

@@ -170,7 +170,7 @@ class LocalStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f"{TEMP_PREFIX}probe-{uuid.uuid4().hex[:8]}"
             probe.write_bytes(b"")
-            probe.unlink()
+            probe.unlink(missing_ok=True)  # the chief may have swept it already (remove_temporary)
         except OSError as err:
             raise ValueError(f"checkpoint_dir {self.location!r} is not writable: {err.strerror}.") from None
 
@@ -350,7 +350,8 @@ class ObjectStore:
         probe = f"{self.root}/{TEMP_PREFIX}probe-{uuid.uuid4().hex[:8]}"
         try:
             self.fs.pipe_file(probe, b"")
-            self.fs.rm_file(probe)
+            with contextlib.suppress(FileNotFoundError):  # the chief may have swept it already
+                self.fs.rm_file(probe)
         except Exception as err:  # noqa: BLE001 (whatever the plugin raises: named here)
             raise ValueError(f"checkpoint_dir {self.url!r} is not writable: {_reason(err)}") from None
         self._checked = True
