@@ -270,6 +270,12 @@ damage_object <- function(fs, path, row) {
   )
 }
 
+# memory:// needs fsspec in kerasdist's Python (tools/constraints.txt; install_kerasdist(storage = "s3"))
+skip_if_no_fsspec <- function() {
+  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1") || reticulate::py_module_available("fsspec")) return(invisible())
+  skip("no fsspec in kerasdist's Python: install_kerasdist(storage = \"s3\")")
+}
+
 for (where in c("memory", "s3")) {
   for (row in checkpoint_cases()$object_damage) {
     local({
@@ -277,6 +283,7 @@ for (where in c("memory", "s3")) {
       where <- where
       test_that(paste0("object damage case on ", where, ": ", row$id), {
         skip_if_no_kerasdist()
+        skip_if_no_fsspec()
         fsspec <- reticulate::import("fsspec")
         memory <- fsspec$filesystem("memory")
         template_root <- sub("^memory://", "/", object_template())
@@ -318,6 +325,7 @@ for (where in c("memory", "s3")) {
 
 test_that("an object-store URL is never a local folder, and a missing plugin is a readable condition", {
   skip_if_no_kerasdist()
+  skip_if_no_fsspec()
   dir <- withr::local_tempdir()
   withr::local_dir(dir)
   url <- memory_url()
