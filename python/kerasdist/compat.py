@@ -42,6 +42,13 @@ CPU, where those pipelines run, the mark changes nothing else (integers live in 
 way). Functions that return int32 tensors are left unmarked (see `map_on_cpu`).
 tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
 marked function with an int32 result stops failing.
+
+Keras's public `save_model` refuses a file object ("Invalid filepath extension": it checks the
+name's extension first), though the saving library under it writes a `.keras` archive to one. A
+checkpoint is made in memory before it is written anywhere (`checkpoint/format.py`, so that object
+stores and background saves get bytes), so `keras_model_bytes` calls the library directly, and
+falls back to a temporary file where the library moved. tests/python/test_storage.py fails once
+the public function takes file objects, so the shim can go.
 """
 
 from __future__ import annotations
@@ -340,3 +347,22 @@ class _SingleDeviceFunctionDataset(dataset_ops.UnaryDataset):
     @property
     def element_spec(self) -> Any:
         return self._structure
+
+
+def keras_model_bytes(model: Any) -> bytes:
+    """The `.keras` archive of `model` (what `model.save("x.keras")` writes) as bytes."""
+    import io
+
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError:  # the library moved: the same archive through a temporary file
+        saving_lib = None
+    if saving_lib is not None:
+        archive = io.BytesIO()
+        saving_lib.save_model(model, archive)
+        return archive.getvalue()
+    with tempfile.TemporaryDirectory(prefix="kerasdist-save-") as temp:
+        path = os.path.join(temp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as stream:
+            return stream.read()

@@ -154,6 +154,8 @@ test_that("install_kerasdist() refuses bad arguments before creating anything", 
   env <- file.path(withr::local_tempdir(), "env")
   expect_error(install_kerasdist(envname = c("a", "b")), "envname must be", class = "kerasdist_error")
   expect_error(install_kerasdist(env, gpu = "yes"), "gpu must be TRUE or FALSE", class = "kerasdist_error")
+  expect_error(install_kerasdist(env, storage = "azure"), 'storage must be NULL or one or both of "s3" and "gcs"',
+               class = "kerasdist_error")
   expect_error(install_kerasdist(env, source = file.path(env, "missing")), "source must be a kerasdist wheel",
                class = "kerasdist_error")
   expect_false(dir.exists(env))

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ def checkpoint_callback(
     monitor: str = "loss",
     mode: str = "min",
     handle_sigterm: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
@@ -41,7 +42,8 @@ def checkpoint_callback(
     (`checkpoint/preemption.py`): the chief saves that step and every worker exits with 75.
 
     Args:
-        checkpoint_dir: where checkpoints go; created if missing.
+        checkpoint_dir: where checkpoints go, created if missing: a directory, or an object-store
+            URL (`s3://bucket/run`, `gs://bucket/run`; see `CheckpointManager`).
         every_epoch: save at each epoch end.
         every_steps: also save every this many steps (None: only at epoch ends).
         keep: how many of the newest checkpoints to keep (>= 1).
@@ -49,10 +51,12 @@ def checkpoint_callback(
         monitor: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
         mode: "min" or "max": whether a smaller or larger `monitor` is better.
         handle_sigterm: save and exit on SIGTERM (preemption); default True.
+        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
     """
     return CheckpointCallback(
         checkpoint_dir, every_epoch=every_epoch, every_steps=every_steps, keep=keep,
         keep_best=keep_best, monitor=monitor, mode=mode, handle_sigterm=handle_sigterm,
+        storage_options=storage_options,
     )
 
 
@@ -71,10 +75,10 @@ class CheckpointCallback(keras.callbacks.Callback):
     """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`."""
 
     def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
-                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True):
+                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True, storage_options=None):
         super().__init__()
         check_callback_args(every_epoch, every_steps, keep, mode, monitor)
-        self.manager: CheckpointManager = as_manager(checkpoint_dir)
+        self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=storage_options)
         self.every_epoch = every_epoch
         self.every_steps = every_steps
         self.keep = keep
@@ -105,7 +109,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
-    def checkpoint_dir(self) -> Path:
+    def checkpoint_dir(self) -> Path | str:
         return self.manager.directory
 
     @property

@@ -72,7 +72,7 @@ def check_chief_checkpoint_is_seen(manager: Any, context: Any) -> None:
     the same error before anything is built."""
     strategy = context.strategy
     mine = manager.latest()
-    record = None if mine is None else read_record(mine.path)
+    record = None if mine is None else read_record(manager.store, manager.store.entry_of(mine.path))
     chief = _broadcast_json(strategy, context.is_chief, {"record": record} if context.is_chief else {})
     missing = int(_sum_over_workers(strategy, np.array([int(record != chief["record"])], np.int64))[0])
     if missing:

@@ -69,6 +69,7 @@ def distributed_fit(
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
     steps_per_execution: int | str = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -92,7 +93,8 @@ def distributed_fit(
         x, y: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
             unbatched elements, file patterns).
         epochs: total number of epochs, counting those done by earlier (interrupted) runs.
-        checkpoint_dir: directory of checkpoints; created if missing.
+        checkpoint_dir: directory of checkpoints, created if missing; or an object-store URL
+            (`s3://bucket/run`, `gs://bucket/run`): see `CheckpointManager`.
         strategy: a `tf.distribute.Strategy` (from `select_strategy` or not), or a kind for
             `select_strategy`: "auto" (default), "default", "mirrored", ...
         batch_size: global batch size; or give `per_replica_batch_size`; neither means 32.
@@ -123,6 +125,8 @@ def distributed_fit(
             compute (from the model's size and the batch), which hides the per-call hand-off of
             small models. Not recorded: a resumed run may use another value and still continues
             exactly.
+        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
+            passed to its fsspec filesystem; None: environment variables and credentials files.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -148,7 +152,8 @@ def distributed_fit(
     boolean("shuffle", shuffle)
     check_callback_args(True, every_steps, keep, "min", "loss")
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
-    checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
+    # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
+    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
     check_resumed_settings_of(checkpoints, settings)
 
     context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)

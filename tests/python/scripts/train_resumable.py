@@ -1,12 +1,16 @@
 """A seeded training run that can be killed at any point and restarted (fault-injection tests).
 
-usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E]
+usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] [--kill-during-upload G]
 Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
-and writes the final weights to OUT.npz when training completes.
+and writes the final weights to OUT.npz when training completes. CHECKPOINT_DIR may be an
+object-store URL (configured by the AWS_* environment variables); with --kill-during-upload the
+run SIGKILLs itself while saving the checkpoint of step G, after its files are uploaded and
+before its completion record is.
 """
 
 import argparse
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,13 +48,37 @@ class PrintSteps(keras.callbacks.Callback):
         print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
 
 
+def kill_during_upload(step):
+    """SIGKILL this process when the completion record of checkpoint `step` is about to go up."""
+    from kerasdist.checkpoint import storage
+
+    commit = storage.ObjectStore.commit
+
+    def killing_commit(self, global_step, files):
+        if global_step == step:
+            pipe = self.fs.pipe_file
+
+            def pipe_or_die(path, data, **kwargs):
+                if path.endswith("/" + storage.RECORD_FILE):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return pipe(path, data, **kwargs)
+
+            self.fs.pipe_file = pipe_or_die
+        return commit(self, global_step, files)
+
+    storage.ObjectStore.commit = killing_commit
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("checkpoint_dir")
     parser.add_argument("out")
     parser.add_argument("--every-steps", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--kill-during-upload", type=int, default=None)
     args = parser.parse_args()
+    if args.kill_during_upload is not None:
+        kill_during_upload(args.kill_during_upload)
 
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
