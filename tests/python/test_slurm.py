@@ -10,6 +10,7 @@ CI=true, where a cluster that cannot start fails).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,13 @@ def assert_completed_equal(cluster, job_id: int, run: chaos.Run, reference: chao
     for task in range(2):
         assert chaos.bitwise_equal(run.weights(task), reference.weights(task)), (task, output[-3000:])
     return job, output
+
+
+def first_step_after_the_requeue(output: str) -> int:
+    """The first step the requeued job trained: past the preempted job's last step when it resumed
+    from a checkpoint (a job that started over would end bitwise equal too)."""
+    after = output.split("kerasdist: step exited with status 75", 1)[1]
+    return int(re.search(r"^step (\d+)\s*$", after, re.M).group(1))
 
 
 def test_recipe_trains_both_hosts_to_the_same_weights_as_one_process(slurm_cluster, reference, tmp_path):
@@ -164,6 +172,29 @@ def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(s
                for h in range(2)]
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
     assert job.restarts == 1 and chaos.step_statuses(output) == [75, 0], (listing, output[-3000:])
+    assert first_step_after_the_requeue(output) > 12, output[-3000:]
+
+
+def test_checkpoints_in_an_s3_bucket_across_hosts_preempted_and_requeued_end_equal(slurm_cluster, reference):
+    """`--checkpoint-dir s3://...` on a SeaweedFS server on the cluster's network (issue #22 item 4),
+    configured the ecosystem's way (AWS_* variables in the job's environment): preempted
+    mid-training, the requeued job resumes from the bucket and ends bitwise equal."""
+    server = slurm_cluster.start_s3()
+    try:
+        bucket = server.make_bucket()
+        run = chaos.new_run(slurm_cluster, "s3")
+        job_id = chaos.submit(slurm_cluster, run, env=server.environment(),
+                              checkpoint_dir=f"s3://{bucket}/run", step_seconds=PACE)
+        slurm_cluster.wait_started(job_id)
+        chaos.wait_for_output(slurm_cluster, job_id, r"^step 12$")
+        slurm_cluster.signal_job(job_id, "TERM")
+        slurm_cluster.wait_final(job_id, 300)
+        job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
+        assert job.restarts == 1 and chaos.step_statuses(output) == [75, 0], output[-3000:]
+        assert first_step_after_the_requeue(output) > 12, output[-3000:]  # resumed from the bucket
+        assert not (chaos.ROOT / "s3:").exists() and not run.checkpoint_dir.exists()  # no local folder
+    finally:
+        server.stop()
 
 
 def leftovers(run: str) -> list[str]:
