@@ -35,6 +35,13 @@ CPU, where those pipelines run, the mark changes nothing else (integers live in 
 way). Functions that return int32 tensors are left unmarked (see `map_on_cpu`).
 tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
 marked function with an int32 result stops failing.
+
+Keras's `model.save` has no way to take a model's state quickly and write the file later, which
+background checkpoint saves need. `checkpoint/snapshot.py` runs Keras's own model walk
+(`saving_lib._save_state`) with a store that records what it is given, and replays it into
+Keras's own HDF5 store in the background. That uses saving internals, so it is gated on the Keras
+versions checked (`keras_snapshot_supported`); tests/python/test_background_save.py fails on any
+other version, and when the snapshot's files stop matching `model.save`'s.
 """
 
 from __future__ import annotations
@@ -281,3 +288,42 @@ class _SingleDeviceFunctionDataset(dataset_ops.UnaryDataset):
     @property
     def element_spec(self) -> Any:
         return self._structure
+
+
+# Keras releases whose saving internals `checkpoint/snapshot.py` records (3.15.1 checked): the
+# model walk `saving_lib._save_state`, `_serialize_model_as_json`, `H5IOStore` and `DiskIOStore`,
+# and the names of the files in a `.keras` zip.
+KERAS_SNAPSHOT_VERSIONS = ((3, 15), (3, 16))
+
+
+def keras_snapshot_supported(version: str = keras.__version__) -> bool:
+    """Whether background checkpoint saves may snapshot this Keras's models cheaply (else they
+    write the whole model on the training thread, as a synchronous save does)."""
+    return _version_within(version, KERAS_SNAPSHOT_VERSIONS)
+
+
+# Keras releases whose `saving_lib.get_attr_skipset` never finds the set it caches (3.15.1
+# checked): it reads the global attribute "saving_attr_skiplist_<type>" but stores it as
+# "saving_attr_skipset_<type>", so every save builds reference objects again (a Layer, an
+# Optimizer with its variables, a Metric, ...), about 10 ms per save of a 3-layer model.
+SKIPSET_CACHE_FIX_VERSIONS = ((3, 0), (3, 16))
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def keras_needs_skipset_cache(version: str = keras.__version__) -> bool:
+    return _version_within(version, SKIPSET_CACHE_FIX_VERSIONS)
+
+
+def cache_saving_skipsets() -> None:
+    """Store each skip set under the name `get_attr_skipset` reads, in this thread's Keras global
+    state (where `clear_session` drops it), so that saves made afterwards on this thread reuse it.
+    The sets are what `get_attr_skipset` computes: fixed per Keras version."""
+    if not keras_needs_skipset_cache():
+        return
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+
+    for obj_type in _SKIPSET_TYPES:
+        read_as = f"saving_attr_skiplist_{obj_type}"
+        if global_state.get_global_attribute(read_as) is None:
+            global_state.set_global_attribute(read_as, saving_lib.get_attr_skipset(obj_type))

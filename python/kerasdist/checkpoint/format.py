@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,9 +169,33 @@ def _sha256(path: Path) -> str:
 # Writing
 
 
-def write_checkpoint(
+def write_checkpoint(model: Any, directory: Path, **fields: Any) -> CheckpointInfo:
+    """Write one checkpoint of `model` into `directory` atomically and return it (the record's
+    fields as `checkpoint_record` takes them)."""
+    record = checkpoint_record(model, **fields)
+
+    def write_files(temp: Path) -> None:
+        model.save(temp / MODEL_FILE)
+        np.savez(temp / RNG_FILE, *seed_states(model))
+
+    return _write(directory, record, write_files)
+
+
+def write_checkpoint_files(directory: Path, record: dict[str, Any], files: dict[str, bytes]) -> CheckpointInfo:
+    """Write a checkpoint made elsewhere (`checkpoint_record`, and `snapshot.Snapshot.files()`)
+    into `directory` atomically and return it: the same commit as `write_checkpoint`'s."""
+    if set(files) != {MODEL_FILE, RNG_FILE}:
+        raise ValueError(f"A checkpoint's files are {MODEL_FILE} and {RNG_FILE}, got {sorted(files)}.")
+
+    def write_files(temp: Path) -> None:
+        for name, content in files.items():
+            (temp / name).write_bytes(content)
+
+    return _write(directory, record, write_files)
+
+
+def checkpoint_record(
     model: Any,
-    directory: Path,
     *,
     epoch: int,
     step_in_epoch: int = 0,
@@ -180,31 +205,35 @@ def write_checkpoint(
     settings: dict[str, Any] | None = None,
     global_batch_size: int | None = None,
     epoch_order: str | None = None,
-) -> CheckpointInfo:
-    """Write one checkpoint of `model` into `directory` atomically and return it. `settings`
-    (the run's training settings) and `epoch_order` go into the record only when given, so
-    records of runs without them are as before."""
-    global_step = optimizer_step(model)
+) -> dict[str, Any]:
+    """The completion record of a checkpoint of `model` now, without its `files`. `settings` (the
+    run's training settings) and `epoch_order` go into it only when given, so records of runs
+    without them are as before."""
+    return {
+        "format": FORMAT_VERSION,
+        "epoch": int(epoch),
+        "step_in_epoch": int(step_in_epoch),
+        "global_step": optimizer_step(model),
+        "saved_at": time.time(),
+        "writer": writer,
+        "global_batch_size": global_batch_size,
+        "signature": signature(model),
+        "history": plain(history or []),
+        "metrics": plain(metrics or {}),
+        **({"settings": dict(settings)} if settings else {}),
+        **({"epoch_order": epoch_order} if epoch_order else {}),
+    }
+
+
+def _write(directory: Path, record: dict[str, Any], write_files: Callable[[Path], None]) -> CheckpointInfo:
+    """Write the files (`write_files(temp)`) into a temporary directory, fsync and describe them in
+    the record, write the record last, then commit."""
+    global_step = record["global_step"]
     temp = directory / f"{TEMP_PREFIX}{global_step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temp.mkdir(parents=True)
     try:
-        model.save(temp / MODEL_FILE)
-        np.savez(temp / RNG_FILE, *seed_states(model))
-        record = {
-            "format": FORMAT_VERSION,
-            "epoch": int(epoch),
-            "step_in_epoch": int(step_in_epoch),
-            "global_step": global_step,
-            "saved_at": time.time(),
-            "writer": writer,
-            "global_batch_size": global_batch_size,
-            "signature": signature(model),
-            "history": plain(history or []),
-            "metrics": plain(metrics or {}),
-            **({"settings": dict(settings)} if settings else {}),
-            **({"epoch_order": epoch_order} if epoch_order else {}),
-            "files": {name: _fsync_and_describe(temp / name) for name in (MODEL_FILE, RNG_FILE)},
-        }
+        write_files(temp)
+        record = {**record, "files": {name: _fsync_and_describe(temp / name) for name in (MODEL_FILE, RNG_FILE)}}
         _write_durably(temp / RECORD_FILE, json.dumps(record, indent=1))
         _fsync_directory(temp)
         final = directory / f"{CHECKPOINT_PREFIX}{global_step}"

@@ -31,6 +31,7 @@ from kerasdist.checkpoint.format import (
     read_record,
     remove_temporary,
     write_checkpoint,
+    write_checkpoint_files,
 )
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.step_guard import guard_train_function
@@ -154,7 +155,14 @@ class CheckpointManager:
     def save(self, model: Any, **record: Any) -> CheckpointInfo:
         """Write a checkpoint atomically (`epoch`, `step_in_epoch`, `history`, `metrics`,
         `writer` as in `format.write_checkpoint`); callers decide who writes (the chief)."""
-        info = write_checkpoint(model, self.create(), **record)
+        return self._written(write_checkpoint(model, self.create(), **record))
+
+    def save_files(self, record: dict[str, Any], files: dict[str, bytes]) -> CheckpointInfo:
+        """Write a checkpoint made elsewhere atomically: its record (`format.checkpoint_record`)
+        and files (`snapshot.Snapshot.files()`); what a background save runs."""
+        return self._written(write_checkpoint_files(self.create(), record, files))
+
+    def _written(self, info: CheckpointInfo) -> CheckpointInfo:
         path = Path(info.path)
         self._seen[str(path)] = (fingerprint(path), info)  # written and described here: verified
         return info
