@@ -14,7 +14,7 @@ What the writer guarantees:
   at worst, a temporary directory that the next start deletes: the commit is the rename.
 - Errors are never swallowed: a failed job's exception is raised by the next `wait` (the next
   save, the end of `fit`, a preemption save) as a `BackgroundSaveError` naming the checkpoint,
-  chained to the original. One that no `wait` ever collects (the program ended another way) is
+  chained to the original (and kept as its `error`). One that no `wait` ever collects (the program ended another way) is
   printed to stderr when the writer is collected or the interpreter exits.
 - The thread is not a daemon: an interpreter that exits normally finishes the write first.
 """
@@ -34,7 +34,14 @@ from kerasdist.checkpoint.snapshot import Snapshot, take_snapshot
 
 
 class BackgroundSaveError(RuntimeError):
-    """A checkpoint saved in the background failed; the checkpoints committed before it are intact."""
+    """A checkpoint saved in the background failed; the checkpoints committed before it are intact.
+
+    `error` is the original exception (also the `__cause__`, unless Keras's traceback filtering
+    in `fit` dropped it on the way out)."""
+
+    def __init__(self, message: str, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ class BackgroundWriter:
             self._failures.clear()
             raise BackgroundSaveError(
                 f"The background save of {what} failed: {type(error).__name__}: {error}. The "
-                "checkpoints saved before it are intact."
+                "checkpoints saved before it are intact.", error,
             ) from error
 
     def _run(self, job: Callable[[], Any], what: str) -> None:
