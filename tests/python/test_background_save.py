@@ -294,3 +294,9 @@ def test_synchronous_saves_resume_bitwise_too(tmp_path, reference):
     assert code == -signal.SIGKILL
     code, _ = kill_resume.train(ckpt, out)
     assert code == 0 and kill_resume.compare(reference, out) == (True, 0.0)
+
+
+def test_custom_fit_refuses_an_async_save_that_is_not_logical_before_touching_anything(tmp_path):
+    with pytest.raises(ValueError, match="async_save must be True or False"):
+        kerasdist.custom_fit(build_model, data(), epochs=1, checkpoint_dir=tmp_path / "ckpt", async_save="yes")
+    assert not (tmp_path / "ckpt").exists()
