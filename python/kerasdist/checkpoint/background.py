@@ -62,6 +62,16 @@ def take(model: Any, **fields: Any) -> PendingSave:
     return PendingSave(checkpoint_record(model, **fields), take_snapshot(model))
 
 
+_writers: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+
+
+def wait_for_all() -> None:
+    """Wait for every background save of this process (each writer's `wait`, errors raised):
+    for code that must know its checkpoints are on disk, e.g. before it stops the process."""
+    for writer in list(_writers):
+        writer.wait()
+
+
 class BackgroundWriter:
     """Runs save jobs in a thread, one at a time; `wait` raises a failed job's error."""
 
@@ -70,6 +80,7 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._failures: list[tuple[str, BaseException]] = []  # (what failed, error), not yet raised
         self._finalizer = weakref.finalize(self, _report_unraised, self._failures)
+        _writers.add(self)
 
     @property
     def busy(self) -> bool:
