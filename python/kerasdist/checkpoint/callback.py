@@ -230,8 +230,9 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     # -- helpers ----------------------------------------------------------------------------
     def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:
-        """Save on the chief: in the background unless preempted or `final` (the process exits
-        next), then the training thread waits for the whole save."""
+        """Save on the chief: in the background; on the training thread (after the save in
+        flight) when `async_save` is off, when preempted or when `final` (the process exits next).
+        The time the training thread spends here goes into `blocked_seconds`."""
         if not self._is_chief:
             return
         started = time.perf_counter()
