@@ -223,8 +223,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._save(epoch + 1, 0, logs)
 
     def on_train_end(self, logs=None):
-        self._restore_sigterm_handler()
-        self.wait()
+        try:
+            self.wait()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
+        finally:
+            self._restore_sigterm_handler()
         if self._preempted:
             raise SystemExit(PREEMPTED_EXIT_CODE)
 
