@@ -10,13 +10,24 @@
 #' epoch and step to resume from; [resume_fit()] uses it so that `epochs = N`
 #' means N in total.
 #'
-#' @param checkpoint_dir Directory of checkpoints; created if missing.
+#' @param checkpoint_dir Directory of checkpoints, created if missing; or an
+#'   object-store URL: `"s3://bucket/run"` (needs the Python package s3fs:
+#'   `pip install 'kerasdist[s3]'`), `"gs://bucket/run"` (gcsfs,
+#'   `kerasdist[gcs]`), `"memory://run"` (in-process, for tests) or
+#'   `"file:///path"`. On object stores a checkpoint counts once its completion
+#'   record is uploaded, last; unfinished uploads are never restored.
 #' @param build_fn An R (or Python) function with no arguments returning a
 #'   compiled Keras model (a keras3 model or one made through reticulate). If
 #'   `NULL`, the model is loaded whole from the newest checkpoint.
 #' @param strategy A strategy from [select_strategy()]; `NULL` for the active one.
 #' @param custom_objects Named list of custom classes or functions for loading.
 #' @param safe_mode Refuse to load lambdas from checkpoints (Keras safe mode).
+#' @param storage_options For an object-store `checkpoint_dir`: a named list of
+#'   options for its fsspec filesystem (credentials, endpoint), e.g.
+#'   `list(key = "...", secret = "...", client_kwargs = list(endpoint_url = "http://..."))`
+#'   for `s3://`. `NULL` (default): the standard environment variables
+#'   (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL_S3`,
+#'   `GOOGLE_APPLICATION_CREDENTIALS`, ...) and credentials files.
 #' @returns The Keras model (a Python object).
 #' @family checkpoint
 #' @seealso Python: `kerasdist.make_or_restore_model()`.
@@ -29,10 +40,11 @@
 #' }
 #' @export
 make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NULL,
-                                  custom_objects = NULL, safe_mode = TRUE) {
+                                  custom_objects = NULL, safe_mode = TRUE, storage_options = NULL) {
   call_python(
     kerasdist_module()$make_or_restore_model, checkpoint_dir, build_fn,
-    strategy = strategy, custom_objects = custom_objects, safe_mode = safe_mode
+    strategy = strategy, custom_objects = custom_objects, safe_mode = safe_mode,
+    storage_options = storage_options
   )
 }
 
@@ -75,12 +87,12 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @export
 checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
                                 keep_best = FALSE, monitor = "loss", mode = "min",
-                                handle_sigterm = TRUE, async_save = TRUE) {
+                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL) {
   call_python(
     kerasdist_module()$checkpoint_callback, checkpoint_dir,
     every_epoch = every_epoch, every_steps = as_py_int(every_steps), keep = as_py_int(keep),
     keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
-    async_save = async_save
+    async_save = async_save, storage_options = storage_options
   )
 }
 
@@ -105,8 +117,8 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #' latest_checkpoint("checkpoints")$epoch
 #' }
 #' @export
-latest_checkpoint <- function(checkpoint_dir) {
-  info <- call_python(kerasdist_module()$latest_checkpoint, checkpoint_dir)
+latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
+  info <- call_python(kerasdist_module()$latest_checkpoint, checkpoint_dir, storage_options = storage_options)
   if (is.null(info)) NULL else py_record_to_r(info)
 }
 
@@ -122,8 +134,9 @@ latest_checkpoint <- function(checkpoint_dir) {
 #' length(list_checkpoints("checkpoints"))
 #' }
 #' @export
-list_checkpoints <- function(checkpoint_dir) {
-  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir), py_record_to_r)
+list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
+  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir, storage_options = storage_options),
+         py_record_to_r)
 }
 
 #' The checkpoint manager of a directory
@@ -149,6 +162,7 @@ list_checkpoints <- function(checkpoint_dir) {
 #' manager$latest()$epoch
 #' }
 #' @export
-checkpoint_manager <- function(checkpoint_dir, create = TRUE) {
-  call_python(kerasdist_module()$CheckpointManager, checkpoint_dir, create = create)
+checkpoint_manager <- function(checkpoint_dir, create = TRUE, storage_options = NULL) {
+  call_python(kerasdist_module()$CheckpointManager, checkpoint_dir, create = create,
+              storage_options = storage_options)
 }

@@ -22,6 +22,9 @@ DEFAULT_ENVNAME <- "r-keras"
 #'   kerasdist source checkout; `NULL` for the wheel bundled with this R
 #'   package.
 #' @param pip_args More arguments for `pip install`, e.g. `"--no-cache-dir"`.
+#' @param storage Object stores for `checkpoint_dir` URLs: `"s3"` (s3fs, for
+#'   `s3://` and S3-compatible stores) and/or `"gcs"` (gcsfs, for `gs://`);
+#'   `NULL` (default) for local checkpoint directories only.
 #' @returns The path of the environment's Python, invisibly.
 #' @family setup
 #' @seealso [kerasdist_python()] for the Python kerasdist uses.
@@ -33,11 +36,15 @@ DEFAULT_ENVNAME <- "r-keras"
 #' }
 #' @export
 install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FALSE, source = NULL,
-                              pip_args = NULL) {
+                              pip_args = NULL, storage = NULL) {
   if (!is.character(envname) || length(envname) != 1 || !nzchar(envname)) {
     kerasdist_abort("envname must be the name of, or a path to, a virtualenv (one string).", call = sys.call())
   }
   if (!isTRUE(gpu) && !isFALSE(gpu)) kerasdist_abort("gpu must be TRUE or FALSE.", call = sys.call())
+  if (!is.null(storage) && (!is.character(storage) || !all(storage %in% c("s3", "gcs")))) {
+    kerasdist_abort(sprintf('storage must be NULL or one or both of "s3" and "gcs", got %s.',
+                            paste(format(storage), collapse = " ")), call = sys.call())
+  }
   package <- python_package_source(source)
   constraints <- if (dir.exists(package)) file.path(package, "tools", "constraints.txt") else bundled_python_file("constraints.txt")
   if (!file.exists(constraints)) {
@@ -46,7 +53,7 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
   }
   if (!reticulate::virtualenv_exists(envname)) reticulate::virtualenv_create(envname, python = python)
   env_python <- reticulate::virtualenv_python(envname)
-  requirement <- sprintf("%s[%s]", package, if (gpu) "gpu" else "cpu")
+  requirement <- sprintf("%s[%s]", package, paste(c(if (gpu) "gpu" else "cpu", unique(storage)), collapse = ","))
   args <- c("-m", "pip", "install", "--disable-pip-version-check", pip_args,
             "-c", constraints, requirement, "pandas", "matplotlib", "tensorboard")
   message(sprintf("Installing kerasdist and its pinned stack into %s", env_python))

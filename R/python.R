@@ -177,7 +177,8 @@ call_python <- function(fun, ..., call = sys.call(-1), .checkpoint_dir = NULL) {
 preempted <- function(status, checkpoint_dir, call) {
   status <- suppressWarnings(as.integer(status))
   if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
-  latest <- if (is.null(checkpoint_dir)) NULL else latest_checkpoint(checkpoint_dir)
+  # an object store may need options this call does not have: the message then names no checkpoint
+  latest <- if (is.null(checkpoint_dir)) NULL else tryCatch(latest_checkpoint(checkpoint_dir), error = function(e) NULL)
   stop(structure(
     class = c("kerasdist_preempted", "kerasdist_error", "error", "condition"),
     list(message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",

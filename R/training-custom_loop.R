@@ -26,6 +26,7 @@
 #' @param epochs Total number of epochs, counting those done by earlier runs.
 #' @param checkpoint_dir Directory of checkpoints; `NULL` for the one `model`
 #'   was made or restored from.
+#' @inheritParams make_or_restore_model
 #' @param optimizer `NULL` for the compiled model's optimizer.
 #' @param strategy Where a build function builds the model; `NULL` for the
 #'   active strategy.
@@ -74,7 +75,7 @@
 custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NULL, optimizer = NULL,
                        strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
                        callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                       gradient_accumulation_steps = NULL, async_save = TRUE) {
+                       gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
   if (is_r_function(step_fn)) {
     kerasdist_abort(paste(
       "step_fn is an R function: TensorFlow runs the training step on one thread per replica,",
@@ -89,7 +90,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
     every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     verbose = as_py_int(verbose), mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
-    .checkpoint_dir = checkpoint_dir
+    storage_options = storage_options, .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))
 }

@@ -27,7 +27,10 @@
 #'   patterns).
 #' @param y The targets, same number of rows as `x` (or a column name).
 #' @param epochs Total number of epochs, counting those of earlier runs.
-#' @param checkpoint_dir Directory of checkpoints; created if missing.
+#' @param checkpoint_dir Directory of checkpoints, created if missing; or an
+#'   object-store URL (`"s3://bucket/run"`, `"gs://bucket/run"`): see
+#'   [make_or_restore_model()].
+#' @inheritParams make_or_restore_model
 #' @param strategy A strategy from [select_strategy()] (or any
 #'   `tf.distribute.Strategy`), or a kind for [select_strategy()]: `"auto"`,
 #'   `"default"`, `"mirrored"`, ...
@@ -111,7 +114,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             validation_data = NULL, every_steps = NULL, keep = 3L,
                             callbacks = NULL, dataset_args = NULL, verbose = "auto",
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                            gradient_accumulation_steps = NULL, async_save = TRUE) {
+                            gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
@@ -127,7 +130,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     verbose = as_py_int(verbose), steps_per_execution = as_py_int(steps_per_execution),
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
-    .checkpoint_dir = checkpoint_dir
+    storage_options = storage_options, .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))
 }

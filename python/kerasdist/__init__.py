@@ -1,8 +1,9 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
-from kerasdist import _startup
+from kerasdist import _sigterm, _startup
 
-_startup.import_tensorflow_quietly()  # first: before any module below imports TensorFlow
+_sigterm.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
+_startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
@@ -56,6 +57,7 @@ from kerasdist.training import (
 )
 
 _startup.apply_requested_devices()
+_sigterm.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
 
 # Aliases under the names issue #13 gives them, kept out of __all__: the public names are
 # distributed_* (as distributed_fit), which R shares, since evaluate()/predict() there would mask

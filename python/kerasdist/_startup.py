@@ -69,8 +69,15 @@ def _restore_stderr(saved: int | None) -> None:
     os.close(saved)
 
 
+def is_start_up_noise(line: str) -> bool:
+    """Whether `line` is one of TensorFlow's start-up lines (never, under KERASDIST_VERBOSE=1).
+    The launcher drops them from its workers' output too: a worker script that imports
+    TensorFlow before kerasdist prints them whatever TF_CPP_MIN_LOG_LEVEL says."""
+    return not verbose() and bool(_START_UP_NOISE.match(line))
+
+
 def _pass_on(text: str) -> None:
-    kept = [line for line in text.splitlines() if line.strip() and not _START_UP_NOISE.match(line)]
+    kept = [line for line in text.splitlines() if line.strip() and not is_start_up_noise(line)]
     if kept:
         sys.stderr.write("\n".join(kept) + "\n")
         sys.stderr.flush()

@@ -192,8 +192,9 @@ def _time_speed_options(best, spec, work, gpus, devices, workers, timeout, verbo
     if verbose:
         print(f"bench_strategies: timing {best.strategy} with {' and '.join(SPEED_OPTIONS)} ...", flush=True)
     spec = {**spec, "speed_options": list(SPEED_OPTIONS)}
-    results, failure = _run_processes(best.strategy, spec, f"{best.strategy}-speed", work, gpus, devices,
-                                      workers, timeout)
+    simulate = _layout(best.strategy, gpus, devices, workers)[2]
+    results, failure = _run_processes(best.strategy, spec, f"{best.strategy}-speed", work, simulate, workers,
+                                      timeout)
     if failure:
         return tuple(SpeedOptionTiming(option, best.strategy, error=failure) for option in SPEED_OPTIONS)
     slowest = {name: max(r["step_ms"][name] for r in results) for name in ("plain", *SPEED_OPTIONS)}
@@ -326,19 +327,19 @@ def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:
 # --- running each strategy in its own process -------------------------------------------------
 
 def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[StrategyTiming, int]:
-    replicas, described, _ = _layout(kind, gpus, devices, workers)
+    replicas, described, simulate = _layout(kind, gpus, devices, workers)
     if kind == "mirrored" and gpus == 1:
         return StrategyTiming(kind, 1, described, error=ONE_GPU), 0
-    results, failure = _run_processes(kind, spec, kind, work, gpus, devices, workers, timeout)
+    results, failure = _run_processes(kind, spec, kind, work, simulate, workers, timeout)
     if failure:
         return StrategyTiming(kind, replicas, described, error=failure), 0
     slowest = max(results, key=lambda r: r["step_ms"])  # synchronous: the group goes at its slowest
     return _timing(kind, replicas, described, slowest, spec["batch_size"]), slowest["parameters"]
 
 
-def _run_processes(kind, spec, tag, work, gpus, devices, workers, timeout) -> tuple[list[dict], str | None]:
-    """Run `kind`'s process (or processes) on `spec`: (the results each wrote, why it failed)."""
-    simulate = _layout(kind, gpus, devices, workers)[2]
+def _run_processes(kind, spec, tag, work, simulate, workers, timeout) -> tuple[list[dict], str | None]:
+    """Run `kind`'s process (or processes) on `spec`, splitting the CPU into `simulate` devices
+    when that is not 0: (the results each wrote, why it failed)."""
     spec = {**spec, "kind": kind, "simulate": simulate, "out": os.path.join(work, tag)}
     os.makedirs(spec["out"], exist_ok=True)
     spec_path = os.path.join(work, f"{tag}.json")

@@ -25,6 +25,13 @@ pointed at a closed local port (no request leaves the machine; the handler takes
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
 
+Keras's saving_lib caches the attribute sets it skips when it walks a model under a key it never
+reads, so each save and load builds reference objects again, a reference Optimizer with two
+variables among them; inside a multi-worker strategy scope those variables are made by
+collectives, which a restore on the chief alone then mismatches. `warm_saving_skipsets` fills the
+cache under the key that is read, outside the scope; tests/python/test_multi_worker.py fails once
+upstream reads the key it writes.
+
 tf.data instantiates a dataset's functions again for every new iterator (Keras makes one per `fit`
 call, and one or two per epoch of a finite dataset), and it instantiates them as multi-device
 functions, which runs Grappler's whole optimizer over each one every time: 4 to 20 ms per function
@@ -42,6 +49,13 @@ background checkpoint saves need. `checkpoint/snapshot.py` runs Keras's own mode
 Keras's own HDF5 store in the background. That uses saving internals, so it is gated on the Keras
 versions checked (`keras_snapshot_supported`); tests/python/test_background_save.py fails on any
 other version, and when the snapshot's files stop matching `model.save`'s.
+
+Keras's public `save_model` refuses a file object ("Invalid filepath extension": it checks the
+name's extension first), though the saving library under it writes a `.keras` archive to one. A
+checkpoint is made in memory before it is written anywhere (`checkpoint/format.py`, so that object
+stores and background saves get bytes), so `keras_model_bytes` calls the library directly, and
+falls back to a temporary file where the library moved. tests/python/test_storage.py fails once
+the public function takes file objects, so the shim can go.
 """
 
 from __future__ import annotations
@@ -132,6 +146,40 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         self._symbolic_build(data_batch=data_batch)
 
 
+# Keras releases whose saving_lib caches its attribute skip-sets under a key it never reads
+# (3.15.1 checked).
+SAVING_SKIPSET_FIX_VERSIONS = ((3, 0), (3, 16))
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss",
+                  "Cross", "Feature")
+
+
+def keras_needs_skipset_fix(version: str = keras.__version__) -> bool:
+    return _version_within(version, SAVING_SKIPSET_FIX_VERSIONS)
+
+
+def warm_saving_skipsets() -> None:
+    """Fill the cache Keras's saving_lib reads its attribute skip-sets from. Must run outside
+    any strategy scope (it makes reference objects, an Optimizer with variables among them).
+
+    `saving_lib.get_attr_skipset` stores each set under "saving_attr_skipset_<type>" but looks
+    for "saving_attr_skiplist_<type>", so every save and load makes its reference objects again,
+    and a reference Optimizer's two variables inside a MultiWorkerMirroredStrategy scope are
+    created by collectives that only the worker that loads joins ("Collective instance ...
+    expected type 0 ... but got type 1" when only the chief restores). Filled once under the key
+    it reads, the sets are never made in a scope. `keras.backend.clear_session()` empties the
+    cache, so callers warm it before each restore (cheap when warm).
+    """
+    if not keras_needs_skipset_fix():
+        return
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+
+    for obj_type in _SKIPSET_TYPES:
+        key = f"saving_attr_skiplist_{obj_type}"
+        if global_state.get_global_attribute(key) is None:
+            global_state.set_global_attribute(key, saving_lib.get_attr_skipset(obj_type))
+
+
 # TensorFlow releases whose PreemptionCheckpointHandler skips GCE CPU VMs (2.21 checked).
 PREEMPTION_HANDLER_FIX_VERSIONS = ((2, 0), (2, 22))
 _GCE_METADATA_VARIABLE = "GCE_METADATA_IP"  # failure_handling_util._GCE_METADATA_URL_ENV_VARIABLE
@@ -173,6 +221,24 @@ def _environment_variable_kept(name: str):
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+# TensorFlow's coordination agent publishes a SIGTERM it caught under this key (tsl's
+# preemption_sync_manager; tf.distribute.experimental.PreemptionWatcher reads it too).
+PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
+
+
+def preemption_noticed_by_tensorflow(wait_ms: int = 100) -> bool:
+    """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
+    multi-worker strategy forms the cluster, caught a signal on any worker (`_sigterm`).
+    Waits at most `wait_ms` for the cluster's key-value store."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(PREEMPTION_NOTICE_KEY, timeout_in_ms=wait_ms)
+    except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError, tf.errors.UnavailableError):
+        return False
+    return True
 
 
 def save_if_preempted(handler: Any) -> None:
@@ -302,28 +368,20 @@ def keras_snapshot_supported(version: str = keras.__version__) -> bool:
     return _version_within(version, KERAS_SNAPSHOT_VERSIONS)
 
 
-# Keras releases whose `saving_lib.get_attr_skipset` never finds the set it caches (3.15.1
-# checked): it reads the global attribute "saving_attr_skiplist_<type>" but stores it as
-# "saving_attr_skipset_<type>", so every save builds reference objects again (a Layer, an
-# Optimizer with its variables, a Metric, ...), about 10 ms per save of a 3-layer model.
-SKIPSET_CACHE_FIX_VERSIONS = ((3, 0), (3, 16))
-_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+def keras_model_bytes(model: Any) -> bytes:
+    """The `.keras` archive of `model` (what `model.save("x.keras")` writes) as bytes."""
+    import io
 
-
-def keras_needs_skipset_cache(version: str = keras.__version__) -> bool:
-    return _version_within(version, SKIPSET_CACHE_FIX_VERSIONS)
-
-
-def cache_saving_skipsets() -> None:
-    """Store each skip set under the name `get_attr_skipset` reads, in this thread's Keras global
-    state (where `clear_session` drops it), so that saves made afterwards on this thread reuse it.
-    The sets are what `get_attr_skipset` computes: fixed per Keras version."""
-    if not keras_needs_skipset_cache():
-        return
-    from keras.src.backend.common import global_state
-    from keras.src.saving import saving_lib
-
-    for obj_type in _SKIPSET_TYPES:
-        read_as = f"saving_attr_skiplist_{obj_type}"
-        if global_state.get_global_attribute(read_as) is None:
-            global_state.set_global_attribute(read_as, saving_lib.get_attr_skipset(obj_type))
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError:  # the library moved: the same archive through a temporary file
+        saving_lib = None
+    if saving_lib is not None:
+        archive = io.BytesIO()
+        saving_lib.save_model(model, archive)
+        return archive.getvalue()
+    with tempfile.TemporaryDirectory(prefix="kerasdist-save-") as temp:
+        path = os.path.join(temp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as stream:
+            return stream.read()

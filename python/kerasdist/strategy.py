@@ -480,11 +480,12 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
             cross_device_ops=_cross_device_ops(cross_device_ops),
         )
     if plan.kind == "multi_worker":
-        from kerasdist.compat import apply_multi_worker_fixes
+        from kerasdist._sigterm import reclaim_after_cluster_start
+        from kerasdist.compat import apply_multi_worker_fixes, preemption_noticed_by_tensorflow
 
         apply_multi_worker_fixes()
         try:
-            return tf.distribute.MultiWorkerMirroredStrategy(
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=_resolver_for(plan, resolver),
                 communication_options=_communication_options(communication),
             )
@@ -496,6 +497,8 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
                 "process (TensorFlow: 'Collective ops must be configured at program startup'): call "
                 "select_strategy() first, before any dataset, tensor, model or make_dataset()."
             ) from None
+        reclaim_after_cluster_start(preemption_noticed_by_tensorflow())
+        return strategy
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
     return _build_tpu(plan.tpu)

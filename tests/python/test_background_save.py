@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -73,25 +72,6 @@ def test_keras_version_is_one_the_snapshot_was_checked_on():
     checkpoint/snapshot.py against its saving_lib, then widen compat.KERAS_SNAPSHOT_VERSIONS."""
     assert compat.keras_snapshot_supported(), keras.__version__
     assert not compat.keras_snapshot_supported("3.16.0")
-
-
-def test_upstream_skipset_cache_still_misses():
-    """Fails once Keras's get_attr_skipset finds the set it caches; then cache_saving_skipsets goes."""
-    from keras.src.backend.common import global_state
-    from keras.src.saving import saving_lib
-
-    seen = {}
-
-    def in_fresh_thread():  # Keras's global state is per thread: start from none
-        saving_lib.get_attr_skipset("Loss")
-        seen["read"] = global_state.get_global_attribute("saving_attr_skiplist_Loss")
-        seen["stored"] = global_state.get_global_attribute("saving_attr_skipset_Loss")
-
-    thread = threading.Thread(target=in_fresh_thread)
-    thread.start()
-    thread.join()
-    assert seen["read"] is None and seen["stored"] is not None
-    assert compat.keras_needs_skipset_cache()
 
 
 @pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
@@ -182,17 +162,17 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
 
 
 def failing_save_files(monkeypatch, fail_on: int) -> list[int]:
-    """Fault injection: the `fail_on`-th background write (1-based) fails as a full disk would."""
+    """Fault injection: the `fail_on`-th commit (1-based) fails as a full disk would."""
     calls: list[int] = []
-    original = CheckpointManager.save_files
+    original = CheckpointManager.commit
 
-    def save_files(self, record, files):
-        calls.append(record["global_step"])
+    def commit(self, taken, **record):
+        calls.append(taken.global_step)
         if len(calls) == fail_on:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return original(self, record, files)
+        return original(self, taken, **record)
 
-    monkeypatch.setattr(CheckpointManager, "save_files", save_files)
+    monkeypatch.setattr(CheckpointManager, "commit", commit)
     return calls
 
 
@@ -215,18 +195,18 @@ def test_an_error_in_a_background_save_is_raised_at_the_next_save_or_the_end_of_
 
 def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, monkeypatch):
     active, most, steps_after_write = [0], [0], []
-    original = CheckpointManager.save_files
+    original = CheckpointManager.commit
     model = build_model()
 
-    def slow_save_files(self, record, files):
+    def slow_commit(self, taken, **record):
         active[0] += 1
         most[0] = max(most[0], active[0])
         time.sleep(0.5)
         steps_after_write.append(int(model.optimizer.iterations.numpy()))
         active[0] -= 1
-        return original(self, record, files)
+        return original(self, taken, **record)
 
-    monkeypatch.setattr(CheckpointManager, "save_files", slow_save_files)
+    monkeypatch.setattr(CheckpointManager, "commit", slow_commit)
     checkpoint = kerasdist.checkpoint_callback(tmp_path, every_steps=2, keep=10)
     model.fit(data(), epochs=2, verbose=0, callbacks=[checkpoint])
     assert most[0] == 1

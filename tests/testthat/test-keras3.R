@@ -154,6 +154,8 @@ test_that("install_kerasdist() refuses bad arguments before creating anything", 
   env <- file.path(withr::local_tempdir(), "env")
   expect_error(install_kerasdist(envname = c("a", "b")), "envname must be", class = "kerasdist_error")
   expect_error(install_kerasdist(env, gpu = "yes"), "gpu must be TRUE or FALSE", class = "kerasdist_error")
+  expect_error(install_kerasdist(env, storage = "azure"), 'storage must be NULL or one or both of "s3" and "gcs"',
+               class = "kerasdist_error")
   expect_error(install_kerasdist(env, source = file.path(env, "missing")), "source must be a kerasdist wheel",
                class = "kerasdist_error")
   expect_false(dir.exists(env))
@@ -185,6 +187,16 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   expect_identical(result$status, 75L)
   expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(dir, "ckpt"))$path))
   expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
+})
+
+test_that("a cluster task signalled before training exits 75 at once, while R code runs", {
+  skip_if_no_kerasdist()
+  script <- normalizePath(test_path("scripts", "signalled_before_training.R"))
+  dir <- withr::local_tempdir()
+  exited <- run_rscript(script, dir, c("SLURM_JOB_ID=7", "SLURM_PROCID=0", "SLURM_NTASKS=1"))
+  expect_identical(exited$status, 75L, info = paste(exited$console, collapse = "\n"))
+  expect_false(file.exists(file.path(dir, "survived.txt")))
+  expect_true(any(grepl("SIGTERM outside training, nothing to save: exiting with 75", exited$console)))
 })
 
 test_that("a TensorFlow runtime error reaches R as one condition: the op and the cause, no Python frames", {

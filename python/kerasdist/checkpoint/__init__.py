@@ -1,6 +1,10 @@
-"""Crash-safe checkpoints: atomic commit, validation on restore, chief-only writes, preemption.
+"""Crash-safe checkpoints, local or on object storage: atomic commit, validation on restore,
+chief-only writes, preemption.
 
-- `format`: the on-disk format of one checkpoint and its atomic commit.
+- `storage`: where checkpoints live (a local directory, or an `s3://` / `gs://` / `memory://` prefix
+  through fsspec); the only module that reads or writes checkpoint files.
+- `format`: what one checkpoint holds; `snapshot` (its files, in memory) and `commit` (written
+  through a store, the completion record last).
 - `model_state`: what a checkpoint holds beyond `model.save` (seed states) and must check
   (weight signature).
 - `manager`: `CheckpointManager`, one object per directory (validation, listing and checksums

@@ -2,10 +2,10 @@
 written and committed in a thread.
 
 A save in the background is two halves. On the training thread, between steps, `take` records
-the completion record's fields and a `snapshot.Snapshot` of the model (tens of milliseconds for
+the completion record's fields and a `snapshot.StateSnapshot` of the model (tens of milliseconds for
 a 5M-parameter model, against a few hundred for a whole save). In a `BackgroundWriter` thread,
-the job makes the files from the snapshot and commits them as `format.write_checkpoint` does
-(temporary directory, fsync, record last, rename), then prunes: pruning happens only after the
+the job makes the files from the snapshot and commits them as a synchronous save does
+(`CheckpointManager.commit`: through the store, the record last), then prunes: pruning happens only after the
 new checkpoint is committed, as in a synchronous save.
 
 What the writer guarantees:
@@ -29,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kerasdist.checkpoint.format import checkpoint_record
-from kerasdist.checkpoint.snapshot import Snapshot, take_snapshot
+from kerasdist.checkpoint.format import Snapshot
+from kerasdist.checkpoint.model_state import optimizer_step, plain, signature
+from kerasdist.checkpoint.snapshot import StateSnapshot, take_snapshot
 
 
 class BackgroundSaveError(RuntimeError):
@@ -46,20 +47,30 @@ class BackgroundSaveError(RuntimeError):
 
 @dataclass(frozen=True)
 class PendingSave:
-    """A checkpoint taken on the training thread, to be written by `BackgroundWriter`."""
+    """A checkpoint taken on the training thread, to be written by `BackgroundWriter`.
 
-    record: dict[str, Any]
-    snapshot: Snapshot
+    Attributes:
+        fields: the completion record's fields as `format.commit` takes them, copied when taken.
+        state: the model's state (`snapshot.take_snapshot`).
+        global_step, signature: the model's training steps and weight signature when taken.
+    """
 
-    @property
-    def global_step(self) -> int:
-        return int(self.record["global_step"])
+    fields: dict[str, Any]
+    state: StateSnapshot
+    global_step: int
+    signature: list[list[Any]]
+
+    def taken(self) -> Snapshot:
+        """The checkpoint's files made from the state (in the writer's thread), as `format.commit`
+        writes them."""
+        return Snapshot(files=self.state.files(), global_step=self.global_step, signature=self.signature)
 
 
 def take(model: Any, **fields: Any) -> PendingSave:
-    """The record (fields as `format.checkpoint_record` takes them) and the snapshot of `model`
-    now; call it on the training thread."""
-    return PendingSave(checkpoint_record(model, **fields), take_snapshot(model))
+    """The record's fields (as `format.commit` takes them) and the state of `model` now; call it
+    on the training thread."""
+    fields = {**fields, "history": plain(fields.get("history") or []), "metrics": plain(fields.get("metrics") or {})}
+    return PendingSave(fields, take_snapshot(model), optimizer_step(model), signature(model))
 
 
 _writers: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()

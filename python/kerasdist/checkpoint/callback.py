@@ -7,20 +7,19 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from kerasdist._sigterm import PREEMPTED_EXIT_CODE
 from kerasdist.checkpoint.background import BackgroundWriter, take
 from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.preemption import agreement_for
 from kerasdist.validation import boolean, choice, integer, optional_integer
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved on SIGTERM, restart to continue
 
 
 def checkpoint_callback(
@@ -34,6 +33,7 @@ def checkpoint_callback(
     mode: str = "min",
     handle_sigterm: bool = True,
     async_save: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
@@ -52,7 +52,8 @@ def checkpoint_callback(
     `blocked_seconds` lists, per save, how long the training thread waited.
 
     Args:
-        checkpoint_dir: where checkpoints go; created if missing.
+        checkpoint_dir: where checkpoints go, created if missing: a directory, or an object-store
+            URL (`s3://bucket/run`, `gs://bucket/run`; see `CheckpointManager`).
         every_epoch: save at each epoch end.
         every_steps: also save every this many steps (None: only at epoch ends).
         keep: how many of the newest checkpoints to keep (>= 1).
@@ -62,11 +63,13 @@ def checkpoint_callback(
         handle_sigterm: save and exit on SIGTERM (preemption); default True.
         async_save: write checkpoints in a background thread (default True); False writes each
             one on the training thread before training goes on.
+        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
     """
     return CheckpointCallback(
         checkpoint_dir, every_epoch=every_epoch, every_steps=every_steps, keep=keep,
         keep_best=keep_best, monitor=monitor, mode=mode, handle_sigterm=handle_sigterm,
         async_save=async_save,
+        storage_options=storage_options,
     )
 
 
@@ -87,10 +90,11 @@ class CheckpointCallback(keras.callbacks.Callback):
     """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`."""
 
     def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
-                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True, async_save=True):
+                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True, async_save=True,
+                 storage_options=None):
         super().__init__()
         check_callback_args(every_epoch, every_steps, keep, mode, monitor, async_save)
-        self.manager: CheckpointManager = as_manager(checkpoint_dir)
+        self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=storage_options)
         self.every_epoch = every_epoch
         self.every_steps = every_steps
         self.keep = keep
@@ -124,7 +128,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
-    def checkpoint_dir(self) -> Path:
+    def checkpoint_dir(self) -> Path | str:
         return self.manager.directory
 
     @property
@@ -166,7 +170,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._first_epoch = None
         if self._is_chief:
             self.manager.remove_temporary()
-        self._agreement = agreement_for(context.strategy) if self.handle_sigterm else None
+        agreement = agreement_for(context.strategy) if self.handle_sigterm else None
+        self._agreement = agreement.serve(self) if agreement is not None else None
         self._install_sigterm_handler()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -190,7 +195,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batches_seen = last + 1
         if self._agreement is not None:
             self._logs = logs
-            self._agreement.check(self)  # on the agreed step: save_agreed_step, stop_preempted
+            self._agreement.check()  # on the agreed step: save_agreed_step, stop_preempted
             if self._preempted:
                 return
         elif self._preempted:
@@ -257,7 +262,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.manager.create()  # an unwritable directory fails here, on the training thread
         pending = take(self.model, **fields)
         self._writer.submit(
-            lambda: self._saved(self.manager.save_files(pending.record, pending.snapshot.files())),
+            lambda: self._saved(self.manager.commit(pending.taken(), **pending.fields)),
             f"checkpoint ckpt-{pending.global_step} in {self.manager.directory}",
         )
 

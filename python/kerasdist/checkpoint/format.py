@@ -1,43 +1,55 @@
-"""The on-disk checkpoint format and its atomic commit.
+"""The checkpoint format: what one checkpoint holds, how it is made, checked and committed.
 
-A checkpoint is a directory `ckpt-<global step>/` holding `model.keras` (weights, optimizer state,
-config), `rng.npz` (the Keras seed-generator states that `load_model` does not restore) and
-`state.json`, the completion record: epoch, step, metrics, history, and the size and SHA-256 of
-every other file. It is written under a temporary name in the same directory, every file is
-fsynced, the record is written last, and only then is the directory renamed into place. A crash at
-any byte therefore leaves the old checkpoint and, at worst, an ignored temporary directory; a
-checkpoint whose files do not match their record is refused by `read_checkpoint`.
+A checkpoint is an entry `ckpt-<global step>/` of the checkpoint directory holding `model.keras`
+(weights, optimizer state, config), `rng.npz` (the Keras seed-generator states that `load_model`
+does not restore) and `state.json`, the completion record: epoch, step, metrics, history, and the
+size and SHA-256 of every other file. A save is two steps: `snapshot` makes the files in memory
+(`dict[name, bytes]`) from the model, and `commit` writes them with their record through the
+store (`storage.py`): on a local disk under a temporary name, fsynced, record last, then renamed
+into place; on an object store uploaded with the record last, which is the commit. A crash at any
+byte therefore leaves the old checkpoint and, at worst, an ignored partial entry; a checkpoint
+whose files do not match their record is refused by `read_checkpoint`.
 
-Everything here is about one checkpoint directory at a time; which checkpoints exist, which is
-newest and which are kept is `CheckpointManager`'s business.
+Everything here is about one checkpoint at a time; which checkpoints exist, which is newest and
+which are kept is `CheckpointManager`'s business.
 """
 
 from __future__ import annotations
 
-import hashlib
+import io
 import json
 import os
-import shutil
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kerasdist.checkpoint.model_state import optimizer_step, plain, seed_states, signature
+from kerasdist.checkpoint.storage import (
+    CHECKPOINT_PREFIX,
+    MODEL_FILE,
+    RECORD_FILE,
+    REPLACED_MARK,
+    RNG_FILE,
+    SAVED_AGAIN_MARK,
+    TEMP_PREFIX,
+    LocalStore,
+    ObjectStore,
+    describe,
+    open_store,
+)
+from kerasdist.compat import keras_model_bytes
+
+__all__ = [
+    "CHECKPOINT_PREFIX", "MODEL_FILE", "RECORD_FILE", "REPLACED_MARK", "RNG_FILE", "SAVED_AGAIN_MARK",
+    "TEMP_PREFIX", "CheckpointInfo", "CheckpointWarning", "Snapshot", "commit", "read_checkpoint",
+    "read_record", "snapshot", "write_checkpoint",
+]
 
 FORMAT_VERSION = 1
-RECORD_FILE = "state.json"
-MODEL_FILE = "model.keras"
-RNG_FILE = "rng.npz"
-CHECKPOINT_PREFIX = "ckpt-"
-TEMP_PREFIX = ".tmp-ckpt-"
-# A checkpoint displaced by a new save of the same step keeps a `ckpt-` name (so it is still
-# found) until the new one is in place: see `_commit`.
-REPLACED_MARK = ".replaced-"
+Store = LocalStore | ObjectStore
 
 
 class CheckpointWarning(UserWarning):
@@ -49,7 +61,7 @@ class CheckpointInfo:
     """A complete checkpoint and the point training resumes from.
 
     Attributes:
-        path: the checkpoint directory.
+        path: the checkpoint: a directory, or a URL on an object store.
         epoch: the epoch to run next (0-based); equals the number of completed epochs when
             `step_in_epoch` is 0.
         step_in_epoch: batches of `epoch` already trained (0 at an epoch boundary).
@@ -87,53 +99,37 @@ class CheckpointInfo:
 # Reading
 
 
-def checkpoint_candidates(directory: Path) -> list[Path]:
-    """The entries of `directory` that claim to be checkpoints (by name), sorted by name."""
-    return sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
-
-
-def fingerprint(path: Path) -> tuple[Any, ...] | None:
-    """Size and modification time of the checkpoint's files: a checkpoint whose fingerprint is
-    unchanged since it was verified need not be checksummed again. None if unreadable."""
-    try:
-        return tuple(
-            (entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
-            for entry in sorted(path.iterdir())
-        )
-    except OSError:
-        return None
-
-
-def read_checkpoint(path: Path) -> tuple[str | None, CheckpointInfo | None]:
-    """(problem, info): why the checkpoint at `path` cannot be used, or its info. Reads the
-    completion record and checksums every file it lists."""
-    if not path.is_dir():
-        return f"{path.name} is not a checkpoint directory", None
-    record_path = path / RECORD_FILE
-    if not record_path.is_file():
+def read_checkpoint(store: Store, entry: str) -> tuple[str | None, CheckpointInfo | None]:
+    """(problem, info): why the checkpoint `entry` of `store` cannot be used, or its info. Reads
+    the completion record and checksums every file it lists."""
+    if not store.is_entry(entry):
+        return f"{entry} is not a checkpoint directory", None
+    where = store.path_of(entry)
+    record_path = f"{where}/{RECORD_FILE}"
+    if store.size(entry, RECORD_FILE) is None:
         return f"{record_path} is missing (the save never completed)", None
     try:
-        record = json.loads(record_path.read_text())
-        info = _info_of(path, record)
+        record = json.loads(store.read(entry, RECORD_FILE))
+        info = _info_of(where, record)
         # checked here, so that a record with `files` of the wrong shape is refused, not raised
-        files = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in record["files"].items()}
+        files = {str(name): (int(item["size"]), str(item["sha256"])) for name, item in record["files"].items()}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         return f"{record_path} is not a valid completion record", None
     for name, (size, sha256) in files.items():
-        problem = _file_problem(path / name, size, sha256)
+        problem = _file_problem(store, entry, name, size, sha256)
         if problem:
             return problem, None
     return None, info
 
 
-def read_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_record(store: Store, entry: str) -> dict[str, Any]:
     """The completion record of a checkpoint already known to be valid."""
-    return json.loads((Path(path) / RECORD_FILE).read_text())
+    return json.loads(store.read(entry, RECORD_FILE))
 
 
-def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
+def _info_of(path: str, record: dict[str, Any]) -> CheckpointInfo:
     return CheckpointInfo(
-        path=str(path),
+        path=path,
         epoch=int(record["epoch"]),
         step_in_epoch=int(record["step_in_epoch"]),
         global_step=int(record["global_step"]),
@@ -146,56 +142,52 @@ def _info_of(path: Path, record: dict[str, Any]) -> CheckpointInfo:
     )
 
 
-def _file_problem(path: Path, expected_size: int, expected_sha256: str) -> str | None:
-    if not path.is_file():
+def _file_problem(store: Store, entry: str, name: str, expected_size: int, expected_sha256: str) -> str | None:
+    path = f"{store.path_of(entry)}/{name}"
+    size = store.size(entry, name)
+    if size is None:
         return f"{path} is missing"
-    size = path.stat().st_size
     if size != expected_size:
         return f"{path} has {size} bytes, the record says {expected_size} (truncated or replaced)"
-    if _sha256(path) != expected_sha256:
+    if store.sha256(entry, name) != expected_sha256:
         return f"{path} does not match its recorded checksum (corrupted)"
     return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
 # Writing
 
 
-def write_checkpoint(model: Any, directory: Path, **fields: Any) -> CheckpointInfo:
-    """Write one checkpoint of `model` into `directory` atomically and return it (the record's
-    fields as `checkpoint_record` takes them)."""
-    record = checkpoint_record(model, **fields)
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint's files, made in memory from the model, not yet written anywhere.
 
-    def write_files(temp: Path) -> None:
-        model.save(temp / MODEL_FILE)
-        np.savez(temp / RNG_FILE, *seed_states(model))
+    Attributes:
+        files: file name -> contents (`model.keras`, `rng.npz`).
+        global_step: the model's training steps when it was taken.
+        signature: shape and dtype of every weight (checked before a restore).
+    """
 
-    return _write(directory, record, write_files)
-
-
-def write_checkpoint_files(directory: Path, record: dict[str, Any], files: dict[str, bytes]) -> CheckpointInfo:
-    """Write a checkpoint made elsewhere (`checkpoint_record`, and `snapshot.Snapshot.files()`)
-    into `directory` atomically and return it: the same commit as `write_checkpoint`'s."""
-    if set(files) != {MODEL_FILE, RNG_FILE}:
-        raise ValueError(f"A checkpoint's files are {MODEL_FILE} and {RNG_FILE}, got {sorted(files)}.")
-
-    def write_files(temp: Path) -> None:
-        for name, content in files.items():
-            (temp / name).write_bytes(content)
-
-    return _write(directory, record, write_files)
+    files: Mapping[str, bytes]
+    global_step: int
+    signature: list[list[Any]]
 
 
-def checkpoint_record(
-    model: Any,
+def snapshot(model: Any) -> Snapshot:
+    """The model's checkpoint files in memory: what `commit` writes (and what a background
+    save copies in the training thread before writing elsewhere)."""
+    rng_file = io.BytesIO()
+    np.savez(rng_file, *seed_states(model))
+    return Snapshot(
+        files={MODEL_FILE: keras_model_bytes(model), RNG_FILE: rng_file.getvalue()},
+        global_step=optimizer_step(model),
+        signature=signature(model),
+    )
+
+
+def commit(
+    store: Store,
+    taken: Snapshot,
     *,
     epoch: int,
     step_in_epoch: int = 0,
@@ -205,100 +197,31 @@ def checkpoint_record(
     settings: dict[str, Any] | None = None,
     global_batch_size: int | None = None,
     epoch_order: str | None = None,
-) -> dict[str, Any]:
-    """The completion record of a checkpoint of `model` now, without its `files`. `settings` (the
-    run's training settings) and `epoch_order` go into it only when given, so records of runs
-    without them are as before."""
-    return {
+) -> CheckpointInfo:
+    """Write a snapshot and its completion record as one checkpoint, the record last, and return
+    it. `settings` (the run's training settings) and `epoch_order` go into the record only when
+    given, so records of runs without them are as before."""
+    record = {
         "format": FORMAT_VERSION,
         "epoch": int(epoch),
         "step_in_epoch": int(step_in_epoch),
-        "global_step": optimizer_step(model),
+        "global_step": taken.global_step,
         "saved_at": time.time(),
         "writer": writer,
         "global_batch_size": global_batch_size,
-        "signature": signature(model),
+        "signature": taken.signature,
         "history": plain(history or []),
         "metrics": plain(metrics or {}),
         **({"settings": dict(settings)} if settings else {}),
         **({"epoch_order": epoch_order} if epoch_order else {}),
+        "files": {name: describe(data) for name, data in taken.files.items()},
     }
+    files = {**taken.files, RECORD_FILE: json.dumps(record, indent=1).encode()}
+    entry = store.commit(taken.global_step, files)
+    return _info_of(store.path_of(entry), record)
 
 
-def _write(directory: Path, record: dict[str, Any], write_files: Callable[[Path], None]) -> CheckpointInfo:
-    """Write the files (`write_files(temp)`) into a temporary directory, fsync and describe them in
-    the record, write the record last, then commit."""
-    global_step = record["global_step"]
-    temp = directory / f"{TEMP_PREFIX}{global_step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    temp.mkdir(parents=True)
-    try:
-        write_files(temp)
-        record = {**record, "files": {name: _fsync_and_describe(temp / name) for name in (MODEL_FILE, RNG_FILE)}}
-        _write_durably(temp / RECORD_FILE, json.dumps(record, indent=1))
-        _fsync_directory(temp)
-        final = directory / f"{CHECKPOINT_PREFIX}{global_step}"
-        _commit(temp, final)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    return _info_of(final, record)
-
-
-def _commit(temp: Path, final: Path) -> None:
-    """Rename the finished temporary directory into place; the rename is the commit.
-
-    When `final` exists (the same step saved again, e.g. preempted right after a save) it is
-    first renamed to `ckpt-<step>.replaced-<id>`: still a checkpoint by name and record, so a
-    crash between the two renames leaves it listed and restorable (with `keep=1` it may be the
-    only one), never a temporary directory that the next start deletes. It is removed once the
-    new checkpoint is in place; a crash before that leaves two checkpoints of one step, and the
-    older by record is pruned like any other.
-    """
-    if final.exists():
-        displaced = final.with_name(f"{final.name}{REPLACED_MARK}{uuid.uuid4().hex[:8]}")
-        os.rename(final, displaced)
-        _fsync_directory(final.parent)
-        os.rename(temp, final)
-        _fsync_directory(final.parent)
-        shutil.rmtree(displaced, ignore_errors=True)
-    else:
-        os.rename(temp, final)
-    _fsync_directory(final.parent)
-
-
-def _fsync_and_describe(path: Path) -> dict[str, Any]:
-    with open(path, "rb+") as stream:
-        os.fsync(stream.fileno())
-    return {"size": path.stat().st_size, "sha256": _sha256(path)}
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_temporary(directory: Path) -> list[str]:
-    """Delete temporary directories left by interrupted saves; returns what was removed."""
-    removed = []
-    for temp in directory.glob(f"{TEMP_PREFIX}*"):
-        shutil.rmtree(temp, ignore_errors=True)
-        removed.append(str(temp))
-    return removed
-
-
-def probe_writable(directory: Path) -> None:
-    """Create `directory` if needed and write (then delete) a file in it; OSError if it cannot."""
-    directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / f"{TEMP_PREFIX}probe-{uuid.uuid4().hex[:8]}"
-    probe.write_bytes(b"")
-    probe.unlink()
+def write_checkpoint(model: Any, directory: str | os.PathLike[str] | Store, **record: Any) -> CheckpointInfo:
+    """Write one checkpoint of `model` into `directory` (a path, URL or store) and return it:
+    `snapshot` then `commit`, synchronously."""
+    return commit(open_store(directory), snapshot(model), **record)

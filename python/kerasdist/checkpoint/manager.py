@@ -3,37 +3,37 @@
 The manager is what the callback, `make_or_restore_model`, `resume_fit`, `ps_fit` and
 `distributed_fit` talk to. It checks the directory once, checksums each checkpoint once (again
 only if its files change on disk), restores a model and gives the resume point from that same
-read, saves atomically (`format.write_checkpoint`) and prunes.
+read, saves atomically (`format.snapshot` + `format.commit`) and prunes. Every file it reads or
+writes goes through its store (`storage.py`): a local directory or an object-store URL.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from kerasdist import compat
+from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
 from kerasdist.checkpoint.format import (
     MODEL_FILE,
     REPLACED_MARK,
     RNG_FILE,
     CheckpointInfo,
     CheckpointWarning,
-    checkpoint_candidates,
-    fingerprint,
-    probe_writable,
+    Snapshot,
+    commit,
     read_checkpoint,
     read_record,
-    remove_temporary,
-    write_checkpoint,
-    write_checkpoint_files,
+    snapshot,
 )
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
+from kerasdist.checkpoint.storage import open_store
 from kerasdist.step_guard import guard_train_function
 
 
@@ -47,15 +47,22 @@ class CheckpointManager:
     however many times it asks. Damaged checkpoints are skipped with one `CheckpointWarning`.
 
     Args:
-        directory: the checkpoint directory.
+        directory: the checkpoint directory: a path, or a URL (`s3://bucket/run`, `gs://...`,
+            `memory://...`, `file://...`; see `storage.py`).
         create: create and probe the directory now (default); False defers that to the first
             restore or save, so arguments can be checked before anything is touched.
+        storage_options: options for the object store's fsspec filesystem (credentials,
+            endpoint), e.g. `{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`
+            for s3://; None: the ecosystem's configuration (environment variables, credentials
+            files).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, create: bool = True):
-        self.directory = _checked_path(directory)
+    def __init__(self, directory: str | os.PathLike[str], *, create: bool = True,
+                 storage_options: Mapping[str, Any] | None = None):
+        self.store = directory.store if isinstance(directory, CheckpointManager) \
+            else open_store(directory, storage_options)
         self._writable = False
-        self._seen: dict[str, tuple[Any, CheckpointInfo | None]] = {}  # path -> (fingerprint, info)
+        self._seen: dict[str, tuple[Any, CheckpointInfo | None]] = {}  # entry -> (fingerprint, info)
         self._restored: tuple[weakref.ref[Any], CheckpointInfo] | None = None
         if create:
             self.create()
@@ -63,15 +70,16 @@ class CheckpointManager:
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r})"
 
-    def create(self) -> Path:
-        """Create the directory and check it is writable; done once per manager."""
+    @property
+    def directory(self) -> Path | str:
+        """The checkpoint directory: a Path for a local one, the URL for an object store."""
+        return self.store.directory
+
+    def create(self) -> Path | str:
+        """Create the directory and check it is writable (for an object store: reachable, the
+        bucket there); done once per manager. A ValueError naming checkpoint_dir if not."""
         if not self._writable:
-            try:
-                probe_writable(self.directory)
-            except OSError as err:
-                raise ValueError(
-                    f"checkpoint_dir {str(self.directory)!r} is not writable: {err.strerror}."
-                ) from None
+            self.store.prepare()
             self._writable = True
         return self.directory
 
@@ -79,15 +87,16 @@ class CheckpointManager:
     def checkpoints(self) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first by the step recorded in each."""
         seen = {}
-        for candidate in checkpoint_candidates(self.directory):
-            key, now = str(candidate), fingerprint(candidate)
-            entry = self._seen.get(key)
+        for candidate in self.store.entries():
+            now = self.store.fingerprint(candidate)
+            entry = self._seen.get(candidate)
             if entry is None or entry[0] != now:
-                problem, info = read_checkpoint(candidate)
+                problem, info = read_checkpoint(self.store, candidate)
                 if problem:
-                    warnings.warn(f"Skipping checkpoint {candidate}: {problem}.", CheckpointWarning, stacklevel=4)
+                    warnings.warn(f"Skipping checkpoint {self.store.path_of(candidate)}: {problem}.",
+                                  CheckpointWarning, stacklevel=4)
                 entry = (now, info)
-            seen[key] = entry
+            seen[candidate] = entry
         self._seen = seen
         return sorted((info for _, info in seen.values() if info is not None), key=_newness)
 
@@ -102,7 +111,7 @@ class CheckpointManager:
         directory changed meanwhile); otherwise the newest valid checkpoint."""
         restored_by = manager_of(model) if model is not None else None
         if restored_by is not None and restored_by._restored is not None and (
-            restored_by is self or _same_directory(restored_by.directory, self.directory)
+            restored_by is self or restored_by.store.same_as(self.store)
         ):
             restored_model, info = restored_by._restored
             if restored_model() is model and optimizer_step(model) == info.global_step:
@@ -124,11 +133,12 @@ class CheckpointManager:
         self.create()
         latest = self.latest()
         if latest is not None:
-            path = Path(latest.path)
-            check_signature(model, read_record(path)["signature"], path)
-            _build_optimizer(model, path)
-            model.load_weights(path / MODEL_FILE)
-            restore_seed_states(model, path / RNG_FILE)
+            entry = self.store.entry_of(latest.path)
+            check_signature(model, read_record(self.store, entry)["signature"], latest.path)
+            _build_optimizer(model, latest.path)
+            with self.store.local_files(entry) as local:
+                model.load_weights(local / MODEL_FILE)
+                restore_seed_states(model, local / RNG_FILE, latest.path)
         self._note_restored(model, latest)
         return latest
 
@@ -141,9 +151,9 @@ class CheckpointManager:
                 f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
                 "was given to build a fresh model."
             )
-        path = Path(latest.path)
-        model = keras.models.load_model(path / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
-        restore_seed_states(model, path / RNG_FILE)
+        with self.store.local_files(self.store.entry_of(latest.path)) as local:
+            model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
+            restore_seed_states(model, local / RNG_FILE, latest.path)
         self._note_restored(model, latest)
         return model
 
@@ -154,17 +164,18 @@ class CheckpointManager:
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, **record: Any) -> CheckpointInfo:
         """Write a checkpoint atomically (`epoch`, `step_in_epoch`, `history`, `metrics`,
-        `writer` as in `format.write_checkpoint`); callers decide who writes (the chief)."""
-        return self._written(write_checkpoint(model, self.create(), **record))
+        `writer` as in `format.commit`); callers decide who writes (the chief)."""
+        self.create()
+        return self.commit(snapshot(model), **record)
 
-    def save_files(self, record: dict[str, Any], files: dict[str, bytes]) -> CheckpointInfo:
-        """Write a checkpoint made elsewhere atomically: its record (`format.checkpoint_record`)
-        and files (`snapshot.Snapshot.files()`); what a background save runs."""
-        return self._written(write_checkpoint_files(self.create(), record, files))
-
-    def _written(self, info: CheckpointInfo) -> CheckpointInfo:
-        path = Path(info.path)
-        self._seen[str(path)] = (fingerprint(path), info)  # written and described here: verified
+    def commit(self, taken: Snapshot, **record: Any) -> CheckpointInfo:
+        """Write a snapshot taken earlier (`format.snapshot`) as a checkpoint, its completion
+        record last: the second half of `save`, for savers that snapshot in one place and write
+        in another."""
+        self.create()
+        info = commit(self.store, taken, **record)
+        entry = self.store.entry_of(info.path)
+        self._seen[entry] = (self.store.fingerprint(entry), info)  # written and described here: verified
         return info
 
     def prune(self, keep: int, protect: Iterable[CheckpointInfo | None] = ()) -> list[str]:
@@ -176,34 +187,26 @@ class CheckpointManager:
         removed = []
         for info in checkpoints:
             if info.path not in kept:
-                shutil.rmtree(info.path, ignore_errors=True)
-                self._seen.pop(info.path, None)
+                entry = self.store.entry_of(info.path)
+                self.store.remove(entry)  # its completion record first
+                self._seen.pop(entry, None)
                 removed.append(info.path)
         return removed
 
     def remove_temporary(self) -> list[str]:
-        """Delete the temporary directories of interrupted saves (the chief, at the start)."""
-        return remove_temporary(self.directory)
+        """Delete what interrupted saves left (the chief, at the start): temporary directories,
+        and on object stores uploads without a completion record."""
+        return self.store.remove_temporary()
 
 
-def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool]:
-    """Newer sorts later: by the record; of two records of one step, the one not displaced."""
-    return info.order, REPLACED_MARK not in Path(info.path).name
+def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:
+    """Newer sorts later: by the record; of two records of one step, the one not displaced (local)
+    or saved last (object stores name a second save of a step `ckpt-<step>.s<time>`)."""
+    name = info.path.rstrip("/").rsplit("/", 1)[-1]
+    return info.order, REPLACED_MARK not in name, name
 
 
-def _checked_path(checkpoint_dir: Any) -> Path:
-    """Refuse a checkpoint_dir that is not a directory path, before anything is touched."""
-    if isinstance(checkpoint_dir, CheckpointManager):
-        return checkpoint_dir.directory
-    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
-        raise ValueError(f"checkpoint_dir must be a directory path, got {checkpoint_dir!r}.")
-    directory = Path(checkpoint_dir)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"checkpoint_dir {str(directory)!r} is a file, not a directory.")
-    return directory
-
-
-def _build_optimizer(model: Any, path: Path) -> None:
+def _build_optimizer(model: Any, path: str) -> None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         optimizer.build(model.trainable_variables)
@@ -214,23 +217,21 @@ def _build_optimizer(model: Any, path: Path) -> None:
         )
 
 
-def as_manager(checkpoint_dir: Any, model: Any = None) -> CheckpointManager:
+def as_manager(checkpoint_dir: Any, model: Any = None,
+               storage_options: Mapping[str, Any] | None = None) -> CheckpointManager:
     """`checkpoint_dir` as a manager: itself if it is one, the manager `model` was restored by
-    when it names the same directory, else a new manager of that directory."""
+    when it names the same directory (a URL given without `storage_options` names the store the
+    model came from, with its options), else a new manager of that directory."""
     if isinstance(checkpoint_dir, CheckpointManager):
         return checkpoint_dir
+    store = open_store(checkpoint_dir, storage_options)
     remembered = manager_of(model) if model is not None else None
-    if remembered is not None and isinstance(checkpoint_dir, (str, os.PathLike)) and str(checkpoint_dir) \
-            and _same_directory(remembered.directory, Path(checkpoint_dir)):
+    if remembered is not None and (remembered.store.same_as(store) or (
+            storage_options is None and remembered.store.location == store.location)):
         return remembered
-    return CheckpointManager(checkpoint_dir)
-
-
-def _same_directory(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
+    manager = CheckpointManager(store)
+    manager.create()
+    return manager
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,22 +261,28 @@ def remembered_checkpoint_dir(model: Any) -> str | None:
 # Public functions
 
 
-def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
-    """The valid checkpoints in `checkpoint_dir`, oldest first by the step recorded in each.
+def list_checkpoints(checkpoint_dir: str | os.PathLike[str], *,
+                     storage_options: Mapping[str, Any] | None = None) -> list[CheckpointInfo]:
+    """The valid checkpoints in `checkpoint_dir` (a path or URL), oldest first by the step
+    recorded in each.
 
     Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
+    `storage_options`: for an object-store URL, as in `CheckpointManager`.
     """
-    return CheckpointManager(checkpoint_dir, create=False).checkpoints()
+    return CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options).checkpoints()
 
 
-def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> CheckpointInfo | None:
-    """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None."""
-    return CheckpointManager(checkpoint_dir, create=False).latest()
+def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
+                      storage_options: Mapping[str, Any] | None = None) -> CheckpointInfo | None:
+    """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None.
+    `checkpoint_dir` and `storage_options` as in `list_checkpoints`."""
+    return CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options).latest()
 
 
-def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], **record: Any) -> CheckpointInfo:
+def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *,
+                    storage_options: Mapping[str, Any] | None = None, **record: Any) -> CheckpointInfo:
     """Write one checkpoint atomically and return it (see `CheckpointManager.save`)."""
-    return as_manager(checkpoint_dir).save(model, **record)
+    return as_manager(checkpoint_dir, storage_options=storage_options).save(model, **record)
 
 
 def make_or_restore_model(
@@ -285,23 +292,29 @@ def make_or_restore_model(
     strategy: Any = None,
     custom_objects: dict[str, Any] | None = None,
     safe_mode: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Any:
     """Build the model, and restore the newest valid checkpoint into it if there is one.
 
     The model is built by `build_fn()` inside the strategy's scope (the given `strategy`, else the
     active one). When `checkpoint_dir` holds checkpoints, the newest valid one (by the epoch and
     step recorded in it) is loaded: weights, optimizer state and random-generator states; damaged
-    ones are skipped with a warning. `latest_checkpoint(checkpoint_dir)` then tells the epoch and
+    ones are skipped with a warning. Under a multi-worker strategy only the chief reads
+    `checkpoint_dir`, and every other worker gets the state it restored (hosts need not share a
+    disk; see `chief_state`). `latest_checkpoint(checkpoint_dir)` then tells the epoch and
     step to resume from; pass its `epoch` as `initial_epoch` to `fit` (or use `resume_fit`, which
     continues from the checkpoint restored here) so `epochs=N` means N in total.
 
     Args:
-        checkpoint_dir: directory of checkpoints; created if missing.
+        checkpoint_dir: directory of checkpoints, created if missing; or an object-store URL
+            (`s3://bucket/run`, `gs://bucket/run`, `memory://run`; see `CheckpointManager`).
         build_fn: function returning a compiled Keras model. If None, the model is loaded whole
             from the newest checkpoint (its config, with `custom_objects` and `safe_mode`).
         strategy: a `tf.distribute.Strategy`; default the active one.
         custom_objects: custom classes or functions needed to load a saved model.
         safe_mode: refuse to load lambdas from checkpoints (Keras safe mode); default True.
+        storage_options: options for an object store (credentials, endpoint), as in
+            `CheckpointManager`; None: environment variables and credentials files.
 
     Returns:
         The Keras model.
@@ -311,13 +324,20 @@ def make_or_restore_model(
     if build_fn is not None and not callable(build_fn):
         raise ValueError(f"build_fn must be a function returning a Keras model, got {type(build_fn).__name__}.")
     context = run_context(strategy)
-    manager = as_manager(checkpoint_dir)
+    manager = as_manager(checkpoint_dir, storage_options=storage_options)
+    multi_worker = compat.is_multi_worker(context.strategy)
+    compat.warm_saving_skipsets()  # outside the scope: Keras's loading makes variables otherwise
     with context.strategy.scope():
         if build_fn is None:
+            if multi_worker:
+                check_chief_checkpoint_is_seen(manager, context)
             model = manager.load_model(custom_objects, safe_mode)
         else:
             model = _build(build_fn)
-            manager.restore(model)
+            if multi_worker:  # only the chief reads: the hosts may share no disk
+                restore_from_chief(manager, model, context)
+            else:
+                manager.restore(model)
     guard_train_function(model)
     return model
 

@@ -41,13 +41,15 @@ def seed_states(model: Any) -> list[np.ndarray]:
     return [np.asarray(generator.state.numpy()) for generator in _seed_generators(model)]
 
 
-def restore_seed_states(model: Any, path: Path) -> None:
+def restore_seed_states(model: Any, path: Path, checkpoint: str | None = None) -> None:
+    """Load the seed-generator states of `path` (an `rng.npz`) into the model; `checkpoint` names
+    the checkpoint in messages (default: the file's directory)."""
     generators = _seed_generators(model)
     with np.load(path) as saved:
         states = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     if len(states) != len(generators):
         raise ValueError(
-            f"The checkpoint {path.parent} has {len(states)} random-generator states, the model "
+            f"The checkpoint {checkpoint or path.parent} has {len(states)} random-generator states, the model "
             f"has {len(generators)}: it was saved from a different architecture."
         )
     for generator, state in zip(generators, states, strict=True):
@@ -59,7 +61,7 @@ def signature(model: Any) -> list[list[Any]]:
     return [[list(map(int, w.shape)), str(w.dtype)] for w in model.weights]
 
 
-def check_signature(model: Any, saved: list[list[Any]], path: Path) -> None:
+def check_signature(model: Any, saved: list[list[Any]], path: str | Path) -> None:
     current = signature(model)
     if len(current) != len(saved):
         raise ValueError(

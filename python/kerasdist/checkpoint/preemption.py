@@ -37,9 +37,13 @@ class WorkerAgreement:
         self.sigterm_handler = signal.getsignal(signal.SIGTERM)  # TensorFlow's: tells the cluster
         signal.signal(signal.SIGTERM, previous)  # installed by the callback while a fit runs
 
-    def check(self, callback: Any) -> None:
-        """At every batch end, on every worker: save and stop if this is the agreed step."""
+    def serve(self, callback: Any) -> WorkerAgreement:
+        """Save and stop through `callback` (the current fit's) on the agreed step."""
         self.callback = callback
+        return self
+
+    def check(self) -> None:
+        """At every batch end, on every worker: save and stop if this is the agreed step."""
         compat.save_if_preempted(self.handler)
 
     def _save(self) -> None:

@@ -1,7 +1,7 @@
 """A checkpoint's state taken cheaply on the training thread, its files written later (elsewhere).
 
 `take_snapshot(model)` is what a background save blocks training for: it records everything
-`model.save` would write and `rng.npz` holds, while the model does not change. `Snapshot.files()`
+`model.save` would write and `rng.npz` holds, while the model does not change. `StateSnapshot.files()`
 then makes the checkpoint's files (`{"model.keras": bytes, "rng.npz": bytes}`) from the snapshot
 alone, in any thread, while training goes on: the same `.keras` zip `model.save` writes (the same
 members and layout; the weights file holds the same groups, datasets and attributes, in the same
@@ -61,7 +61,7 @@ class _Entry:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class StateSnapshot:
     """Everything a checkpoint's files hold, frozen; `files()` makes them."""
 
     make_files: Callable[[], dict[str, bytes]]
@@ -71,14 +71,14 @@ class Snapshot:
         return self.make_files()
 
 
-def take_snapshot(model: Any) -> Snapshot:
+def take_snapshot(model: Any) -> StateSnapshot:
     """Record `model`'s state for a checkpoint; call it on the training thread, between steps."""
     rng = [np.array(state) for state in seed_states(model)]
     if compat.keras_snapshot_supported():
         recorded = _record_model(model)
-        return Snapshot(lambda: {MODEL_FILE: recorded.keras_bytes(), RNG_FILE: npz_bytes(rng)})
+        return StateSnapshot(lambda: {MODEL_FILE: recorded.keras_bytes(), RNG_FILE: npz_bytes(rng)})
     files = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
-    return Snapshot(lambda: files)
+    return StateSnapshot(lambda: files)
 
 
 def npz_bytes(arrays: list[np.ndarray]) -> bytes:
@@ -90,11 +90,7 @@ def npz_bytes(arrays: list[np.ndarray]) -> bytes:
 
 def keras_bytes_now(model: Any) -> bytes:
     """`model.save`'s `.keras` file as bytes, written now."""
-    from keras.src.saving import saving_lib
-
-    buffer = io.BytesIO()
-    saving_lib.save_model(model, buffer)
-    return buffer.getvalue()
+    return compat.keras_model_bytes(model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,7 +128,7 @@ class _RecordedModel:
 def _record_model(model: Any) -> _RecordedModel:
     from keras.src.saving import saving_lib
 
-    compat.cache_saving_skipsets()
+    compat.warm_saving_skipsets()  # outside any strategy scope: callbacks run outside it
     config_json, metadata_json = saving_lib._serialize_model_as_json(model)
     weights = _RecordingStore()
     assets_archive = _AssetRecorder()

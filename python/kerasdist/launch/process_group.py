@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
+from kerasdist._startup import is_start_up_noise
 from kerasdist.launch.ports import accepts_connections, port_clash
 from kerasdist.launch.result import TIMEOUT_EXIT_CODE, TaskFailure
 
@@ -102,7 +103,8 @@ class ProcessGroup:
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 if port_clash(line):
                     self.port_clash = True
-                self.lines.put((stream, f"{prefix} {line}\n"))
+                if not is_start_up_noise(line):
+                    self.lines.put((stream, f"{prefix} {line}\n"))
 
     def run(self, deadline: float | None, startup_timeout: float | None = None) -> Outcome:
         """Echo output until the group succeeds, a process fails, or the deadline passes."""

@@ -87,6 +87,7 @@ def custom_fit(
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
     async_save: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
 
@@ -127,8 +128,8 @@ def custom_fit(
             on the replicas' threads, so it cannot be an R function. Default `fit_step`, Keras's
             own step for a compiled model.
         epochs: total number of epochs, counting those done by earlier runs.
-        checkpoint_dir: directory of checkpoints; None for the one the model was made or
-            restored from by `make_or_restore_model`.
+        checkpoint_dir: directory of checkpoints (or an object-store URL, `s3://bucket/run`);
+            None for the one the model was made or restored from by `make_or_restore_model`.
         optimizer: default the compiled model's optimizer; an optimizer given for a model
             compiled without one is attached (`model.compile(optimizer=...)`), so checkpoints
             hold its state.
@@ -166,7 +167,8 @@ def custom_fit(
         raise ValueError(f'verbose must be 0, 1, 2 or "auto", got {verbose!r}.')
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
-        checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None)
+        checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None,
+                                    storage_options=storage_options)
         check_resumed_settings_of(checkpoint_dir, settings)
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)

@@ -70,6 +70,7 @@ def distributed_fit(
     gradient_accumulation_steps: int | None = None,
     steps_per_execution: int | str = "auto",
     async_save: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -93,7 +94,8 @@ def distributed_fit(
         x, y: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
             unbatched elements, file patterns).
         epochs: total number of epochs, counting those done by earlier (interrupted) runs.
-        checkpoint_dir: directory of checkpoints; created if missing.
+        checkpoint_dir: directory of checkpoints, created if missing; or an object-store URL
+            (`s3://bucket/run`, `gs://bucket/run`): see `CheckpointManager`.
         strategy: a `tf.distribute.Strategy` (from `select_strategy` or not), or a kind for
             `select_strategy`: "auto" (default), "default", "mirrored", ...
         batch_size: global batch size; or give `per_replica_batch_size`; neither means 32.
@@ -127,6 +129,8 @@ def distributed_fit(
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
+        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
+            passed to its fsspec filesystem; None: environment variables and credentials files.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -152,7 +156,8 @@ def distributed_fit(
     boolean("shuffle", shuffle)
     check_callback_args(True, every_steps, keep, "min", "loss", async_save)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
-    checkpoints = CheckpointManager(checkpoint_dir, create=False)  # checked now, created when used
+    # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
+    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
     check_resumed_settings_of(checkpoints, settings)
 
     context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)

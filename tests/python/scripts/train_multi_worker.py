@@ -1,10 +1,12 @@
 """One worker of a multi-worker run (TF_CONFIG set by the caller or the launcher).
 
 usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
-                             [--epochs E] [--die-at-step S]
+                             [--epochs E] [--die-at-step S] [--per-worker-dir] [--load-only]
 Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
 patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
-worker 1 kills itself with SIGKILL after that step on the launcher's first attempt.
+worker 1 kills itself with SIGKILL after that step on the launcher's first attempt. With
+--per-worker-dir each worker uses DIR/worker-<index>, as hosts that share no disk would; with
+--load-only the model is loaded from the checkpoint (no build_fn).
 """
 
 import argparse
@@ -56,6 +58,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every-steps", type=int)
     parser.add_argument("--die-at-step", type=int)
+    parser.add_argument("--per-worker-dir", action="store_true")
+    parser.add_argument("--load-only", action="store_true")
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
@@ -63,8 +67,12 @@ def main():
         compat.remove_multi_worker_fixes()
     description = kerasdist.describe_strategy(strategy)
     print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief}), flush=True)
+    index = description.task.split(":")[1] if description.task else "0"
+    if args.checkpoint_dir and args.per_worker_dir:
+        args.checkpoint_dir = os.path.join(args.checkpoint_dir, f"worker-{index}")
     if args.checkpoint_dir:
-        model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model, strategy=strategy)
+        build = None if args.load_only else build_model
+        model = kerasdist.make_or_restore_model(args.checkpoint_dir, build, strategy=strategy)
         print(json.dumps({"restored_step": int(model.optimizer.iterations.numpy())}), flush=True)
         callbacks = []
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
@@ -76,7 +84,6 @@ def main():
         with strategy.scope():
             model = build_model()
         history = model.fit(data(), epochs=args.epochs, verbose=0)
-    index = description.task.split(":")[1] if description.task else "0"
     np.savez(f"{args.out_prefix}-{index}.npz", *model.get_weights())
     print(json.dumps({"loss": [float(v) for v in history.history["loss"]]}), flush=True)
 

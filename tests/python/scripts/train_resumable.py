@@ -1,16 +1,20 @@
 """A seeded training run that can be killed at any point and restarted (fault-injection tests).
 
-usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] [--sync-save]
-                          [--slow-write SECONDS]
+usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] [--kill-during-upload G]
+                          [--sync-save] [--slow-write SECONDS]
 Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
-and writes the final weights to OUT.npz when training completes. --sync-save writes checkpoints
-on the training thread (async_save=False). --slow-write holds every checkpoint write for SECONDS
-once its files are in the temporary directory and before its record is written, printing
-"writing ckpt-G" first, so a test can kill it in the middle of a (background) write.
+and writes the final weights to OUT.npz when training completes. CHECKPOINT_DIR may be an
+object-store URL (configured by the AWS_* environment variables); with --kill-during-upload the
+run SIGKILLs itself while saving the checkpoint of step G, after its files are uploaded and
+before its completion record is. --sync-save writes checkpoints on the training thread
+(async_save=False). --slow-write holds every local checkpoint write for SECONDS once its files are
+in the temporary directory and before its record is written, printing "writing ckpt-G" first, so
+a test can kill it in the middle of a (background) write.
 """
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -57,18 +61,39 @@ class PrintSteps(keras.callbacks.Callback):
 
 def hold_writes(seconds):
     """Fault injection: each checkpoint write pauses between its files and its record."""
-    from kerasdist.checkpoint import format as checkpoint_format
+    from kerasdist.checkpoint import storage
 
-    describe = checkpoint_format._fsync_and_describe
+    write = storage._write_durably
 
-    def slow(path):
-        if path.name == checkpoint_format.MODEL_FILE:
-            step = path.parent.name.removeprefix(checkpoint_format.TEMP_PREFIX).split("-")[0]
+    def slow(path, data):
+        if path.name == storage.RECORD_FILE:  # written last: the other files are in place
+            step = path.parent.name.removeprefix(storage.TEMP_PREFIX).split("-")[0]
             say(f"writing ckpt-{step}")  # from the writer's thread
             time.sleep(seconds)
-        return describe(path)
+        return write(path, data)
 
-    checkpoint_format._fsync_and_describe = slow
+    storage._write_durably = slow
+
+
+def kill_during_upload(step):
+    """SIGKILL this process when the completion record of checkpoint `step` is about to go up."""
+    from kerasdist.checkpoint import storage
+
+    commit = storage.ObjectStore.commit
+
+    def killing_commit(self, global_step, files):
+        if global_step == step:
+            pipe = self.fs.pipe_file
+
+            def pipe_or_die(path, data, **kwargs):
+                if path.endswith("/" + storage.RECORD_FILE):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return pipe(path, data, **kwargs)
+
+            self.fs.pipe_file = pipe_or_die
+        return commit(self, global_step, files)
+
+    storage.ObjectStore.commit = killing_commit
 
 
 def main():
@@ -77,11 +102,14 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--every-steps", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--kill-during-upload", type=int, default=None)
     parser.add_argument("--sync-save", action="store_true")
     parser.add_argument("--slow-write", type=float, default=0.0)
     args = parser.parse_args()
     if args.slow_write:
         hold_writes(args.slow_write)
+    if args.kill_during_upload is not None:
+        kill_during_upload(args.kill_during_upload)
 
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()

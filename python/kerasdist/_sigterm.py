@@ -1,0 +1,118 @@
+"""SIGTERM outside training: a cluster task exits with 75 at once.
+
+A scheduler's preemption (Slurm's `scancel --signal=TERM`, its time-limit warning, a Kubernetes
+pod's deletion) can reach a task at any instant: while TensorFlow starts, while the workers wait
+for each other, after `fit` has returned. During `fit` the checkpoint callback owns SIGTERM (it
+saves and exits with 75, `checkpoint/callback.py`); outside it there is nothing to save, so the
+task should say "preempted, restart me" (75) instead of dying with 143, which the scheduler's
+recipe reads as a failure.
+
+So a cluster task (Slurm step or TF_CONFIG) that imports kerasdist installs `exit_preempted` as its
+SIGTERM handler. Python runs handlers only between bytecodes on the main thread, which may wait
+long in C code that lets other threads run (a collective, a file, a socket), so a watcher thread
+also wakes on the signal (`signal.set_wakeup_fd`) and exits on the handler's behalf while it is
+still the one installed. While a multi-worker strategy is created, TensorFlow waits for every
+worker in C++ holding the GIL, and its own SIGTERM handler notes the signal in the cluster's
+key-value store: `reclaim_after_cluster_start` reads it there once the cluster has formed, and
+every worker exits with 75. A fit's callback installs its own handler and
+restores this one when fit ends; repeated signals change nothing, and once the interpreter exits
+by itself the signal is ignored (Python restores the default action while it finalizes, which
+would turn a finished or saved run's exit into 143).
+
+KERASDIST_EXIT_ON_SIGTERM=0 turns this off, =1 turns it on outside a cluster too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the checkpoint callback's code too
+SWITCH_VARIABLE = "KERASDIST_EXIT_ON_SIGTERM"
+
+
+def wanted(environ: Mapping[str, str]) -> bool:
+    """On for a task of a Slurm job step or a TF_CONFIG cluster, unless switched."""
+    switch = environ.get(SWITCH_VARIABLE, "").strip().lower()
+    if switch in ("0", "false", "no"):
+        return False
+    if switch in ("1", "true", "yes"):
+        return True
+    in_slurm_step = "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
+    return in_slurm_step or bool(environ.get("TF_CONFIG", "").strip())
+
+
+def exit_preempted(signum: int = signal.SIGTERM, frame: Any = None) -> None:
+    """Say why, flush what was printed, and end the process with 75 without running exit
+    handlers (TensorFlow's may wait for tasks that are gone)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write("kerasdist: SIGTERM outside training, nothing to save: exiting with 75.\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    os._exit(PREEMPTED_EXIT_CODE)
+
+
+def install(environ: Mapping[str, str] | None = None) -> bool:
+    """Install the handler and its watcher if `wanted` and the SIGTERM handler is still the
+    default one; returns whether it is in place. Only the main thread can install handlers."""
+    env = os.environ if environ is None else environ
+    if not wanted(env) or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is exit_preempted:
+        return True
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return False  # the program has its own handler: leave it
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read_end)
+        os.close(write_end)
+        return False
+    signal.signal(signal.SIGTERM, exit_preempted)
+    threading.Thread(target=_watch, args=(read_end,), name="kerasdist-sigterm", daemon=True).start()
+    return True
+
+
+def ignore_while_exiting() -> None:
+    """Registered with atexit after TensorFlow's own exit handlers, so it runs before them."""
+    atexit.register(_ignore_if_installed)
+
+
+def _ignore_if_installed() -> None:
+    if signal.getsignal(signal.SIGTERM) is exit_preempted:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def reclaim_after_cluster_start(signalled_meanwhile: bool) -> None:
+    """After a multi-worker strategy has formed the cluster: TensorFlow's coordination agent
+    installed its own C++ SIGTERM handler (its preemption notifier) while it waited for the
+    workers, holding the GIL, so a signal that came then was noted by TensorFlow, not by Python.
+    Take SIGTERM back for the handler Python has on record, and when any worker was signalled
+    meanwhile (`signalled_meanwhile`, from the cluster's key-value store) every worker exits
+    with 75 before training: nothing has been trained, and they all stop alike."""
+    current = signal.getsignal(signal.SIGTERM)
+    if callable(current):
+        signal.signal(signal.SIGTERM, current)
+    if signalled_meanwhile and current is exit_preempted:
+        exit_preempted()
+
+
+def _watch(read_end: int) -> None:
+    while True:
+        try:
+            received = os.read(read_end, 64)
+        except OSError:
+            return
+        if not received:
+            return
+        if signal.SIGTERM in received and signal.getsignal(signal.SIGTERM) is exit_preempted:
+            exit_preempted()

@@ -1,0 +1,345 @@
+"""Checkpoints on object storage: URLs, memory:// unit tests, and a real S3 server (SeaweedFS).
+
+One SeaweedFS server serves the whole module (`s3` fixture, ~5 s to start) and is always
+stopped. Object-store damage rows come from tests/cases/checkpoint.json (`object_damage`), read
+by the R suite too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import fsspec
+import keras
+import numpy as np
+import pytest
+
+import kerasdist
+from conftest import CASES_DIR
+from kerasdist import compat
+from kerasdist.checkpoint.background import wait_for_all
+from kerasdist.s3_test_server import start_s3_server
+
+CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = ROOT / "tests" / "python" / "scripts" / "train_resumable.py"
+BATCHES_PER_EPOCH = 4
+X = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
+
+
+def build_model(units: int = 4) -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def fit(checkpoint_dir: str, epochs: int, **args) -> keras.callbacks.History:
+    keras.utils.set_random_seed(7)
+    return kerasdist.distributed_fit(build_model, X, X.sum(1), epochs=epochs, checkpoint_dir=checkpoint_dir,
+                                     strategy="default", batch_size=4, keep=5, verbose=0, **args)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = start_s3_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def s3fs_of(server):
+    import s3fs
+
+    return s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options())
+
+
+def objects(fs, root: str) -> dict[str, tuple[int, str]]:
+    """Every object under `root` with its size and content digest."""
+    fs.invalidate_cache()
+    return {path: (len(data), str(hash(data))) for path, data in sorted(fs.cat(fs.find(root)).items())}
+
+
+# --------------------------------------------------------------------------------------------
+# URLs and arguments (no server)
+
+
+def test_a_url_is_never_a_local_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"checkpoint_dir 's3://kerasdist-no-such/run' cannot be reached"):
+        fit("s3://kerasdist-no-such/run", 1, storage_options={
+            "key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}})
+    url = f"memory://kerasdist-{uuid.uuid4().hex[:8]}/run"
+    fit(url, 1)
+    assert list(tmp_path.iterdir()) == []  # nothing named s3: or memory: in the working directory
+    assert [c.path for c in kerasdist.list_checkpoints(url)] == [f"{url}/ckpt-{BATCHES_PER_EPOCH}"]
+
+
+def test_a_missing_plugin_is_named_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if gcsfs were not installed
+    with pytest.raises(ImportError, match=re.escape("needs the gcsfs package, which is not installed: "
+                                                    "pip install 'kerasdist[gcs]'")):
+        kerasdist.make_or_restore_model("gs://bucket/run", build_model)
+    with pytest.raises(ImportError, match="gcsfs"):
+        fit("gs://bucket/run", 1)
+
+
+def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
+    fit(f"file://{tmp_path}/run", 1)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}"]
+    assert kerasdist.latest_checkpoint(tmp_path / "run").path == str(tmp_path / "run" / f"ckpt-{BATCHES_PER_EPOCH}")
+    with pytest.raises(ValueError, match="is not a local file:// URL"):
+        kerasdist.list_checkpoints("file://otherhost/run")
+
+
+def test_keras_public_save_still_refuses_file_objects(tmp_path):
+    """compat.keras_model_bytes calls Keras's saving library because the public save_model refuses
+    a file object; when this fails, upstream takes them and the shim can go."""
+    model = build_model()
+    with pytest.raises(ValueError, match="Invalid filepath extension"):
+        keras.saving.save_model(model, io.BytesIO())
+    (tmp_path / "m.keras").write_bytes(compat.keras_model_bytes(model))
+    restored = keras.saving.load_model(tmp_path / "m.keras")
+    for a, b in zip(restored.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# memory://: the object-store protocol
+
+
+def memory_url() -> str:
+    return f"memory://kerasdist-{uuid.uuid4().hex[:8]}/run"
+
+
+class _Crash(BaseException):
+    """A crash at a chosen point of an upload."""
+
+
+def test_a_resave_of_a_step_never_destroys_its_only_checkpoint_before_its_record(monkeypatch):
+    url = memory_url()
+    fit(url, 1)
+    manager = kerasdist.CheckpointManager(url)
+    model = build_model()
+    manager.restore(model)
+    before = [c.path for c in manager.checkpoints()]
+    pipe = manager.store.fs.pipe_file
+
+    def crash_at_the_record(path, data, **kwargs):
+        if path.endswith("/state.json"):
+            raise _Crash
+        return pipe(path, data, **kwargs)
+
+    monkeypatch.setattr(manager.store.fs, "pipe_file", crash_at_the_record)
+    with pytest.raises(_Crash):
+        manager.save(model, epoch=1)  # the same step again, keep=1 in effect: crashed mid-upload
+    monkeypatch.undo()
+    assert [c.path for c in kerasdist.list_checkpoints(url)] == before  # the old one is intact and listed
+    manager.save(model, epoch=1, metrics={"again": 1.0})
+    (only,) = kerasdist.list_checkpoints(url)
+    assert only.metrics == {"again": 1.0} and re.search(r"/ckpt-4\.s\d{20}$", only.path)
+    fs = fsspec.filesystem("memory")
+    assert [p.rsplit("/", 1)[-1] for p in fs.ls(manager.store.root, detail=False)] == [only.path.rsplit("/", 1)[-1]]
+
+
+def test_pruning_deletes_the_record_first():
+    url = memory_url()
+    fit(url, 3)
+    manager = kerasdist.CheckpointManager(url)
+    calls = []
+    fs = manager.store.fs
+    rm_file, rm = fs.rm_file, fs.rm
+    fs.rm_file = lambda path, **kw: calls.append(("rm_file", path.rsplit("/", 2)[-2:])) or rm_file(path, **kw)
+    fs.rm = lambda path, **kw: calls.append(("rm", path.rsplit("/", 1)[-1:])) or rm(path, **kw)
+    try:
+        removed = manager.prune(keep=1)
+    finally:
+        del fs.rm_file, fs.rm
+    assert [r.rsplit("/", 1)[-1] for r in removed] == ["ckpt-4", "ckpt-8"]
+    assert calls[:2] == [("rm_file", ["ckpt-4", "state.json"]), ("rm", ["ckpt-4"])]
+    assert [c.epoch for c in kerasdist.list_checkpoints(url)] == [3]
+
+
+# --------------------------------------------------------------------------------------------
+# Damage on object stores (tests/cases/checkpoint.json object_damage), on memory:// and S3
+
+
+@pytest.fixture(scope="module")
+def object_template():
+    """Two epoch-end checkpoints (epochs 1 and 2) on memory://, copied per test."""
+    url = memory_url()
+    fit(url, 2)
+    return url
+
+
+def copy_objects(source_fs, source_root: str, target_fs, target_root: str) -> None:
+    for path, data in source_fs.cat(source_fs.find(source_root)).items():
+        target_fs.pipe_file(target_root + path[len(source_root):], data)
+
+
+def damage(fs, path: str, row: dict) -> None:
+    how, data = row["how"], fs.cat_file(path)
+    if how == "truncate":
+        fs.pipe_file(path, data[: len(data) // 2])
+    elif how == "garble":
+        garbled = bytearray(data)
+        garbled[len(data) // 2: len(data) // 2 + 16] = bytes(16)
+        garbled[0:1] = b"\xff"
+        fs.pipe_file(path, bytes(garbled))
+    elif how == "delete":
+        fs.rm_file(path)
+    elif how == "edit":
+        record = json.loads(data)
+        record[row["key"]] = row["value"]
+        fs.pipe_file(path, json.dumps(record).encode())
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("where", ["memory", "s3"])
+@pytest.mark.parametrize("row", CASES["object_damage"], ids=[row["id"] for row in CASES["object_damage"]])
+def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, row, where, request):
+    memory = fsspec.filesystem("memory")
+    template_root = memory._strip_protocol(object_template)
+    options = None
+    if where == "s3":
+        server = request.getfixturevalue("s3")
+        fs, root, options = s3fs_of(server), f"{server.make_bucket()}/run", server.storage_options()
+        url = f"s3://{root}"
+    else:
+        fs, url = memory, memory_url()
+        root = memory._strip_protocol(url)
+    copy_objects(memory, template_root, fs, root)
+    newest = kerasdist.latest_checkpoint(url, storage_options=options)
+    damage(fs, f"{root}/{newest.path.rsplit('/', 1)[-1]}/{row['file']}", row)
+    before = objects(fs, root)
+    with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(row["warning"])) as caught:
+        model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+    assert row["file"] in str(caught[0].message) and url in str(caught[0].message)
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
+    assert objects(fs, root) == before  # skipped, not deleted or repaired
+    if row.get("cleaned_at_start"):
+        with pytest.warns(kerasdist.CheckpointWarning):
+            fit(url, 2, storage_options=options)  # the chief removes the unfinished upload, then trains
+        assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]
+        assert all(p.rsplit("/", 1)[-1] in ("model.keras", "rng.npz", "state.json") for p in fs.find(root))
+
+
+# --------------------------------------------------------------------------------------------
+# A real S3 server
+
+
+def test_s3_errors_name_checkpoint_dir_before_training(s3, tmp_path):
+    good = s3.storage_options()
+    bucket = s3.make_bucket()
+    with pytest.raises(ValueError, match=r"checkpoint_dir 's3://kerasdist-missing-bucket/run': the bucket "
+                                         r"'kerasdist-missing-bucket' does not exist"):
+        fit("s3://kerasdist-missing-bucket/run", 1, storage_options=good)
+    wrong = {**good, "secret": "wrong"}
+    with pytest.raises(ValueError, match=rf"checkpoint_dir 's3://{bucket}/run': access denied"):
+        fit(f"s3://{bucket}/run", 1, storage_options=wrong)
+    assert s3fs_of(s3).find(bucket) == []  # nothing was written
+
+
+def start_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), url, str(out), "--epochs", "2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+
+
+def finished(trainer: subprocess.Popen) -> tuple[int, str]:
+    output, _ = trainer.communicate(timeout=300)
+    return trainer.returncode, output
+
+
+def test_a_trainer_killed_mid_upload_resumes_bitwise(s3, tmp_path):
+    """The trainer is configured the ecosystem's way (AWS_* environment variables) and SIGKILLs
+    itself between uploading a checkpoint's files and its record."""
+    env = s3.environment()
+    url = f"s3://{s3.make_bucket()}/run"
+    reference = start_trainer(str(tmp_path / "reference"), tmp_path / "reference.npz", {})
+    killed = start_trainer(url, tmp_path / "killed.npz", env, "--kill-during-upload", "9")
+    code, output = finished(killed)
+    assert code == -signal.SIGKILL, output
+    code, output = finished(reference)
+    assert code == 0, output
+    fs = s3fs_of(s3)
+    root = url[len("s3://"):]
+    assert fs.exists(f"{root}/ckpt-9/model.keras") and not fs.exists(f"{root}/ckpt-9/state.json")  # torn upload
+    with kerasdist_env(env), pytest.warns(kerasdist.CheckpointWarning, match=r"ckpt-9/state.json is missing"):
+        assert [c.global_step for c in kerasdist.list_checkpoints(url)] == [3, 6]  # ckpt-9 is not listed
+    code, output = finished(start_trainer(url, tmp_path / "resumed.npz", env))
+    assert code == 0, output
+    assert [line for line in output.split("\n") if line.startswith("step ")][0] == "step 7"  # after ckpt-6
+    assert "ckpt-9/state.json is missing (the save never completed)" in output
+    expected, got = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
+    assert all(np.array_equal(expected[name], got[name]) for name in expected.files)
+    fs.invalidate_cache()
+    assert not fs.exists(f"{root}/ckpt-9") or fs.exists(f"{root}/ckpt-9/state.json")  # cleaned, or saved anew
+
+
+class kerasdist_env:  # noqa: N801 (a context manager used like a function)
+    """The AWS environment of a server, set for this process while inside."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        self.saved = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class StopServerAtEpoch(keras.callbacks.Callback):
+    def __init__(self, server, epoch: int):
+        super().__init__()
+        self.server, self.epoch = server, epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            wait_for_all()  # the previous epoch's checkpoint, saved in the background, is up
+            self.server.stop(remove=False)
+
+
+def test_s3_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun_resumes(s3):
+    options = {**s3.storage_options(), "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    reference = fit(memory_url(), 2)
+    url = f"s3://{s3.make_bucket()}/run"
+    try:
+        # the save runs in the background: its OSError comes out of fit as a BackgroundSaveError
+        with pytest.raises(kerasdist.BackgroundSaveError, match=rf"Saving checkpoint {re.escape(url)}/ckpt-8 failed") \
+                as raised:
+            fit(url, 2, storage_options=options, callbacks=[StopServerAtEpoch(s3, 1)])
+        assert isinstance(raised.value.error, OSError)
+    finally:
+        s3.start()
+    assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]  # nothing lost
+    resumed = fit(url, 2, storage_options=options)
+    assert resumed.epoch == [0, 1]
+    for a, b in zip(reference.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]
+
+
+def test_a_model_remembers_its_store_with_its_options(s3):
+    """resume_fit(model, data, epochs, url) without storage_options uses the options the model
+    was restored with (make_or_restore_model remembers its manager)."""
+    url, options = f"s3://{s3.make_bucket()}/run", s3.storage_options()
+    model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+    data = kerasdist.make_dataset(X, X.sum(1), batch_size=4, seed=1)
+    kerasdist.resume_fit(model, data, 1, url, verbose=0)
+    assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]
