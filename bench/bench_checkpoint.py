@@ -14,12 +14,13 @@ medians over the rounds with their spread:
 - `background_blocked_vs_sync_save`: per save, the seconds the training thread spent in the
   callback's save call (`CheckpointCallback.blocked_seconds`: the snapshot) with background saves /
   with synchronous ones (the whole save) (target <= 0.10).
-The checkpoints go to --dest (a local directory; default a temporary one): the destination is a
-parameter so that object-storage URLs can be measured the same way once `checkpoint_dir` takes
-them. The model has 5.27M parameters (a 63 MB checkpoint); how much a save costs a fit depends on
-how long an epoch is against one save, so --samples sets the epoch (the JSON records both).
+The checkpoints go to --dest: a local directory (default a temporary one) or an object-store URL
+(`s3://bucket/prefix`, configured by the standard AWS_* environment variables), so local and S3
+saves are measured the same way. The model has 5.27M parameters (a 63 MB checkpoint); how much a
+save costs a fit depends on how long an epoch is against one save, so --samples sets the epoch
+(the JSON records both).
 
-usage: python bench/bench_checkpoint.py [--repeats 3] [--epochs 10] [--samples 4096] [--dest DIR]
+usage: python bench/bench_checkpoint.py [--repeats 3] [--epochs 10] [--samples 4096] [--dest DIR_OR_URL]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--dest", type=str, default=None,
-                        help="where the checkpoints go (a directory; default: a temporary one)")
+                        help="where the checkpoints go: a directory or an s3:// URL (default: a temporary directory)")
     args = parser.parse_args()
     if args.epochs < 2 or args.repeats < 1 or args.samples < BATCH:
         parser.error(f"--epochs must be >= 2, --repeats >= 1 and --samples >= {BATCH}")
@@ -80,14 +81,14 @@ def main() -> None:
     model.fit(data.take(2), epochs=1, verbose=0)  # trace and build before timing
 
     with tempfile.TemporaryDirectory() as scratch:
-        dest = Path(args.dest) if args.dest else Path(scratch)
+        dest = (args.dest or scratch).rstrip("/")
         blocked: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}
 
         def variant(name: str):
             def run(epochs: int, _workdir: str) -> list[float]:
                 timer, callbacks = EpochTimes(), []
                 if name != "none":
-                    directory = dest / f"{name}-{uuid.uuid4().hex[:8]}"
+                    directory = f"{dest}/{name}-{uuid.uuid4().hex[:8]}"
                     checkpoint = kerasdist.checkpoint_callback(directory, keep=1, async_save=name == "background")
                     callbacks.append(checkpoint)
                 model.fit(data, epochs=epochs, callbacks=[*callbacks, timer], verbose=0)
@@ -98,7 +99,7 @@ def main() -> None:
             return run
 
         whole, steady = interleaved({name: variant(name) for name in VARIANTS}, args.repeats, args.epochs, steps)
-        checkpoint_bytes = _size_of_one_checkpoint(dest)
+        checkpoint_bytes = _size_of_one_checkpoint(Path(dest)) if "://" not in dest else 0
 
     for name in ("sync", "background"):
         blocked[name] = blocked[name][1:]  # the warm-up call's
