@@ -225,6 +225,8 @@ test_that("checkpoints written in the background equal those written with async_
   expect_identical(steps$background, steps$synchronous)
   weights <- lapply(dirs, function(d) make_or_restore_model(file.path(root, d), build_model)$get_weights())
   expect_identical(lapply(weights$background, as.array), lapply(weights$synchronous, as.array))
+})
+
 # --- Object storage: URLs, storage_options, the object_damage rows on memory:// and S3 ----------
 
 memory_url <- function() sprintf("memory://kerasdist-r-%s/run", paste(sample(c(letters, 0:9), 10, TRUE), collapse = ""))
