@@ -59,6 +59,10 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' multi-worker strategy a SIGTERM to any worker stops every worker after one
 #' agreed step: the chief saves that step and every worker exits with 75.
 #'
+#' By default (`async_save = TRUE`) the files are written in a background
+#' thread while training goes on, one save at a time; the callback's
+#' `blocked_seconds` lists how long training waited at each save.
+#'
 #' @inheritParams make_or_restore_model
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps; `NULL` for epoch ends only.
@@ -67,6 +71,12 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @param monitor Epoch metric for `keep_best`, e.g. `"loss"` or `"val_loss"`.
 #' @param mode `"min"` or `"max"`: whether smaller or larger `monitor` is better.
 #' @param handle_sigterm Save and exit on SIGTERM (preemption).
+#' @param async_save Write checkpoints in a background thread (default
+#'   `TRUE`): training waits only while the model's state is copied, and the
+#'   next save, a preemption save and the end of training wait for the write,
+#'   raising its error if it failed; a crash during the write leaves the
+#'   checkpoints saved before. `FALSE` writes each checkpoint before training
+#'   goes on.
 #' @returns The callback (a Python Keras callback), for `callbacks = list(...)`.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.checkpoint_callback()`.
@@ -77,12 +87,12 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @export
 checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
                                 keep_best = FALSE, monitor = "loss", mode = "min",
-                                handle_sigterm = TRUE, storage_options = NULL) {
+                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL) {
   call_python(
     kerasdist_module()$checkpoint_callback, checkpoint_dir,
     every_epoch = every_epoch, every_steps = as_py_int(every_steps), keep = as_py_int(keep),
     keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
-    storage_options = storage_options
+    async_save = async_save, storage_options = storage_options
   )
 }
 

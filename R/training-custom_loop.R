@@ -41,6 +41,12 @@
 #' @param jit_compile Compile the per-replica step with XLA.
 #' @param gradient_accumulation_steps Apply the optimizer every this many
 #'   steps; `NULL`: every step.
+#' @param async_save Write checkpoints in a background thread (default
+#'   `TRUE`): training waits only while the model's state is copied, and the
+#'   next save, a preemption save and the end of training wait for the write,
+#'   raising its error if it failed; a crash during the write leaves the
+#'   checkpoints saved before. `FALSE` writes each checkpoint before training
+#'   goes on.
 #' @returns The training history of all epochs, earlier runs included,
 #'   invisibly: a `keras_training_history`, as keras3's `fit()` returns.
 #' @family training
@@ -69,7 +75,7 @@
 custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NULL, optimizer = NULL,
                        strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
                        callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                       gradient_accumulation_steps = NULL, storage_options = NULL) {
+                       gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
   if (is_r_function(step_fn)) {
     kerasdist_abort(paste(
       "step_fn is an R function: TensorFlow runs the training step on one thread per replica,",
@@ -83,7 +89,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
     optimizer = optimizer, strategy = strategy, steps_per_epoch = as_py_int(steps_per_epoch),
     every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
     verbose = as_py_int(verbose), mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps),
+    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
     storage_options = storage_options, .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))

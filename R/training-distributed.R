@@ -71,6 +71,12 @@
 #'   call last about 50 ms of estimated compute, which hides the per-call
 #'   hand-off of small models. A resumed run may use another value and still
 #'   continues exactly.
+#' @param async_save Write checkpoints in a background thread (default
+#'   `TRUE`): training waits only while the model's state is copied, and the
+#'   next save, a preemption save and the end of training wait for the write,
+#'   raising its error if it failed; a crash during the write leaves the
+#'   checkpoints saved before. `FALSE` writes each checkpoint before training
+#'   goes on.
 #' @inheritSection resume_fit Preemption
 #' @returns The training history of all epochs, earlier runs included, as
 #'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
@@ -108,7 +114,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             validation_data = NULL, every_steps = NULL, keep = 3L,
                             callbacks = NULL, dataset_args = NULL, verbose = "auto",
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                            gradient_accumulation_steps = NULL, storage_options = NULL) {
+                            gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
@@ -123,7 +129,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
     verbose = as_py_int(verbose), steps_per_execution = as_py_int(steps_per_execution),
     mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps),
+    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
     storage_options = storage_options, .checkpoint_dir = checkpoint_dir
   )
   invisible(as_training_history(history))

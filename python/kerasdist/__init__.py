@@ -9,6 +9,7 @@ from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
     PREEMPTED_EXIT_CODE,
+    BackgroundSaveError,
     CheckpointCallback,
     CheckpointInfo,
     CheckpointManager,
@@ -83,6 +84,7 @@ __all__ = [
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",
+    "BackgroundSaveError",
     "CheckpointWarning",
     "checkpoint_callback",
     "latest_checkpoint",

@@ -43,6 +43,13 @@ way). Functions that return int32 tensors are left unmarked (see `map_on_cpu`).
 tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
 marked function with an int32 result stops failing.
 
+Keras's `model.save` has no way to take a model's state quickly and write the file later, which
+background checkpoint saves need. `checkpoint/snapshot.py` runs Keras's own model walk
+(`saving_lib._save_state`) with a store that records what it is given, and replays it into
+Keras's own HDF5 store in the background. That uses saving internals, so it is gated on the Keras
+versions checked (`keras_snapshot_supported`); tests/python/test_background_save.py fails on any
+other version, and when the snapshot's files stop matching `model.save`'s.
+
 Keras's public `save_model` refuses a file object ("Invalid filepath extension": it checks the
 name's extension first), though the saving library under it writes a `.keras` archive to one. A
 checkpoint is made in memory before it is written anywhere (`checkpoint/format.py`, so that object
@@ -347,6 +354,18 @@ class _SingleDeviceFunctionDataset(dataset_ops.UnaryDataset):
     @property
     def element_spec(self) -> Any:
         return self._structure
+
+
+# Keras releases whose saving internals `checkpoint/snapshot.py` records (3.15.1 checked): the
+# model walk `saving_lib._save_state`, `_serialize_model_as_json`, `H5IOStore` and `DiskIOStore`,
+# and the names of the files in a `.keras` zip.
+KERAS_SNAPSHOT_VERSIONS = ((3, 15), (3, 16))
+
+
+def keras_snapshot_supported(version: str = keras.__version__) -> bool:
+    """Whether background checkpoint saves may snapshot this Keras's models cheaply (else they
+    write the whole model on the training thread, as a synchronous save does)."""
+    return _version_within(version, KERAS_SNAPSHOT_VERSIONS)
 
 
 def keras_model_bytes(model: Any) -> bytes:

@@ -220,6 +220,11 @@ def _progress_class():
                 self.say(line, flush=True)
             if self.kill_at == (self.epoch, step):
                 self.say(kill_line(self.epoch, step), flush=True)
+                # LOST_STEPS after a checkpoint: its background write is done by now on any
+                # machine but the most loaded; wait for it so the demo resumes where it says
+                from kerasdist.checkpoint.background import wait_for_all
+
+                wait_for_all()
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_end(self, epoch, logs=None):

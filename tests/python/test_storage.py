@@ -25,6 +25,7 @@ import pytest
 import kerasdist
 from conftest import CASES_DIR
 from kerasdist import compat
+from kerasdist.checkpoint.background import wait_for_all
 from kerasdist.s3_test_server import start_s3_server
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
@@ -310,6 +311,7 @@ class StopServerAtEpoch(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self.epoch:
+            wait_for_all()  # the previous epoch's checkpoint, saved in the background, is up
             self.server.stop(remove=False)
 
 
@@ -318,8 +320,11 @@ def test_s3_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun
     reference = fit(memory_url(), 2)
     url = f"s3://{s3.make_bucket()}/run"
     try:
-        with pytest.raises(OSError, match=rf"Saving checkpoint {re.escape(url)}/ckpt-8 failed"):
+        # the save runs in the background: its OSError comes out of fit as a BackgroundSaveError
+        with pytest.raises(kerasdist.BackgroundSaveError, match=rf"Saving checkpoint {re.escape(url)}/ckpt-8 failed") \
+                as raised:
             fit(url, 2, storage_options=options, callbacks=[StopServerAtEpoch(s3, 1)])
+        assert isinstance(raised.value.error, OSError)
     finally:
         s3.start()
     assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]  # nothing lost

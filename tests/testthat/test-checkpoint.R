@@ -206,6 +206,27 @@ test_that("a resume inside an epoch that another order function drew warns, then
   expect_identical(latest_checkpoint(dir)$epoch_order, "another_order/2")
 })
 
+test_that("checkpoints written in the background equal those written with async_save = FALSE", {
+  skip_if_no_kerasdist()
+  dirs <- c(background = "bg", synchronous = "sync")
+  root <- withr::local_tempdir()
+  callbacks <- list()
+  for (name in names(dirs)) {
+    set_random_seed(7)
+    dir <- file.path(root, dirs[[name]])
+    callbacks[[name]] <- checkpoint_callback(dir, keep = 5L, async_save = name == "background")
+    resume_fit(make_or_restore_model(dir, build_model), small_dataset(), 2L, callbacks[[name]], verbose = 0L)
+  }
+  expect_true(callbacks$background$async_save)
+  expect_false(callbacks$synchronous$async_save)
+  expect_length(callbacks$background$blocked_seconds, 2L)  # the training thread's wait at each save
+  steps <- lapply(dirs, function(d) vapply(list_checkpoints(file.path(root, d)), function(c) c$global_step, 0L))
+  expect_identical(steps$background, c(4L, 8L))
+  expect_identical(steps$background, steps$synchronous)
+  weights <- lapply(dirs, function(d) make_or_restore_model(file.path(root, d), build_model)$get_weights())
+  expect_identical(lapply(weights$background, as.array), lapply(weights$synchronous, as.array))
+})
+
 # --- Object storage: URLs, storage_options, the object_damage rows on memory:// and S3 ----------
 
 memory_url <- function() sprintf("memory://kerasdist-r-%s/run", paste(sample(c(letters, 0:9), 10, TRUE), collapse = ""))

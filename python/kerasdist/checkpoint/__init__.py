@@ -9,9 +9,12 @@ chief-only writes, preemption.
   (weight signature).
 - `manager`: `CheckpointManager`, one object per directory (validation, listing and checksums
   once, restore and resume point from one read, save, prune), and the public functions on it.
+- `snapshot`: a model's state taken cheaply on the training thread, its files made later.
+- `background`: background saves (one in flight, errors raised at the next save / end of fit).
 - `callback`: the Keras callback that saves through a manager, and preemption (SIGTERM).
 """
 
+from kerasdist.checkpoint.background import BackgroundSaveError
 from kerasdist.checkpoint.callback import (
     PREEMPTED_EXIT_CODE,
     CheckpointCallback,
@@ -33,6 +36,7 @@ from kerasdist.checkpoint.manager import (
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
+    "BackgroundSaveError",
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import keras
 
 from kerasdist._sigterm import PREEMPTED_EXIT_CODE
+from kerasdist.checkpoint.background import BackgroundWriter, take
 from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
@@ -30,6 +32,7 @@ def checkpoint_callback(
     monitor: str = "loss",
     mode: str = "min",
     handle_sigterm: bool = True,
+    async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
@@ -41,6 +44,13 @@ def checkpoint_callback(
     Under a multi-worker strategy a SIGTERM to any worker stops every worker after one agreed step
     (`checkpoint/preemption.py`): the chief saves that step and every worker exits with 75.
 
+    With `async_save` (the default) training waits for a save only while the model's state is
+    copied (`checkpoint/snapshot.py`); the files are written and committed in a background thread
+    (`checkpoint/background.py`), one save at a time, with the same atomic commit. The next save,
+    a preemption save and the end of `fit` wait for it; an error in it is raised there
+    (`BackgroundSaveError`); a crash during it leaves the checkpoints saved before.
+    `blocked_seconds` lists, per save, how long the training thread waited.
+
     Args:
         checkpoint_dir: where checkpoints go, created if missing: a directory, or an object-store
             URL (`s3://bucket/run`, `gs://bucket/run`; see `CheckpointManager`).
@@ -51,16 +61,21 @@ def checkpoint_callback(
         monitor: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
         mode: "min" or "max": whether a smaller or larger `monitor` is better.
         handle_sigterm: save and exit on SIGTERM (preemption); default True.
+        async_save: write checkpoints in a background thread (default True); False writes each
+            one on the training thread before training goes on.
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
     """
     return CheckpointCallback(
         checkpoint_dir, every_epoch=every_epoch, every_steps=every_steps, keep=keep,
         keep_best=keep_best, monitor=monitor, mode=mode, handle_sigterm=handle_sigterm,
+        async_save=async_save,
         storage_options=storage_options,
     )
 
 
-def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any) -> None:
+def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any,
+                        async_save: Any = True) -> None:
+    boolean("async_save", async_save)
     boolean("every_epoch", every_epoch)
     optional_integer("every_steps", every_steps, 1)
     if not every_epoch and every_steps is None:
@@ -75,9 +90,10 @@ class CheckpointCallback(keras.callbacks.Callback):
     """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`."""
 
     def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
-                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True, storage_options=None):
+                 keep_best=False, monitor="loss", mode="min", handle_sigterm=True, async_save=True,
+                 storage_options=None):
         super().__init__()
-        check_callback_args(every_epoch, every_steps, keep, mode, monitor)
+        check_callback_args(every_epoch, every_steps, keep, mode, monitor, async_save)
         self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=storage_options)
         self.every_epoch = every_epoch
         self.every_steps = every_steps
@@ -86,7 +102,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.monitor = monitor
         self.mode = mode
         self.handle_sigterm = handle_sigterm
+        self.async_save = async_save
         self.saved: list[CheckpointInfo] = []
+        self.blocked_seconds: list[float] = []  # per save: how long the training thread waited
+        self._writer = BackgroundWriter()
         self._preempted = False
         self._step_offset = 0  # batches of the first epoch already trained before this fit
         self._first_epoch: int | None = None
@@ -133,8 +152,15 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._step_offset = 0
 
     # -- Keras hooks ------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Wait for the background save in flight, if any; raise `BackgroundSaveError` if it (or
+        one before it) failed."""
+        self._writer.wait()
+
     def on_train_begin(self, logs=None):
         from kerasdist.strategy import run_context
+
+        self.wait()  # a save a fit that raised left behind
 
         context = run_context(self.model.distribute_strategy)
         self._is_chief, self._task = context.is_chief, context.task
@@ -183,7 +209,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Multi-worker preemption, on every worker at the step all agreed on: the chief saves it
         (at an epoch's last batch, on_epoch_end saves the epoch instead)."""
         if not self._last_batch():
-            self._save(self._epoch, self._step, self._logs)
+            self._save(self._epoch, self._step, self._logs, final=True)
 
     def stop_preempted(self) -> None:
         """Multi-worker preemption, after the agreed step's save: stop fit, then exit with 75."""
@@ -202,22 +228,49 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._save(epoch + 1, 0, logs)
 
     def on_train_end(self, logs=None):
-        self._restore_sigterm_handler()
+        try:
+            self.wait()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
+        finally:
+            self._restore_sigterm_handler()
         if self._preempted:
             raise SystemExit(PREEMPTED_EXIT_CODE)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _save(self, epoch: int, step: int, logs: dict | None) -> None:
+    def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:
+        """Save on the chief: in the background; on the training thread (after the save in
+        flight) when `async_save` is off, when preempted or when `final` (the process exits next).
+        The time the training thread spends here goes into `blocked_seconds`."""
         if not self._is_chief:
             return
-        info = self.manager.save(
-            self.model, epoch=epoch, step_in_epoch=step, history=self._history,
-            metrics=plain(logs or {}), writer=self._task, global_batch_size=self.global_batch_size,
-            epoch_order=self.epoch_order,
+        started = time.perf_counter()
+        fields = dict(
+            epoch=epoch, step_in_epoch=step, history=self._history, metrics=plain(logs or {}),
+            writer=self._task, global_batch_size=self.global_batch_size, epoch_order=self.epoch_order,
             **({"settings": self.settings} if self.settings else {}),
         )
+        try:
+            if self.async_save and not (final or self._preempted):
+                self._save_in_background(fields)
+            else:
+                self.wait()
+                self._saved(self.manager.save(self.model, **fields))
+        finally:
+            self.blocked_seconds.append(time.perf_counter() - started)
+
+    def _save_in_background(self, fields: dict[str, Any]) -> None:
+        self.wait()  # at most one in flight; its error is raised here
+        self.manager.create()  # an unwritable directory fails here, on the training thread
+        pending = take(self.model, **fields)
+        self._writer.submit(
+            lambda: self._saved(self.manager.commit(pending.taken(), **pending.fields)),
+            f"checkpoint ckpt-{pending.global_step} in {self.manager.directory}",
+        )
+
+    def _saved(self, info: CheckpointInfo) -> None:
+        """After a checkpoint is committed (in the writer's thread for background saves): note it,
+        then prune."""
         self.saved.append(info)
-        if self.keep_best and step == 0 and self._better(info, self._best):
+        if self.keep_best and info.step_in_epoch == 0 and self._better(info, self._best):
             self._best = info
         self.manager.prune(self.keep, protect=(self._best, info))
 

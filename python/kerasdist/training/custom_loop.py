@@ -86,6 +86,7 @@ def custom_fit(
     mixed_precision: bool = False,
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
+    async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
@@ -145,6 +146,9 @@ def custom_fit(
         jit_compile: compile the per-replica step with XLA.
         gradient_accumulation_steps: apply the optimizer once every this many steps (Keras 3
             optimizers accumulate the gradients); None or 1: every step.
+        async_save: write checkpoints in a background thread (default True), so training waits
+            only while the model's state is copied; False writes each on the training thread
+            (see `checkpoint_callback`).
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
@@ -155,7 +159,7 @@ def custom_fit(
     """
     _check_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
-    check_callback_args(True, every_steps, keep, "min", "loss")
+    check_callback_args(True, every_steps, keep, "min", "loss", async_save)
     callbacks = _check_callbacks(callbacks)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = 1 if verbose == "auto" else verbose
@@ -177,7 +181,7 @@ def custom_fit(
                 manager.restore(model)
         optimizer = _optimizer_of(model, optimizer, context)
         point = manager.resume_point(model)
-        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep)
+        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save)
         checkpoint.settings = settings.record()
         checkpoint.global_batch_size, checkpoint.epoch_order = _planned_batch_and_order(data)
         epoch, skip, prior = 0, 0, []

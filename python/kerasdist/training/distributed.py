@@ -69,6 +69,7 @@ def distributed_fit(
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
     steps_per_execution: int | str = "auto",
+    async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
@@ -125,6 +126,9 @@ def distributed_fit(
             compute (from the model's size and the batch), which hides the per-call hand-off of
             small models. Not recorded: a resumed run may use another value and still continues
             exactly.
+        async_save: write checkpoints in a background thread (default True), so training waits
+            only while the model's state is copied; False writes each on the training thread
+            (see `checkpoint_callback`).
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
             passed to its fsspec filesystem; None: environment variables and credentials files.
 
@@ -150,7 +154,7 @@ def distributed_fit(
     callbacks = _check_callbacks(callbacks)
     extra = _check_dataset_args(dataset_args)
     boolean("shuffle", shuffle)
-    check_callback_args(True, every_steps, keep, "min", "loss")
+    check_callback_args(True, every_steps, keep, "min", "loss", async_save)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
     checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
@@ -180,7 +184,7 @@ def distributed_fit(
         model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
         model.jit_compile = settings.jit_compile
         check_step_functions(model, context.strategy)
-        checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep)
+        checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save)
         checkpoint.settings = settings.record()
         chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
                                                every_steps, callbacks)

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerasdist
+from kerasdist.checkpoint import background
 
 tf.config.experimental.enable_op_determinism()
 EPOCHS = 3
@@ -40,6 +41,7 @@ class Kill(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) == self.at:
+            background.wait_for_all()  # its checkpoint written (saves run in the background)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

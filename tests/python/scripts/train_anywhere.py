@@ -9,7 +9,8 @@ every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; un
 `--strategy auto` gives multi-worker. `--api resume_fit` trains the same
 run through make_or_restore_model + make_dataset + resume_fit.
 Prints "step G" after every optimizer step (flushed).
-`--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (on the
+`--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (its
+background write done; on the
 launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given); comma lists
 (`--kill-at-step 3,9 --kill-task worker:0,worker:1`) kill on attempt k at the k-th step and task. The chief
 (or the only process) writes its final weights to OUT.npz, any other worker to OUT-<task>.npz.
@@ -26,6 +27,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kerasdist  # noqa: E402
+from kerasdist.checkpoint import background  # noqa: E402
 from kerasdist.strategy import run_context  # noqa: E402
 from kerasdist.training.resume import EpochRange  # noqa: E402
 
@@ -50,6 +52,7 @@ class PrintAndKill(keras.callbacks.Callback):
         print(f"step {step}", flush=True)
         if self.kill_at is not None and step >= self.kill_at:
             self.kill_at = None
+            background.wait_for_all()  # "once step S is checkpointed": its background write done
             os.kill(os.getpid(), self.sig)
 
 

@@ -19,6 +19,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import kerasdist  # noqa: E402
+from kerasdist.checkpoint import background  # noqa: E402
 
 kerasdist.run_server()  # worker and ps tasks stop here
 
@@ -49,6 +50,7 @@ class DieAfterEpoch(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 >= self.epoch:
+            background.wait_for_all()  # its checkpoint written (saves run in the background)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

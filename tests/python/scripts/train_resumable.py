@@ -1,17 +1,22 @@
 """A seeded training run that can be killed at any point and restarted (fault-injection tests).
 
 usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] [--kill-during-upload G]
+                          [--sync-save] [--slow-write SECONDS]
 Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
 and writes the final weights to OUT.npz when training completes. CHECKPOINT_DIR may be an
 object-store URL (configured by the AWS_* environment variables); with --kill-during-upload the
 run SIGKILLs itself while saving the checkpoint of step G, after its files are uploaded and
-before its completion record is.
+before its completion record is. --sync-save writes checkpoints on the training thread
+(async_save=False). --slow-write holds every local checkpoint write for SECONDS once its files are
+in the temporary directory and before its record is written, printing "writing ckpt-G" first, so
+a test can kill it in the middle of a (background) write.
 """
 
 import argparse
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -43,9 +48,31 @@ def epoch_data(x, y):
     return data
 
 
+def say(line):
+    """One line in one write: lines from the checkpoint writer's thread do not split it."""
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
+
+
 class PrintSteps(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+        say(f"step {int(self.model.optimizer.iterations.numpy())}")
+
+
+def hold_writes(seconds):
+    """Fault injection: each checkpoint write pauses between its files and its record."""
+    from kerasdist.checkpoint import storage
+
+    write = storage._write_durably
+
+    def slow(path, data):
+        if path.name == storage.RECORD_FILE:  # written last: the other files are in place
+            step = path.parent.name.removeprefix(storage.TEMP_PREFIX).split("-")[0]
+            say(f"writing ckpt-{step}")  # from the writer's thread
+            time.sleep(seconds)
+        return write(path, data)
+
+    storage._write_durably = slow
 
 
 def kill_during_upload(step):
@@ -76,7 +103,11 @@ def main():
     parser.add_argument("--every-steps", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kill-during-upload", type=int, default=None)
+    parser.add_argument("--sync-save", action="store_true")
+    parser.add_argument("--slow-write", type=float, default=0.0)
     args = parser.parse_args()
+    if args.slow_write:
+        hold_writes(args.slow_write)
     if args.kill_during_upload is not None:
         kill_during_upload(args.kill_during_upload)
 
@@ -87,7 +118,8 @@ def main():
     y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
 
     model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model)
-    checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2)
+    checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2,
+                                             async_save=not args.sync_save)
     history = kerasdist.resume_fit(
         model, epoch_data(x, y), args.epochs, checkpoint, callbacks=[PrintSteps()], verbose=0
     )

@@ -26,6 +26,8 @@ with(strategy$scope(), {
 steps_done <- model$optimizer$iterations$numpy()
 killer <- callback_lambda(on_train_batch_end = function(batch, logs) {
   if (kill_at_step > 0 && model$optimizer$iterations$numpy() == kill_at_step) {
+    # the test expects the step-4 checkpoint (saved in the background) on disk when it dies
+    reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
     tools::pskill(Sys.getpid(), tools::SIGKILL)
   }
 })

@@ -1,0 +1,136 @@
+"""Background checkpoint saves: training waits only while the state is snapshot, the files are
+written and committed in a thread.
+
+A save in the background is two halves. On the training thread, between steps, `take` records
+the completion record's fields and a `snapshot.StateSnapshot` of the model (tens of milliseconds for
+a 5M-parameter model, against a few hundred for a whole save). In a `BackgroundWriter` thread,
+the job makes the files from the snapshot and commits them as a synchronous save does
+(`CheckpointManager.commit`: through the store, the record last), then prunes: pruning happens only after the
+new checkpoint is committed, as in a synchronous save.
+
+What the writer guarantees:
+- At most one save in flight: `submit` waits for the previous one first.
+- A crash (even SIGKILL) during a background write leaves the checkpoints already committed and,
+  at worst, a temporary directory that the next start deletes: the commit is the rename.
+- Errors are never swallowed: a failed job's exception is raised by the next `wait` (the next
+  save, the end of `fit`, a preemption save) as a `BackgroundSaveError` naming the checkpoint,
+  chained to the original (and kept as its `error`). One that no `wait` ever collects (the program ended another way) is
+  printed to stderr when the writer is collected or the interpreter exits.
+- The thread is not a daemon: an interpreter that exits normally finishes the write first.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kerasdist.checkpoint.format import Snapshot
+from kerasdist.checkpoint.model_state import optimizer_step, plain, signature
+from kerasdist.checkpoint.snapshot import StateSnapshot, take_snapshot
+
+
+class BackgroundSaveError(RuntimeError):
+    """A checkpoint saved in the background failed; the checkpoints committed before it are intact.
+
+    `error` is the original exception (also the `__cause__`, unless Keras's traceback filtering
+    in `fit` dropped it on the way out)."""
+
+    def __init__(self, message: str, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class PendingSave:
+    """A checkpoint taken on the training thread, to be written by `BackgroundWriter`.
+
+    Attributes:
+        fields: the completion record's fields as `format.commit` takes them, copied when taken.
+        state: the model's state (`snapshot.take_snapshot`).
+        global_step, signature: the model's training steps and weight signature when taken.
+    """
+
+    fields: dict[str, Any]
+    state: StateSnapshot
+    global_step: int
+    signature: list[list[Any]]
+
+    def taken(self) -> Snapshot:
+        """The checkpoint's files made from the state (in the writer's thread), as `format.commit`
+        writes them."""
+        return Snapshot(files=self.state.files(), global_step=self.global_step, signature=self.signature)
+
+
+def take(model: Any, **fields: Any) -> PendingSave:
+    """The record's fields (as `format.commit` takes them) and the state of `model` now; call it
+    on the training thread."""
+    fields = {**fields, "history": plain(fields.get("history") or []), "metrics": plain(fields.get("metrics") or {})}
+    return PendingSave(fields, take_snapshot(model), optimizer_step(model), signature(model))
+
+
+_writers: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+
+
+def wait_for_all() -> None:
+    """Wait for every background save of this process (each writer's `wait`, errors raised):
+    for code that must know its checkpoints are on disk, e.g. before it stops the process."""
+    for writer in list(_writers):
+        writer.wait()
+
+
+class BackgroundWriter:
+    """Runs save jobs in a thread, one at a time; `wait` raises a failed job's error."""
+
+    def __init__(self, name: str = "kerasdist-checkpoint") -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._failures: list[tuple[str, BaseException]] = []  # (what failed, error), not yet raised
+        self._finalizer = weakref.finalize(self, _report_unraised, self._failures)
+        _writers.add(self)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, job: Callable[[], Any], what: str) -> None:
+        """Wait for the job in flight (raising its error), then start `job` (`what` names it in
+        errors, e.g. "checkpoint ckpt-120 in /runs/a")."""
+        self.wait()
+        thread = threading.Thread(target=self._run, args=(job, what), name=self.name, daemon=False)
+        self._thread = thread
+        thread.start()
+
+    def wait(self) -> None:
+        """Block until no job runs; raise `BackgroundSaveError` if one failed since the last wait."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        if self._failures:
+            what, error = self._failures.pop(0)
+            self._failures.clear()
+            raise BackgroundSaveError(
+                f"The background save of {what} failed: {type(error).__name__}: {error}. The "
+                "checkpoints saved before it are intact.", error,
+            ) from error
+
+    def _run(self, job: Callable[[], Any], what: str) -> None:
+        try:
+            job()
+        except BaseException as error:  # handed to the training thread by wait()
+            self._failures.append((what, error))
+
+
+def _report_unraised(failures: list[tuple[str, BaseException]]) -> None:
+    """At collection or exit: print the failures no `wait` raised, so none goes unseen."""
+    for what, error in failures:
+        print(f"kerasdist: the background save of {what} failed and was never waited for:", file=sys.stderr)
+        traceback.print_exception(error, file=sys.stderr)
+    failures.clear()
+

@@ -1,0 +1,278 @@
+"""Background checkpoint saves (issue #22 item 5): the snapshot's files are model.save's, background
+checkpoints equal synchronous ones, errors surface, one save in flight, kill -9 and SIGTERM in the
+middle of a background write."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist
+from kerasdist import compat
+from kerasdist.checkpoint import background, save_checkpoint
+from kerasdist.checkpoint.manager import CheckpointManager
+from kerasdist.checkpoint.snapshot import keras_bytes_now, take_snapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import kill_resume  # noqa: E402
+
+
+def build_model() -> keras.Model:
+    model = keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dropout(0.2),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def data() -> tf.data.Dataset:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(16)
+
+
+def lookup_model() -> keras.Model:
+    """A model with assets (the lookup layer's vocabulary) and an optimizer state."""
+    inputs = keras.Input((1,), dtype="string")
+    lookup = keras.layers.StringLookup()
+    lookup.adapt(["a", "b", "c"])  # an adapted vocabulary is saved as an asset, not in the config
+    ids = lookup(inputs)
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(5, 3)(ids)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def zip_members(content: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(content)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The snapshot
+
+
+def test_keras_version_is_one_the_snapshot_was_checked_on():
+    """Fails on a Keras the snapshot's use of saving internals was not checked on: check
+    checkpoint/snapshot.py against its saving_lib, then widen compat.KERAS_SNAPSHOT_VERSIONS."""
+    assert compat.keras_snapshot_supported(), keras.__version__
+    assert not compat.keras_snapshot_supported("3.16.0")
+
+
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_snapshot_files_are_model_saves_files_even_after_more_training(make):
+    model = make()
+    if make is lookup_model:
+        x, y = tf.constant([["a"], ["b"], ["c"], ["z"]]), tf.ones((4, 1))
+    else:
+        x, y = np.ones((8, 6), "float32"), np.ones((8, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = zip_members(keras_bytes_now(model))
+    rng_before = [g.state.numpy() for g in _seed_generators(model)]
+    snapshot = take_snapshot(model)
+    model.fit(x, y, epochs=2, verbose=0)  # the snapshot must not see these steps
+    files = snapshot.files()
+    assert sorted(files) == ["model.keras", "rng.npz"]
+    got = zip_members(files["model.keras"])
+    assert list(got) == list(expected)  # the same members in the same order
+    if make is lookup_model:
+        assert any(name.startswith("assets/") for name in got), list(got)
+    for name in expected:
+        if name != "metadata.json":  # holds the time of saving, to the second
+            assert got[name] == expected[name], name
+    with np.load(io.BytesIO(files["rng.npz"])) as saved:
+        assert [saved[k].tolist() for k in saved.files] == [s.tolist() for s in rng_before]
+
+
+def _seed_generators(model):
+    from kerasdist.checkpoint.model_state import _seed_generators
+
+    return _seed_generators(model)
+
+
+def test_snapshot_loads_with_keras_load_model(tmp_path):
+    model = build_model()
+    model.fit(data(), epochs=1, verbose=0)
+    expected = [v.numpy() for v in model.weights + model.optimizer.variables]  # load_model leaves seed states
+    files = take_snapshot(model).files()
+    (tmp_path / "model.keras").write_bytes(files["model.keras"])
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    got = [v.numpy() for v in loaded.weights + loaded.optimizer.variables]
+    assert len(got) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Background checkpoints in fit
+
+
+class SyncCopy(keras.callbacks.Callback):
+    """After the checkpoint callback's epoch-end save: a synchronous checkpoint of the same state."""
+
+    def __init__(self, directory: Path, checkpoint) -> None:
+        super().__init__()
+        self.directory, self.checkpoint = directory, checkpoint
+
+    def on_epoch_end(self, epoch, logs=None):
+        save_checkpoint(self.model, self.directory, epoch=epoch + 1, history=self.checkpoint._history,
+                                  metrics=logs)
+
+
+def test_background_checkpoints_equal_synchronous_ones(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = build_model()
+    checkpoint = kerasdist.checkpoint_callback(tmp_path / "bg", keep=10)
+    assert checkpoint.async_save
+    model.fit(data(), epochs=3, verbose=0, callbacks=[checkpoint, SyncCopy(tmp_path / "sync", checkpoint)])
+    background_ones = kerasdist.list_checkpoints(tmp_path / "bg")
+    sync_ones = kerasdist.list_checkpoints(tmp_path / "sync")
+    assert [c.global_step for c in background_ones] == [c.global_step for c in sync_ones] == [4, 8, 12]
+    for bg, sync in zip(background_ones, sync_ones, strict=True):
+        bg_dir, sync_dir = Path(bg.path), Path(sync.path)
+        assert sorted(p.name for p in bg_dir.iterdir()) == sorted(p.name for p in sync_dir.iterdir())
+        bg_zip, sync_zip = (zip_members((d / "model.keras").read_bytes()) for d in (bg_dir, sync_dir))
+        assert list(bg_zip) == list(sync_zip)
+        assert bg_zip["model.weights.h5"] == sync_zip["model.weights.h5"]
+        assert bg_zip["config.json"] == sync_zip["config.json"]
+        assert (bg_dir / "rng.npz").read_bytes() == (sync_dir / "rng.npz").read_bytes()
+        bg_record, sync_record = (json.loads((d / "state.json").read_text()) for d in (bg_dir, sync_dir))
+        for record in (bg_record, sync_record):
+            record.pop("saved_at")
+            record["files"]["model.keras"].pop("sha256")  # the zip's member times differ
+        assert bg_record == sync_record
+    restored = kerasdist.make_or_restore_model(tmp_path / "bg", build_model)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(
+        restored.variables + restored.optimizer.variables, model.variables + model.optimizer.variables, strict=True))
+    assert len(checkpoint.blocked_seconds) == 3 and not checkpoint._writer.busy
+
+
+def failing_save_files(monkeypatch, fail_on: int) -> list[int]:
+    """Fault injection: the `fail_on`-th commit (1-based) fails as a full disk would."""
+    calls: list[int] = []
+    original = CheckpointManager.commit
+
+    def commit(self, taken, **record):
+        calls.append(taken.global_step)
+        if len(calls) == fail_on:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, taken, **record)
+
+    monkeypatch.setattr(CheckpointManager, "commit", commit)
+    return calls
+
+
+@pytest.mark.parametrize("fail_on, raised_at_step", [(1, 8), (3, 12)], ids=["next-save", "end-of-fit"])
+def test_an_error_in_a_background_save_is_raised_at_the_next_save_or_the_end_of_fit(
+        tmp_path, monkeypatch, fail_on, raised_at_step):
+    calls = failing_save_files(monkeypatch, fail_on)
+    model = build_model()
+    checkpoint = kerasdist.checkpoint_callback(tmp_path, keep=10)
+    with pytest.raises(background.BackgroundSaveError, match=r"ckpt-\d+ .*failed: OSError.*No space left") as raised:
+        model.fit(data(), epochs=3, verbose=0, callbacks=[checkpoint])
+    assert isinstance(raised.value.error, OSError) and raised.value.error.errno == errno.ENOSPC
+    assert len(calls) == fail_on  # raised before any later save was started
+    assert int(model.optimizer.iterations.numpy()) == raised_at_step  # the next save's step, or the end
+    kept = [c.global_step for c in kerasdist.list_checkpoints(tmp_path)]
+    assert kept == [step for i, step in enumerate(calls, start=1) if i != fail_on]
+    assert not list(tmp_path.glob(".tmp-*"))
+    checkpoint.wait()  # raised once, not again
+
+
+def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, monkeypatch):
+    active, most, steps_after_write = [0], [0], []
+    original = CheckpointManager.commit
+    model = build_model()
+
+    def slow_commit(self, taken, **record):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.5)
+        steps_after_write.append(int(model.optimizer.iterations.numpy()))
+        active[0] -= 1
+        return original(self, taken, **record)
+
+    monkeypatch.setattr(CheckpointManager, "commit", slow_commit)
+    checkpoint = kerasdist.checkpoint_callback(tmp_path, every_steps=2, keep=10)
+    model.fit(data(), epochs=2, verbose=0, callbacks=[checkpoint])
+    assert most[0] == 1
+    assert [c.global_step for c in kerasdist.list_checkpoints(tmp_path)] == [2, 4, 6, 8]
+    assert steps_after_write[0] == 4  # training went on to the next save while ckpt-2 was written
+    assert checkpoint.blocked_seconds[0] < 0.5 <= checkpoint.blocked_seconds[1]  # the second waited
+
+
+# ---------------------------------------------------------------------------------------------
+# Killed in the middle of a background write (real processes)
+
+
+def run_until_writing(command: list[str], writes: int, sig: int) -> tuple[int, str]:
+    """Run `command`, send `sig` once it has printed its `writes`-th "writing ckpt-"; (exit code, output)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, seen = [], 0
+    for line in process.stdout:
+        output.append(line)
+        if "writing ckpt-" in line:
+            seen += 1
+            if seen == writes:
+                process.send_signal(sig)
+                break
+    output.extend(process.stdout)
+    return process.wait(timeout=300), "".join(output)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted run that saves synchronously: the background runs must end bitwise equal."""
+    workdir = tmp_path_factory.mktemp("reference")
+    code, _, tail = kill_resume.run(script(workdir / "ckpt", workdir / "reference.npz", "--sync-save"))
+    assert code == 0, tail
+    return workdir / "reference.npz"
+
+
+def script(ckpt: Path, out: Path, *extra: str) -> list[str]:
+    return [*kill_resume.VARIANTS["default"].command(ckpt, out), "--every-steps", "6", *extra]
+
+
+def test_kill_9_during_a_background_write_keeps_the_previous_checkpoint_and_resumes_bitwise(tmp_path, reference):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    code, output = run_until_writing(script(ckpt, out, "--slow-write", "3"), writes=2, sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL, output[-2000:]
+    assert [c.global_step for c in kerasdist.list_checkpoints(ckpt)] == [6]
+    assert [p.name.split("-")[2] for p in ckpt.glob(".tmp-ckpt-*")] == ["12"]  # the write it was in
+    code, _ = kill_resume.train(ckpt, out)
+    assert code == 0
+    assert kill_resume.compare(reference, out) == (True, 0.0)
+    assert not list(ckpt.glob(".tmp-ckpt-*"))
+
+
+def test_sigterm_during_a_background_write_waits_for_it_then_saves_and_exits_75(tmp_path, reference):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    code, output = run_until_writing(script(ckpt, out, "--slow-write", "1"), writes=2, sig=signal.SIGTERM)
+    assert code == kerasdist.PREEMPTED_EXIT_CODE, output[-2000:]
+    steps = [c.global_step for c in kerasdist.list_checkpoints(ckpt)]
+    last = max(int(line.split()[1]) for line in output.splitlines() if line.startswith("step "))
+    assert 12 in steps and steps[-1] == last > 12, (steps, last)  # the write in flight, then the stop
+    assert not list(ckpt.glob(".tmp-ckpt-*"))
+    code, _ = kill_resume.train(ckpt, out)
+    assert code == 0
+    assert kill_resume.compare(reference, out) == (True, 0.0)
+
+
+def test_custom_fit_refuses_an_async_save_that_is_not_logical_before_touching_anything(tmp_path):
+    with pytest.raises(ValueError, match="async_save must be True or False"):
+        kerasdist.custom_fit(build_model, data(), epochs=1, checkpoint_dir=tmp_path / "ckpt", async_save="yes")
+    assert not (tmp_path / "ckpt").exists()
