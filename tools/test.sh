@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs ruff, then pytest (listing its 10 slowest tests) and, beside it, R CMD build (which runs
+# Runs ruff, then pytest (listing its 10 slowest tests), the Slurm cluster tests and, beside them, R CMD build (which runs
 # the vignettes, once) and R CMD check (which runs testthat; --ignore-vignettes, as the build has
 # just run them); prints each one's counts and a total, and exits non-zero if anything failed
 # or R CMD check warned.
@@ -22,10 +22,22 @@ ruff_status=${PIPESTATUS[0]}
 ) >"$CHECK_DIR/r.log" 2>&1 &
 r_pid=$!
 
+# The Slurm cluster tests (tests/python/test_slurm.py) run beside the rest too: most of their
+# time is spent waiting on the scheduler (requeues, node timeouts, the time-limit check).
+SLURM_TESTS=tests/python/test_slurm.py
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
+slurm_pid=$!
+
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
 [ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
+
+echo "== pytest $SLURM_TESTS (started beside the rest)"
+wait "$slurm_pid"
+slurm_status=$?
+cat "$CHECK_DIR/pytest-slurm.log"
+[ "$slurm_status" -eq 0 ] || py_status=1
 
 echo "== R CMD build + R CMD check (testthat runs inside; started beside pytest)"
 wait "$r_pid"
@@ -38,13 +50,16 @@ check_status=$(grep -E '^Status: ' "$CHECK_DIR/check.log" 2>/dev/null | tail -n 
 
 count() { local n; n=$(grep -oE "[0-9]+ $1" <<<"$2" | grep -oE '^[0-9]+' | head -n 1); echo "${n:-0}"; }
 py_summary=$(tail -n 1 "$CHECK_DIR/pytest.log")
-py_pass=$(count passed "$py_summary"); py_fail=$(( $(count failed "$py_summary") + $(count error "$py_summary") ))
-py_skip=$(count skipped "$py_summary")
+slurm_summary=$(tail -n 1 "$CHECK_DIR/pytest-slurm.log")
+py_pass=$(( $(count passed "$py_summary") + $(count passed "$slurm_summary") ))
+py_fail=$(( $(count failed "$py_summary") + $(count error "$py_summary") + $(count failed "$slurm_summary") + $(count error "$slurm_summary") ))
+py_skip=$(( $(count skipped "$py_summary") + $(count skipped "$slurm_summary") ))
 r_pass=$(sed -E 's/.*PASS ([0-9]+).*/\1/' <<<"$r_counts"); r_fail=$(sed -E 's/.*FAIL ([0-9]+).*/\1/' <<<"$r_counts")
 r_skip=$(sed -E 's/.*SKIP ([0-9]+).*/\1/' <<<"$r_counts")
 
 echo
 echo "pytest:        ${py_summary}"
+echo "pytest Slurm:  ${slurm_summary}"
 echo "testthat:      ${r_counts:-no result (see $CHECK_DIR/kerasdist.Rcheck)}"
 echo "R CMD check:   ${check_status:-no status}"
 failed=$(( ${py_fail:-0} + ${r_fail:-1} ))
