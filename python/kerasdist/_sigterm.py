@@ -34,6 +34,7 @@ from typing import Any
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the checkpoint callback's code too
 SWITCH_VARIABLE = "KERASDIST_EXIT_ON_SIGTERM"
+_installed = False  # whether this process is a cluster task with the guard in place
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -77,6 +78,8 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
         os.close(read_end)
         os.close(write_end)
         return False
+    global _installed
+    _installed = True
     signal.signal(signal.SIGTERM, exit_preempted)
     threading.Thread(target=_watch, args=(read_end,), name="kerasdist-sigterm", daemon=True).start()
     return True
@@ -88,7 +91,10 @@ def ignore_while_exiting() -> None:
 
 
 def _ignore_if_installed() -> None:
-    if signal.getsignal(signal.SIGTERM) is exit_preempted:
+    """Any Python handler, not only ours: a fit that ended in an exception (a peer lost) left its
+    callback's handler in place, and the exit status the process is about to give (1) says more
+    than the 143 a signal would put in its place once Python restores the default action."""
+    if callable(signal.getsignal(signal.SIGTERM)) and _installed:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
