@@ -261,11 +261,15 @@ def test_kill_9_during_a_background_write_keeps_the_previous_checkpoint_and_resu
 
 def test_sigterm_during_a_background_write_waits_for_it_then_saves_and_exits_75(tmp_path, reference):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
-    code, output = run_until_writing(script(ckpt, out, "--slow-write", "1"), writes=2, sig=signal.SIGTERM)
+    command = script(ckpt, out, "--slow-write", "1", "--keep", "100")
+    code, output = run_until_writing(command, writes=2, sig=signal.SIGTERM)
     assert code == kerasdist.PREEMPTED_EXIT_CODE, output[-2000:]
     steps = [c.global_step for c in kerasdist.list_checkpoints(ckpt)]
     last = max(int(line.split()[1]) for line in output.splitlines() if line.startswith("step "))
-    assert 12 in steps and steps[-1] == last > 12, (steps, last)  # the write in flight, then the stop
+    # The write in flight was committed, then the stop saved where training stopped. On a loaded
+    # machine the signal may be handled a save or two later (the test reads the child's output late).
+    assert steps[:2] == [6, 12] and steps[-1] == last > 12, (steps, last)
+    assert all(step % 6 == 0 for step in steps[:-1]), steps
     assert not list(ckpt.glob(".tmp-ckpt-*"))
     code, _ = kill_resume.train(ckpt, out)
     assert code == 0

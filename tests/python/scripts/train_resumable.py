@@ -1,7 +1,7 @@
 """A seeded training run that can be killed at any point and restarted (fault-injection tests).
 
 usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] [--kill-during-upload G]
-                          [--sync-save] [--slow-write SECONDS]
+                          [--sync-save] [--slow-write SECONDS] [--keep K]
 Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
 and writes the final weights to OUT.npz when training completes. CHECKPOINT_DIR may be an
 object-store URL (configured by the AWS_* environment variables); with --kill-during-upload the
@@ -9,7 +9,7 @@ run SIGKILLs itself while saving the checkpoint of step G, after its files are u
 before its completion record is. --sync-save writes checkpoints on the training thread
 (async_save=False). --slow-write holds every local checkpoint write for SECONDS once its files are
 in the temporary directory and before its record is written, printing "writing ckpt-G" first, so
-a test can kill it in the middle of a (background) write.
+a test can kill it in the middle of a (background) write. --keep: how many checkpoints to keep (2).
 """
 
 import argparse
@@ -105,6 +105,7 @@ def main():
     parser.add_argument("--kill-during-upload", type=int, default=None)
     parser.add_argument("--sync-save", action="store_true")
     parser.add_argument("--slow-write", type=float, default=0.0)
+    parser.add_argument("--keep", type=int, default=2)
     args = parser.parse_args()
     if args.slow_write:
         hold_writes(args.slow_write)
@@ -118,7 +119,7 @@ def main():
     y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
 
     model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model)
-    checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2,
+    checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=args.keep,
                                              async_save=not args.sync_save)
     history = kerasdist.resume_fit(
         model, epoch_data(x, y), args.epochs, checkpoint, callbacks=[PrintSteps()], verbose=0
