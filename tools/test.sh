@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs ruff, then pytest (listing its 10 slowest tests), the Slurm cluster tests and, beside them, R CMD build (which runs
-# the vignettes, once) and R CMD check (which runs testthat; --ignore-vignettes, as the build has
-# just run them); prints each one's counts and a total, and exits non-zero if anything failed
-# or R CMD check warned.
+# Runs ruff, then pytest (in 2 processes, listing its 10 slowest tests), the Slurm cluster tests
+# and, beside them, R CMD build (which runs the vignettes, once) and R CMD check (which runs
+# testthat; --ignore-vignettes, as the build has just run them); prints each one's counts and a
+# total, and exits non-zero if anything failed or R CMD check warned.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -28,8 +28,14 @@ SLURM_TESTS=tests/python/test_slurm.py
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
 slurm_pid=$!
 
+# The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 2 by default, 0 for
+# one process), a test file to each at a time (its module fixtures are made once): in one process
+# it kept about one of the two cores busy, waiting on the processes its tests launch.
+workers=${KERASDIST_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 "${parallel[@]}" --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
 [ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
 

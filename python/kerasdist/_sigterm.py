@@ -13,8 +13,9 @@ long in C code that lets other threads run (a collective, a file, a socket), so 
 also wakes on the signal (`signal.set_wakeup_fd`) and exits on the handler's behalf while it is
 still the one installed. While a multi-worker strategy is created, TensorFlow waits for every
 worker in C++ holding the GIL, and its own SIGTERM handler notes the signal in the cluster's
-key-value store: `reclaim_after_cluster_start` reads it there once the cluster has formed, and
-every worker exits with 75. A fit's callback installs its own handler and
+key-value store: once the cluster has formed, every worker reads it there, the workers agree on
+whether any did (`strategy._join_cluster`), and then `reclaim_after_cluster_start` has every
+worker exit with 75. A fit's callback installs its own handler and
 restores this one when fit ends; repeated signals change nothing, and once the interpreter exits
 by itself the signal is ignored (Python restores the default action while it finalizes, which
 would turn a finished or saved run's exit into 143).

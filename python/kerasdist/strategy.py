@@ -157,8 +157,8 @@ def select_strategy(
         _PLANS[_CREATED[key]] = plan  # the same strategy, described by this request's reason
         return _CREATED[key]
     strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
-    if plan.kind == "multi_worker" and plan.cluster.num_workers > 1:
-        _check_cluster_agreement(strategy, plan.cluster)
+    if plan.kind == "multi_worker":
+        _join_cluster(strategy, plan.cluster)
     _PLANS[strategy] = plan
     _CONTEXTS.pop(strategy, None)  # decided anew from this plan (the default strategy is reused)
     if key is not None:
@@ -480,8 +480,7 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
             cross_device_ops=_cross_device_ops(cross_device_ops),
         )
     if plan.kind == "multi_worker":
-        from kerasdist._sigterm import reclaim_after_cluster_start
-        from kerasdist.compat import apply_multi_worker_fixes, preemption_noticed_by_tensorflow
+        from kerasdist.compat import apply_multi_worker_fixes
 
         apply_multi_worker_fixes()
         try:
@@ -497,7 +496,6 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
                 "process (TensorFlow: 'Collective ops must be configured at program startup'): call "
                 "select_strategy() first, before any dataset, tensor, model or make_dataset()."
             ) from None
-        reclaim_after_cluster_start(preemption_noticed_by_tensorflow())
         return strategy
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
@@ -523,8 +521,28 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
     return None  # no cluster: a single local worker
 
 
-def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo) -> None:
-    """Every worker must have been given the same cluster: gather a fingerprint of each one's."""
+def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
+    """Right after the cluster formed: check every worker was given the same cluster, and stop
+    every worker alike (75) if any was signalled while it formed (`_sigterm`). Each worker reads
+    TensorFlow's preemption notice on its own, and the signalled worker's notice may reach the
+    store between two workers' reads, so they decide on what any of them read (a worker that
+    exited alone left the other failing in its first collective with 1)."""
+    from kerasdist._sigterm import reclaim_after_cluster_start
+    from kerasdist.compat import preemption_noticed_by_tensorflow
+
+    noticed = preemption_noticed_by_tensorflow()
+    try:
+        if cluster.num_workers > 1:
+            noticed = _check_cluster_agreement(strategy, cluster, noticed)
+    except BaseException:
+        reclaim_after_cluster_start(False)
+        raise
+    reclaim_after_cluster_start(noticed)
+
+
+def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:
+    """Every worker must have been given the same cluster: gather a fingerprint of each one's,
+    with whether it `noticed` a preemption; returns whether any worker did."""
     import hashlib
     import json
 
@@ -533,15 +551,16 @@ def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo) -> None:
     text = json.dumps(cluster.cluster, sort_keys=True)
     fingerprint = int(hashlib.sha256(text.encode()).hexdigest()[:7], 16)
     mine = strategy.experimental_distribute_values_from_function(
-        lambda _: tf.constant([fingerprint], dtype=tf.int32)
+        lambda _: tf.constant([fingerprint, int(noticed)], dtype=tf.int32)
     )
-    everyone = strategy.gather(mine, axis=0).numpy().tolist()
-    if len(set(everyone)) > 1:
+    everyone = strategy.gather(mine, axis=0).numpy().reshape(-1, 2)
+    if len(set(everyone[:, 0].tolist())) > 1:
         raise ValueError(
             f"TF_CONFIG disagrees between processes: the {cluster.task_type} {cluster.task_index} "
             f"was given the cluster {text}, and some other worker a different one. Give every "
             "process the same \"cluster\" (only \"task\" differs)."
         )
+    return bool(everyone[:, 1].any())
 
 
 def _cross_device_ops(value: Any) -> Any:
