@@ -167,6 +167,21 @@ def test_a_port_taken_at_start_is_retried_without_using_a_restart(tmp_path, caps
     assert "a port was already in use" in capsys.readouterr().err
 
 
+def test_a_port_clash_is_seen_when_the_output_is_read_after_the_exit(tmp_path, capsys, monkeypatch):
+    """The failed task's last lines are read before the launcher decides why it failed (once, on
+    a loaded machine, the exit was seen first and the clash was taken for a plain failure)."""
+    from kerasdist.launch import process_group
+
+    def slow_reader(line: str) -> bool:
+        time.sleep(0.2)  # each line reaches the launcher well after the process has exited
+        return False
+
+    monkeypatch.setattr(process_group, "is_start_up_noise", slow_reader)
+    result = launch([PROBE, str(tmp_path), "--clash-once", str(tmp_path / "clashed")], num_workers=2)
+    assert (result.exit_code, result.restarts, result.port_retries) == (0, 0, 1)
+    assert "a port was already in use" in capsys.readouterr().err
+
+
 def test_any_command_runs_with_the_task_variables(tmp_path, capsys):
     echo_task = 'echo "$KERASDIST_TASK_TYPE/$KERASDIST_TASK_INDEX"'
     result = launch(["sh", "-c", echo_task], num_workers=2)

@@ -119,6 +119,8 @@ class ProcessGroup:
             for task in self.tasks:
                 code = task.process.poll()
                 if code is not None and code != 0:
+                    for reader in task.readers:  # its last lines may say why (a port clash)
+                        reader.join(timeout=2)
                     failure = TaskFailure(task.task_type, task.index, code, self.restart)
                     return Outcome(failure=failure, port_clash=self.port_clash)
             if all(t.process.poll() == 0 for t in finishers):
