@@ -134,6 +134,9 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
       if (!is.null(kill_at) && current_epoch == kill_at[1] && step == kill_at[2]) {
         cat(py_demo$kill_line(current_epoch, step), "\n", sep = "")
         flush(stdout())
+        # As the Python demo does: the last checkpoint's background write may still be going on
+        # a loaded machine; wait for it so the demo resumes where it says.
+        reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
         tools::pskill(Sys.getpid(), tools::SIGKILL)
       }
     },
