@@ -531,13 +531,11 @@ def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
     from kerasdist.compat import preemption_noticed_by_tensorflow
 
     noticed = preemption_noticed_by_tensorflow()
-    try:
-        if cluster.num_workers > 1:
-            noticed = _check_cluster_agreement(strategy, cluster, noticed)
-    except BaseException:
-        reclaim_after_cluster_start(False)
-        raise
-    reclaim_after_cluster_start(noticed)
+    any_noticed = False
+    try:  # SIGTERM is taken back from TensorFlow even when the cluster check fails
+        any_noticed = noticed if cluster.num_workers == 1 else _check_cluster_agreement(strategy, cluster, noticed)
+    finally:
+        reclaim_after_cluster_start(any_noticed)
 
 
 def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:
