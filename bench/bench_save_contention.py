@@ -6,7 +6,9 @@ One training step of bench_checkpoint.py's model (5.27M parameters, batch 128) i
 - `files`: building a checkpoint's files from a snapshot (`StateSnapshot.files()`: the HDF5
   weights and the zip, what a background save does first);
 - `sha256`: hashing 63 MB, C code that releases the GIL (CPU contention only);
-- `python`: a pure-Python loop, which holds the GIL (CPU and GIL contention).
+- `python`: a pure-Python loop, which holds the GIL (CPU and GIL contention);
+- `files_idle`: `files` in a thread of Linux's SCHED_IDLE class, as the background writer runs
+  while nobody waits for it (kerasdist.checkpoint.background).
 Rounds interleave the four conditions; each figure is a condition's median step time / the
 median step time alone in the same round. If `files` is near `sha256` and well below `python`,
 the write slows training by taking a core, not by holding the GIL.
@@ -31,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
 from bench_checkpoint import BATCH, CLASSES, FEATURES, build_model  # noqa: E402
+from kerasdist.checkpoint import background  # noqa: E402
 from kerasdist.checkpoint.snapshot import take_snapshot  # noqa: E402
 
 
@@ -52,12 +55,15 @@ def main() -> None:
         "files": state.files,
         "sha256": lambda: hashlib.sha256(big).digest(),
         "python": lambda: sum(range(2_000_000)),
+        "files_idle": state.files,
     }
 
-    def step_times(beside: Callable[[], object] | None) -> float:
-        stop = threading.Event()
+    def step_times(name: str) -> float:
+        beside, stop = work[name], threading.Event()
 
         def loop() -> None:
+            if name.endswith("_idle"):
+                background._set_policy(0, os.SCHED_IDLE)
             while not stop.is_set():
                 beside()
 
@@ -77,13 +83,14 @@ def main() -> None:
     medians: dict[str, list[float]] = {name: [] for name in work}
     for round_ in range(args.repeats):
         for name in (list(work) if round_ % 2 == 0 else list(reversed(work))):
-            medians[name].append(step_times(work[name]))
+            medians[name].append(step_times(name))
     what = "median training step beside a thread doing {} / the median step alone, per round"
     figures = [
         figure(f"step_beside_{name}", [m / a for m, a in zip(medians[name], medians["alone"], strict=True)],
                None, what.format(description))
         for name, description in (("files", "StateSnapshot.files()"), ("sha256", "sha256 of 63 MB (GIL released)"),
-                                  ("python", "a pure-Python loop (GIL held)"))
+                                  ("python", "a pure-Python loop (GIL held)"),
+                                  ("files_idle", "StateSnapshot.files() at SCHED_IDLE, as the writer runs"))
     ]
     write_result("save_contention", figures, step_ms_alone=[round(m * 1000, 1) for m in medians["alone"]],
                  steps=args.steps, repeats=args.repeats, load_average=[round(v, 2) for v in os.getloadavg()])

@@ -19,13 +19,13 @@ export KERASDIST_PYTHON="$PYTHON"
 # development machine: 9 min 43 s in all on 2026-11-24 with nothing else running (data 40 s,
 # data_r 21 s, checkpoint 82 s, multi_worker 80 s, overhead 179 s, custom_loop 51 s, speed 26 s,
 # r_python 26 s, advisor 77 s); about twice that while other test runs load the same cores.
-# checkpoint has since become 3 variants x (a warm-up + 3 rounds) of 10-epoch fits: about 2.5 min
+# checkpoint has since become 4 variants x (a warm-up + 3 rounds) of 10-epoch fits: about 3.5 min
 # by its epoch time (1.4 s at 4096 samples), not yet timed in a whole quiet run; save_contention
 # about 50 s.
 BENCHMARKS=(
   "data|bench_data.py|--reps 15 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
-  "checkpoint|bench_checkpoint.py|--samples 4096 --epochs 10 --repeats 3"
+  "checkpoint|bench_checkpoint.py|--samples 4096 --epochs 10 --repeats 3 --with-equal-priority-writer"
   "save_contention|bench_save_contention.py|--steps 30 --repeats 3"
   "multi_worker|bench_multi_worker.py|--widths 64,2048 --repeats 2 --steps 30"
   "overhead|bench_overhead.py|--seconds 30 --repeats 3"

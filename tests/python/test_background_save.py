@@ -7,9 +7,11 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -213,6 +215,44 @@ def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, mon
     assert [c.global_step for c in kerasdist.list_checkpoints(tmp_path)] == [2, 4, 6, 8]
     assert steps_after_write[0] == 4  # training went on to the next save while ckpt-2 was written
     assert checkpoint.blocked_seconds[0] < 0.5 <= checkpoint.blocked_seconds[1]  # the second waited
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_writer_takes_only_idle_cpu_until_somebody_waits_for_it():
+    writer, release, running = background.BackgroundWriter(), threading.Event(), threading.Event()
+
+    def job():
+        running.set()
+        release.wait(30)
+
+    writer.submit(job, "a test job")
+    assert running.wait(30)
+    writer_id = writer._thread.native_id
+    assert os.sched_getscheduler(writer_id) == os.SCHED_IDLE
+    waiter = threading.Thread(target=writer.wait)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while os.sched_getscheduler(writer_id) != os.SCHED_OTHER and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.sched_getscheduler(writer_id) == os.SCHED_OTHER  # raised while the waiter waits
+    release.set()
+    waiter.join(30)
+    assert not writer.busy
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_wait_before_the_writer_lowers_itself_keeps_it_at_normal_priority():
+    priority, policies = background._IdleWhileUnwaited(), []
+
+    def writer_start():
+        priority.lower_until_waited_for()
+        policies.append(os.sched_getscheduler(0))
+
+    priority.waited_for()
+    thread = threading.Thread(target=writer_start)
+    thread.start()
+    thread.join(30)
+    assert policies == [os.SCHED_OTHER]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,10 +17,17 @@ What the writer guarantees:
   chained to the original (and kept as its `error`). One that no `wait` ever collects (the program ended another way) is
   printed to stderr when the writer is collected or the interpreter exits.
 - The thread is not a daemon: an interpreter that exits normally finishes the write first.
+- While training runs, the writer takes only CPU time training leaves idle (Linux's SCHED_IDLE
+  class: a training step keeps every core busy in lockstep, so a writer competing as an equal
+  stretches each step it overlaps by about the write's own CPU time; bench/
+  bench_save_contention.py). Once anything waits for it (the next save, the end of `fit`, a
+  preemption), it is raised back to normal priority, so it is never starved by other busy
+  processes while somebody waits.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import traceback
@@ -89,6 +96,7 @@ class BackgroundWriter:
     def __init__(self, name: str = "kerasdist-checkpoint") -> None:
         self.name = name
         self._thread: threading.Thread | None = None
+        self._priority = _IdleWhileUnwaited()
         self._failures: list[tuple[str, BaseException]] = []  # (what failed, error), not yet raised
         self._finalizer = weakref.finalize(self, _report_unraised, self._failures)
         _writers.add(self)
@@ -102,14 +110,16 @@ class BackgroundWriter:
         """Wait for the job in flight (raising its error), then start `job` (`what` names it in
         errors, e.g. "checkpoint ckpt-120 in /runs/a")."""
         self.wait()
-        thread = threading.Thread(target=self._run, args=(job, what), name=self.name, daemon=False)
-        self._thread = thread
+        priority = _IdleWhileUnwaited()
+        thread = threading.Thread(target=self._run, args=(job, what, priority), name=self.name, daemon=False)
+        self._thread, self._priority = thread, priority
         thread.start()
 
     def wait(self) -> None:
         """Block until no job runs; raise `BackgroundSaveError` if one failed since the last wait."""
         thread = self._thread
         if thread is not None:
+            self._priority.waited_for()
             thread.join()
             self._thread = None
         if self._failures:
@@ -120,11 +130,49 @@ class BackgroundWriter:
                 "checkpoints saved before it are intact.", error,
             ) from error
 
-    def _run(self, job: Callable[[], Any], what: str) -> None:
+    def _run(self, job: Callable[[], Any], what: str, priority: _IdleWhileUnwaited) -> None:
+        priority.lower_until_waited_for()
         try:
             job()
         except BaseException as error:  # handed to the training thread by wait()
             self._failures.append((what, error))
+
+
+class _IdleWhileUnwaited:
+    """One job's CPU priority: SCHED_IDLE from its start until somebody waits for it, then normal.
+
+    Where the class is missing (not Linux) or refused (a sandbox), the thread keeps its priority."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a wait between the writer's check and its lowering must not be lost
+        self._waited = False
+        self._lowered_thread: int | None = None
+
+    def lower_until_waited_for(self) -> None:
+        """In the writer thread, first thing."""
+        with self._lock:
+            if not self._waited and _set_policy(0, getattr(os, "SCHED_IDLE", None)):
+                self._lowered_thread = threading.get_native_id()
+
+    def waited_for(self) -> None:
+        """In a thread about to wait for the job."""
+        with self._lock:
+            self._waited = True
+            if self._lowered_thread is not None:
+                _set_policy(self._lowered_thread, getattr(os, "SCHED_OTHER", None))
+                self._lowered_thread = None
+
+
+def _set_policy(thread_id: int, policy: int | None) -> bool:
+    """Linux's scheduling `policy` for the thread `thread_id` (0: the calling one); False where it
+    cannot be set."""
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        os.sched_setscheduler(thread_id, policy, os.sched_param(0))
+    except OSError:  # forbidden here, or the thread has already ended
+        return False
+    return True
 
 
 def _report_unraised(failures: list[tuple[str, BaseException]]) -> None:
