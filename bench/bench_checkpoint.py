@@ -153,22 +153,20 @@ def _figures(whole, steady, blocked, args, model) -> list[dict]:
                     for name in saving}
     blocked_ratio = [statistics.median(bg) / statistics.median(sync)
                      for bg, sync in zip(blocked["background"], blocked["sync"], strict=True)]
+
+    def fit_figure(name: str, target: str | None, saves: str) -> dict:
+        return figure(f"{name}_vs_none_fit_time", fit_ratio[name], target,
+                      f"seconds of the whole call, {saves}: {what}",
+                      steady=round(statistics.median(steady_ratio[name]), 4),
+                      steady_runs=[round(r, 4) for r in steady_ratio[name]])
+
     return [
-        figure("background_vs_none_fit_time", fit_ratio["background"], "<= 1.02",
-               f"seconds of the whole call, background saves (async_save=True): {what}",
-               steady=round(statistics.median(steady_ratio["background"]), 4),
-               steady_runs=[round(r, 4) for r in steady_ratio["background"]]),
-        figure("sync_vs_none_fit_time", fit_ratio["sync"], None,
-               f"seconds of the whole call, synchronous saves (async_save=False): {what}",
-               steady=round(statistics.median(steady_ratio["sync"]), 4),
-               steady_runs=[round(r, 4) for r in steady_ratio["sync"]]),
+        fit_figure("background", "<= 1.02", "background saves (async_save=True)"),
+        fit_figure("sync", None, "synchronous saves (async_save=False)"),
         figure("background_blocked_vs_sync_save", blocked_ratio, "<= 0.10",
                "seconds the training thread spends in the save call per checkpoint (median of a fit's saves), "
                "background / synchronous, per round"),
-        *([figure("background_equal_vs_none_fit_time", fit_ratio["background_equal"], None,
-                  f"seconds of the whole call, background saves whose writer keeps normal priority: {what}",
-                  steady=round(statistics.median(steady_ratio["background_equal"]), 4),
-                  steady_runs=[round(r, 4) for r in steady_ratio["background_equal"]])]
+        *([fit_figure("background_equal", None, "background saves whose writer keeps normal priority")]
           if "background_equal" in fit_ratio else []),
     ]
 
