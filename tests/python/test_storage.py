@@ -7,6 +7,7 @@ by the R suite too.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -25,6 +26,7 @@ import pytest
 import kerasdist
 from conftest import CASES_DIR
 from kerasdist import compat
+from kerasdist.checkpoint import storage
 from kerasdist.checkpoint.background import wait_for_all
 from kerasdist.s3_test_server import start_s3_server
 
@@ -99,6 +101,45 @@ def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
     assert kerasdist.latest_checkpoint(tmp_path / "run").path == str(tmp_path / "run" / f"ckpt-{BATCHES_PER_EPOCH}")
     with pytest.raises(ValueError, match="is not a local file:// URL"):
         kerasdist.list_checkpoints("file://otherhost/run")
+
+
+@pytest.mark.parametrize("size", [(4 << 20) + 123, 3 * (8 << 20), (4 << 20) - 1])
+def test_local_files_are_written_whole_with_or_without_the_page_cache(tmp_path, size):
+    """Large files go through O_DIRECT (in aligned chunks of a reused buffer, the unaligned tail
+    appended), small ones through the page cache; either way the file holds exactly the bytes."""
+    data = os.urandom(size)
+    store = storage.LocalStore(tmp_path)
+    entry = store.commit(7, {storage.MODEL_FILE: data, storage.RECORD_FILE: b"{}"})
+    assert (tmp_path / entry / storage.MODEL_FILE).read_bytes() == data
+    if size >= storage._DIRECT_MIN_BYTES:
+        assert storage._write_direct(tmp_path / "direct", data) is True  # not refused here
+        assert (tmp_path / "direct").read_bytes() == data
+
+
+def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkeypatch):
+    """Where O_DIRECT is refused (EINVAL: some network and FUSE filesystems, older tmpfs) at open
+    or at the first aligned write, the file is written through the page cache instead. The
+    refusal is injected: every filesystem here takes O_DIRECT."""
+    data = os.urandom((4 << 20) + 5)
+    real_open, real_write = os.open, os.write
+    for refuse in ("open", "write"):
+        def refusing_open(path, flags, *args, _refuse=refuse):
+            if _refuse == "open" and flags & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_open(path, flags, *args)
+
+        def refusing_write(fd, view, _refuse=refuse):
+            if _refuse == "write":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_write(fd, view)
+
+        monkeypatch.setattr(os, "open", refusing_open)
+        monkeypatch.setattr(os, "write", refusing_write)
+        assert storage._write_direct(tmp_path / refuse, data) is False
+        assert not (tmp_path / refuse).exists()
+        storage._write_durably(tmp_path / refuse, data)
+        monkeypatch.undo()
+        assert (tmp_path / refuse).read_bytes() == data
 
 
 def test_keras_public_save_still_refuses_file_objects(tmp_path):
