@@ -85,8 +85,13 @@ def main() -> None:
     y = rng.integers(0, CLASSES, size=args.samples)
     # One endless stream cut into epochs by steps_per_epoch, as distributed_fit feeds fit: a dataset
     # that fit iterates anew each epoch paused 2-2.5 s before about one epoch in three here (with
-    # or without checkpoints), which buried the save's cost in noise.
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().repeat().prefetch(tf.data.AUTOTUNE)
+    # or without checkpoints), which buried the save's cost in noise. Without tf.data's autotuning:
+    # with it, about half the fits, of every variant, ended only at the autotune thread's next
+    # wake-up (it sleeps 10 ms, then twice as long each time: 10.23, 20.47, 40.95, 81.91 s after
+    # the iterator started), after the last epoch (bench/README.md, 2026-11-25).
+    untuned = tf.data.Options()
+    untuned.autotune.enabled = False
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().repeat().prefetch(2).with_options(untuned)
     steps = -(-args.samples // BATCH)
     model = build_model()
     model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)  # trace and build before timing
