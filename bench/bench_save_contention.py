@@ -9,7 +9,7 @@ One training step of bench_checkpoint.py's model (5.27M parameters, batch 128) i
 - `python`: a pure-Python loop, which holds the GIL (CPU and GIL contention);
 - `files_idle`: `files` in a thread of Linux's SCHED_IDLE class, as the background writer runs
   while nobody waits for it (kerasdist.checkpoint.background).
-Rounds interleave the four conditions; each figure is a condition's median step time / the
+Rounds interleave the conditions (alone and the four above); each figure is a condition's median step time / the
 median step time alone in the same round. If `files` is near `sha256` and well below `python`,
 the write slows training by taking a core, not by holding the GIL.
 

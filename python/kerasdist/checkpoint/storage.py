@@ -283,7 +283,11 @@ def _write_durably(path: Path, data: bytes) -> None:
     """Write `data` as the file `path` and fsync it; large files bypass the page cache."""
     if len(data) >= _DIRECT_MIN_BYTES and _write_direct(path, data):
         return
-    with open(path, "wb") as stream:
+    _write_and_fsync(path, data, "wb")
+
+
+def _write_and_fsync(path: Path, data: Any, mode: str) -> None:
+    with open(path, mode) as stream:
         stream.write(data)
         stream.flush()
         os.fsync(stream.fileno())
@@ -330,10 +334,7 @@ def _write_direct(path: Path, data: bytes) -> bool:
         return False
     finally:
         os.close(fd)
-    with open(path, "ab") as stream:  # the unaligned tail, and one fsync for data and metadata
-        stream.write(source[aligned:])
-        stream.flush()
-        os.fsync(stream.fileno())
+    _write_and_fsync(path, source[aligned:], "ab")  # the unaligned tail; one fsync for data and metadata
     return True
 
 
