@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import keras
@@ -25,7 +26,7 @@ import kerasdist
 from kerasdist import compat
 from kerasdist.checkpoint import background, save_checkpoint
 from kerasdist.checkpoint.manager import CheckpointManager
-from kerasdist.checkpoint.snapshot import keras_bytes_now, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, _FileBuffer, keras_bytes_now, take_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import kill_resume  # noqa: E402
@@ -119,6 +120,60 @@ def test_snapshot_loads_with_keras_load_model(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
+def address_of(content) -> int:
+    return np.frombuffer(content, np.uint8).ctypes.data
+
+
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_snapshots_in_reused_memory_are_model_saves_files_save_after_save(make):
+    model = make()
+    if make is lookup_model:
+        x, y = tf.constant([["a"], ["b"], ["c"], ["z"]]), tf.ones((4, 1))
+    else:
+        x, y = np.ones((8, 6), "float32"), np.ones((8, 1), "float32")
+    memory, addresses = SaveMemory(), []
+    for _ in range(3):  # the first save sizes the memory, the later ones reuse it
+        model.fit(x, y, epochs=1, verbose=0)
+        expected = zip_members(keras_bytes_now(model))
+        snapshot = take_snapshot(model, memory)
+        model.fit(x, y, epochs=1, verbose=0)  # the snapshot must not see these steps
+        files, crc32s = snapshot.files_and_crc32s()
+        content = files["model.keras"]
+        assert crc32s == {"model.keras": zlib.crc32(content)}  # made from the zip's own, not a second pass
+        got = zip_members(content)
+        assert list(got) == list(expected)
+        for name in expected:
+            if name != "metadata.json":  # holds the time of saving, to the second
+                assert got[name] == expected[name], name
+        addresses.append(address_of(content))
+    assert addresses[1] == addresses[2]
+    assert "save_own_variables" not in vars(model.optimizer)  # the walk's hand-over is undone
+
+
+def test_a_snapshot_whose_memory_a_later_snapshot_took_refuses_to_make_files():
+    model, memory = build_model(), SaveMemory()
+    model.fit(data(), epochs=1, verbose=0)
+    first = take_snapshot(model, memory)
+    second = take_snapshot(model, memory)
+    with pytest.raises(RuntimeError, match="reused by a later snapshot"):
+        first.files()
+    assert zip_members(second.files()["model.keras"])
+
+
+def test_the_file_buffer_reads_back_as_a_file_with_gaps_of_zeros():
+    window = _FileBuffer().window(5)
+    window.write(b"abc")
+    window.seek(6)
+    window.write(b"xy")  # a gap after a seek past the end: zeros, as in a real file
+    assert bytes(window.view()) == b"abc\0\0\0xy"
+    window.truncate(10)
+    assert bytes(window.view()) == b"abc\0\0\0xy\0\0"
+    window.seek(1)
+    assert window.read(3) == b"bc\0"
+    target = bytearray(4)
+    assert window.readinto(target) == 4 and bytes(target) == b"\0\0xy"
+
+
 # ---------------------------------------------------------------------------------------------
 # Background checkpoints in fit
 
@@ -153,9 +208,10 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
         assert bg_zip["config.json"] == sync_zip["config.json"]
         assert (bg_dir / "rng.npz").read_bytes() == (sync_dir / "rng.npz").read_bytes()
         bg_record, sync_record = (json.loads((d / "state.json").read_text()) for d in (bg_dir, sync_dir))
+        assert bg_record["files"]["model.keras"]["crc32"] == f"{zlib.crc32((bg_dir / 'model.keras').read_bytes()):08x}"
         for record in (bg_record, sync_record):
             record.pop("saved_at")
-            record["files"]["model.keras"].pop("sha256")  # the zip's member times differ
+            record["files"]["model.keras"].pop("crc32")  # the zip's member times differ
         assert bg_record == sync_record
     restored = kerasdist.make_or_restore_model(tmp_path / "bg", build_model)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -100,6 +101,23 @@ def test_damaged_newest_checkpoint_falls_back_to_previous(ckpt_dir, row):
     with pytest.warns(kerasdist.CheckpointWarning):
         assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 1
     assert snapshot(ckpt_dir) == before  # the damaged checkpoint is skipped, not deleted or repaired
+
+
+def test_records_of_format_1_with_sha256_checksums_are_still_read_and_checked(ckpt_dir):
+    for record_path in ckpt_dir.glob("ckpt-*/state.json"):  # as kerasdist wrote them before CRC-32s
+        record = json.loads(record_path.read_text())
+        for name, entry in record["files"].items():
+            del entry["crc32"]
+            entry["sha256"] = hashlib.sha256((record_path.parent / name).read_bytes()).hexdigest()
+        record["format"] = 1
+        record_path.write_text(json.dumps(record))
+    assert [c.epoch for c in kerasdist.list_checkpoints(ckpt_dir)] == [1, 2]
+    newest = Path(kerasdist.latest_checkpoint(ckpt_dir).path) / "model.keras"
+    garbled = bytearray(newest.read_bytes())
+    garbled[len(garbled) // 2] ^= 0xFF
+    newest.write_bytes(bytes(garbled))
+    with pytest.warns(kerasdist.CheckpointWarning, match="does not match its recorded checksum"):
+        assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 1
 
 
 def damage(path: Path, row: dict) -> None:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import uuid
+import zlib
 from pathlib import Path
 
 import fsspec
@@ -140,6 +141,12 @@ def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkey
         storage._write_durably(tmp_path / refuse, data)
         monkeypatch.undo()
         assert (tmp_path / refuse).read_bytes() == data
+
+
+@pytest.mark.parametrize("first, second", [(0, 0), (0, 9), (9, 0), (1, 1), (300, 7), (5, (1 << 20) + 3)])
+def test_crc32_combine_is_the_crc32_of_the_joined_bytes(first, second):
+    a, b = os.urandom(first), os.urandom(second)
+    assert storage.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 def test_keras_public_save_still_refuses_file_objects(tmp_path):

@@ -38,7 +38,7 @@ from typing import Any
 
 from kerasdist.checkpoint.format import Snapshot
 from kerasdist.checkpoint.model_state import optimizer_step, plain, signature
-from kerasdist.checkpoint.snapshot import StateSnapshot, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, StateSnapshot, take_snapshot
 
 
 class BackgroundSaveError(RuntimeError):
@@ -70,14 +70,16 @@ class PendingSave:
     def taken(self) -> Snapshot:
         """The checkpoint's files made from the state (in the writer's thread), as `format.commit`
         writes them."""
-        return Snapshot(files=self.state.files(), global_step=self.global_step, signature=self.signature)
+        files, crc32s = self.state.files_and_crc32s()
+        return Snapshot(files=files, global_step=self.global_step, signature=self.signature, crc32s=crc32s)
 
 
-def take(model: Any, **fields: Any) -> PendingSave:
+def take(model: Any, memory: SaveMemory | None = None, **fields: Any) -> PendingSave:
     """The record's fields (as `format.commit` takes them) and the state of `model` now; call it
-    on the training thread."""
+    on the training thread. With `memory` (`snapshot.SaveMemory`), the state and its files live
+    there, valid until the next `take` with it."""
     fields = {**fields, "history": plain(fields.get("history") or []), "metrics": plain(fields.get("metrics") or {})}
-    return PendingSave(fields, take_snapshot(model), optimizer_step(model), signature(model))
+    return PendingSave(fields, take_snapshot(model, memory), optimizer_step(model), signature(model))
 
 
 _writers: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()

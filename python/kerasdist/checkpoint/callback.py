@@ -19,6 +19,7 @@ from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.preemption import agreement_for
+from kerasdist.checkpoint.snapshot import SaveMemory
 from kerasdist.validation import boolean, choice, integer, optional_integer
 
 
@@ -106,6 +107,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.saved: list[CheckpointInfo] = []
         self.blocked_seconds: list[float] = []  # per save: how long the training thread waited
         self._writer = BackgroundWriter()
+        self._memory = SaveMemory()  # the background saves', reused from one to the next
         self._preempted = False
         self._step_offset = 0  # batches of the first epoch already trained before this fit
         self._first_epoch: int | None = None
@@ -231,6 +233,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         try:
             self.wait()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
         finally:
+            self._memory.release()  # nothing is written any more
             self._restore_sigterm_handler()
         if self._preempted:
             raise SystemExit(PREEMPTED_EXIT_CODE)
@@ -260,7 +263,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _save_in_background(self, fields: dict[str, Any]) -> None:
         self.wait()  # at most one in flight; its error is raised here
         self.manager.create()  # an unwritable directory fails here, on the training thread
-        pending = take(self.model, **fields)
+        pending = take(self.model, self._memory, **fields)
         self._writer.submit(
             lambda: self._saved(self.manager.commit(pending.taken(), **pending.fields)),
             f"checkpoint ckpt-{pending.global_step} in {self.manager.directory}",

@@ -3,12 +3,13 @@
 A checkpoint is an entry `ckpt-<global step>/` of the checkpoint directory holding `model.keras`
 (weights, optimizer state, config), `rng.npz` (the Keras seed-generator states that `load_model`
 does not restore) and `state.json`, the completion record: epoch, step, metrics, history, and the
-size and SHA-256 of every other file. A save is two steps: `snapshot` makes the files in memory
-(`dict[name, bytes]`) from the model, and `commit` writes them with their record through the
-store (`storage.py`): on a local disk under a temporary name, fsynced, record last, then renamed
-into place; on an object store uploaded with the record last, which is the commit. A crash at any
-byte therefore leaves the old checkpoint and, at worst, an ignored partial entry; a checkpoint
-whose files do not match their record is refused by `read_checkpoint`.
+size and CRC-32 of every other file (a SHA-256 in records of format 1, still read). A save is two
+steps: `snapshot` makes the files in memory (`dict[name, bytes]`) from the model, and `commit`
+writes them with their record through the store (`storage.py`): on a local disk under a temporary
+name, fsynced, record last, then renamed into place; on an object store uploaded with the record
+last, which is the commit. A crash at any byte therefore leaves the old checkpoint and, at worst,
+an ignored partial entry; a checkpoint whose files do not match their record is refused by
+`read_checkpoint`.
 
 Everything here is about one checkpoint at a time; which checkpoints exist, which is newest and
 which are kept is `CheckpointManager`'s business.
@@ -29,12 +30,14 @@ import numpy as np
 from kerasdist.checkpoint.model_state import optimizer_step, plain, seed_states, signature
 from kerasdist.checkpoint.storage import (
     CHECKPOINT_PREFIX,
+    CHECKSUMS,
     MODEL_FILE,
     RECORD_FILE,
     REPLACED_MARK,
     RNG_FILE,
     SAVED_AGAIN_MARK,
     TEMP_PREFIX,
+    Content,
     LocalStore,
     ObjectStore,
     describe,
@@ -48,7 +51,7 @@ __all__ = [
     "read_record", "snapshot", "write_checkpoint",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files carry a CRC-32 (1: a SHA-256)
 Store = LocalStore | ObjectStore
 
 
@@ -112,11 +115,11 @@ def read_checkpoint(store: Store, entry: str) -> tuple[str | None, CheckpointInf
         record = json.loads(store.read(entry, RECORD_FILE))
         info = _info_of(where, record)
         # checked here, so that a record with `files` of the wrong shape is refused, not raised
-        files = {str(name): (int(item["size"]), str(item["sha256"])) for name, item in record["files"].items()}
+        files = {str(name): (int(item["size"]), *_checksum_of(item)) for name, item in record["files"].items()}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         return f"{record_path} is not a valid completion record", None
-    for name, (size, sha256) in files.items():
-        problem = _file_problem(store, entry, name, size, sha256)
+    for name, (size, algorithm, checksum) in files.items():
+        problem = _file_problem(store, entry, name, size, algorithm, checksum)
         if problem:
             return problem, None
     return None, info
@@ -142,14 +145,23 @@ def _info_of(path: str, record: dict[str, Any]) -> CheckpointInfo:
     )
 
 
-def _file_problem(store: Store, entry: str, name: str, expected_size: int, expected_sha256: str) -> str | None:
+def _checksum_of(item: dict[str, Any]) -> tuple[str, str]:
+    """(algorithm, checksum) of a record's file entry: its CRC-32, or an older record's SHA-256."""
+    for algorithm in CHECKSUMS:
+        if algorithm in item:
+            return algorithm, str(item[algorithm])
+    raise KeyError("a file entry without a checksum")
+
+
+def _file_problem(store: Store, entry: str, name: str, expected_size: int, algorithm: str,
+                  expected: str) -> str | None:
     path = f"{store.path_of(entry)}/{name}"
     size = store.size(entry, name)
     if size is None:
         return f"{path} is missing"
     if size != expected_size:
         return f"{path} has {size} bytes, the record says {expected_size} (truncated or replaced)"
-    if store.sha256(entry, name) != expected_sha256:
+    if store.checksum(entry, name, algorithm) != expected:
         return f"{path} does not match its recorded checksum (corrupted)"
     return None
 
@@ -166,11 +178,13 @@ class Snapshot:
         files: file name -> contents (`model.keras`, `rng.npz`).
         global_step: the model's training steps when it was taken.
         signature: shape and dtype of every weight (checked before a restore).
+        crc32s: the CRC-32 of those files already known (computed while they were made).
     """
 
-    files: Mapping[str, bytes]
+    files: Mapping[str, Content]
     global_step: int
     signature: list[list[Any]]
+    crc32s: Mapping[str, int] = field(default_factory=dict)
 
 
 def snapshot(model: Any) -> Snapshot:
@@ -214,7 +228,7 @@ def commit(
         "metrics": plain(metrics or {}),
         **({"settings": dict(settings)} if settings else {}),
         **({"epoch_order": epoch_order} if epoch_order else {}),
-        "files": {name: describe(data) for name, data in taken.files.items()},
+        "files": {name: describe(data, taken.crc32s.get(name)) for name, data in taken.files.items()},
     }
     files = {**taken.files, RECORD_FILE: json.dumps(record, indent=1).encode()}
     entry = store.commit(taken.global_step, files)

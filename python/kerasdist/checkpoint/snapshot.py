@@ -2,7 +2,7 @@
 
 `take_snapshot(model)` is what a background save blocks training for: it records everything
 `model.save` would write and `rng.npz` holds, while the model does not change. `StateSnapshot.files()`
-then makes the checkpoint's files (`{"model.keras": bytes, "rng.npz": bytes}`) from the snapshot
+then makes the checkpoint's files (`{"model.keras": ..., "rng.npz": ...}`, bytes-like) from the snapshot
 alone, in any thread, while training goes on: the same `.keras` zip `model.save` writes (the same
 members and layout; the weights file holds the same groups, datasets and attributes, in the same
 order), which `keras.models.load_model` and `CheckpointManager.restore` read as usual.
@@ -11,16 +11,19 @@ How it stays cheap. `model.save` (Keras 3.15's `saving_lib._save_model_to_fileob
 config, then walks the model (`saving_lib._save_state`), handing each saveable an `H5IOStore` to
 put its variables in, and writes each value into an HDF5 file as it comes. The snapshot runs the
 same walk with a store that only records what it is given (`_RecordingStore`): every path,
-metadata and key, in order, and each value, frozen:
-- a Keras variable as a tensor read of it: TensorFlow's variable reads are snapshots (an update
-  of a variable whose value is still referenced copies it first), so the read costs no copy and
-  later training steps cannot change it. Reads that land elsewhere than this host's CPU (GPU
-  memory, a parameter server) are copied to host memory at once, so a snapshot never holds
-  accelerator memory or remote values.
-- anything else (the NumPy arrays optimizers hand over, a layer's own arrays) as a NumPy copy.
+metadata and key, in order, and each value, frozen. Optimizers hand over their variables
+themselves for it, not the `variable.numpy()` copies they give `model.save`.
+- With a `SaveMemory` (background saves), every value is copied into memory the saves reuse: one
+  copy, into memory already mapped, and nothing of the model's held afterwards.
+- Without one, a Keras variable is kept as a tensor read of it: TensorFlow's variable reads are
+  snapshots (an update of a variable whose value is still referenced copies it first), so later
+  training steps cannot change it. Reads that land elsewhere than this host's CPU (GPU memory, a
+  parameter server) are copied to host memory at once, so a snapshot never holds accelerator
+  memory or remote values. Anything else is copied, unless it is a fresh array nothing else holds.
 Assets (lookup-layer vocabularies) are written by their layers into a temporary directory, as
-`model.save` does, and read back into memory. `files()` replays the recorded calls into a real
-`H5IOStore` inside a new zip, so the weights file is built by Keras's own writer.
+`model.save` does, and read back into memory. `files()` replays the recorded calls into Keras's
+`H5IOStore` writing into the zip's own buffer, where the zip keeps the weights file (so building the
+zip does not copy it again), and without the store's copy of each value.
 
 The walk and the stores are Keras internals: `keras_snapshot_supported` gates them on the Keras
 versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the files at
@@ -30,22 +33,27 @@ that the shim is checked again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
+import struct
 import sys
 import zipfile
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import h5py
 import keras
 import numpy as np
 import tensorflow as tf
 
 from kerasdist import compat
 from kerasdist.checkpoint.model_state import seed_states
+from kerasdist.checkpoint.storage import Content, crc32_combine
 
 MODEL_FILE = "model.keras"
 RNG_FILE = "rng.npz"
@@ -64,21 +72,36 @@ class _Entry:
 class StateSnapshot:
     """Everything a checkpoint's files hold, frozen; `files()` makes them."""
 
-    make_files: Callable[[], dict[str, bytes]]
+    make_files: Callable[[], tuple[dict[str, Content], dict[str, int]]]
 
-    def files(self) -> dict[str, bytes]:
+    def files(self) -> dict[str, Content]:
         """The checkpoint's files by name: `model.keras` and `rng.npz`."""
+        return self.make_files()[0]
+
+    def files_and_crc32s(self) -> tuple[dict[str, Content], dict[str, int]]:
+        """The files, and the CRC-32s of those whose checksum came free while they were made."""
         return self.make_files()
 
 
-def take_snapshot(model: Any) -> StateSnapshot:
-    """Record `model`'s state for a checkpoint; call it on the training thread, between steps."""
+def take_snapshot(model: Any, memory: SaveMemory | None = None) -> StateSnapshot:
+    """Record `model`'s state for a checkpoint; call it on the training thread, between steps.
+
+    With `memory`, the recorded values and the files made from them live in it (see `SaveMemory`):
+    the snapshot, and the files its `files()` returns, stay valid until `memory` takes the next one."""
     rng = [np.array(state) for state in seed_states(model)]
     if compat.keras_snapshot_supported():
-        recorded = _record_model(model)
-        return StateSnapshot(lambda: {MODEL_FILE: recorded.keras_bytes(), RNG_FILE: npz_bytes(rng)})
-    files = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
-    return StateSnapshot(lambda: files)
+        taken = memory.next_save() if memory is not None else None
+        recorded = _record_model(model, taken)
+
+        def make_files() -> tuple[dict[str, Content], dict[str, int]]:
+            if memory is not None:
+                memory.check_current(taken)
+            content, crc32 = recorded.keras_bytes(taken)
+            return {MODEL_FILE: content, RNG_FILE: npz_bytes(rng)}, {MODEL_FILE: crc32}
+
+        return StateSnapshot(make_files)
+    files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
+    return StateSnapshot(lambda: (files, {}))
 
 
 def npz_bytes(arrays: list[np.ndarray]) -> bytes:
@@ -104,41 +127,87 @@ class _RecordedModel:
     entries: list[_Entry]
     assets: list[tuple[str, bytes]]  # (path in the zip, content), in the order Keras writes them
 
-    def keras_bytes(self) -> bytes:
-        """The `.keras` zip `saving_lib._save_model_to_fileobj` writes for the recorded state."""
+    def keras_bytes(self, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
+        """The `.keras` zip `saving_lib._save_model_to_fileobj` writes for the recorded state, built
+        in `space`'s file buffer (valid until its next save) or in fresh memory, and its CRC-32."""
         from keras.src.saving import saving_lib
 
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w") as archive:
+        file = space.file if space is not None else _FileBuffer()
+        archive_file = file.window(0)
+        with zipfile.ZipFile(archive_file, "w") as archive:
             archive.writestr(saving_lib._METADATA_FILENAME, self.metadata_json)
             archive.writestr(saving_lib._CONFIG_FILENAME, self.config_json)
-            store = saving_lib.H5IOStore(saving_lib._VARS_FNAME_H5, archive=archive, mode="w")
+            # The weights file is built where the zip will hold it, after its member header: the
+            # zip's write of it is then a copy onto itself, which `_Window.write` skips.
+            name = saving_lib._VARS_FNAME_H5
+            weights_start = archive_file.tell() + _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+            weights_file = file.window(weights_start)
+            store = _WeightsWriter(weights_file)
             try:
                 for entry in self.entries:
                     store.make(entry.path, metadata=entry.metadata)
                     for key, value in entry.values:
-                        store[key] = value.numpy() if isinstance(value, tf.Tensor) else value
+                        store[key] = np.asarray(value)  # a tensor's own memory, no copy
             finally:
                 store.close()
-            for name, content in self.assets:
-                archive.writestr(name, content)
-        return buffer.getvalue()
+            archive.writestr(name, weights_file.view())
+            for asset, content in self.assets:
+                archive.writestr(asset, content)
+        content = archive_file.view()
+        return content, _crc32_around(content, archive.getinfo(name), weights_start)
 
 
-def _record_model(model: Any) -> _RecordedModel:
+def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> int:
+    """The CRC-32 of the zip `content` from the one the zip computed of `member` (the weights file,
+    at `start`) and a pass over the rest; one pass over all of it if the member is elsewhere."""
+    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)  # APPNOTE 4.3.7
+    if member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length != start:
+        return zlib.crc32(content)
+    end = start + member.file_size
+    crc = crc32_combine(zlib.crc32(content[:start]), member.CRC, member.file_size)
+    return crc32_combine(crc, zlib.crc32(content[end:]), len(content) - end)
+
+
+def _record_model(model: Any, space: _SaveSpace | None = None) -> _RecordedModel:
     from keras.src.saving import saving_lib
 
     compat.warm_saving_skipsets()  # outside any strategy scope: callbacks run outside it
     config_json, metadata_json = saving_lib._serialize_model_as_json(model)
-    weights = _RecordingStore()
+    weights = _RecordingStore(space.values if space is not None else None)
     assets_archive = _AssetRecorder()
     assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=assets_archive, mode="w")
     try:
-        saving_lib._save_state(model, weights_store=weights, assets_store=assets, inner_path="",
-                               visited_saveables=set())
+        with _optimizers_hand_over_variables(model):
+            saving_lib._save_state(model, weights_store=weights, assets_store=assets, inner_path="",
+                                   visited_saveables=set())
     finally:
         assets.close()  # hands each asset file to the recorder, then removes the temporary directory
     return _RecordedModel(config_json, metadata_json, weights.entries, assets_archive.files)
+
+
+@contextlib.contextmanager
+def _optimizers_hand_over_variables(model: Any) -> Iterator[None]:
+    """Keras optimizers save `store[str(i)] = variable.numpy()` (`BaseOptimizer.save_own_variables`):
+    a copy, on the training thread, into freshly allocated memory. During the walk they hand the
+    variables themselves to the store instead, which freezes them as it freezes the layers'."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    def hand_over(optimizer: Any, store: Any) -> None:
+        for i, variable in enumerate(optimizer.variables):
+            store[str(i)] = variable
+
+    patched = []
+    optimizer = getattr(model, "optimizer", None)
+    while isinstance(optimizer, BaseOptimizer) and optimizer not in patched:
+        if type(optimizer).save_own_variables is BaseOptimizer.save_own_variables:
+            object.__setattr__(optimizer, "save_own_variables", functools.partial(hand_over, optimizer))
+            patched.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    try:
+        yield
+    finally:
+        for optimizer in patched:
+            object.__delattr__(optimizer, "save_own_variables")
 
 
 def _host_cpu() -> tf.DeviceSpec:
@@ -146,10 +215,13 @@ def _host_cpu() -> tf.DeviceSpec:
         return tf.DeviceSpec.from_string(tf.constant(0).device)
 
 
-def _frozen(value: Any, host: tf.DeviceSpec) -> Any:
-    """`value` as it is now, unaffected by later training steps (see the module docstring)."""
+def _frozen(value: Any, host: tf.DeviceSpec, arena: _Arena | None) -> Any:
+    """`value` as it is now, unaffected by later training steps (see the module docstring): a copy
+    in `arena` where there is one."""
     if isinstance(value, keras.Variable):
         read = tf.convert_to_tensor(value.value)
+        if arena is not None:
+            return arena.copy_of(np.asarray(read))  # the read's own memory, or its copy to this host
         device = tf.DeviceSpec.from_string(read.device)
         if device.device_type == "CPU" and (device.job, device.replica, device.task) == (
                 host.job, host.replica, host.task):
@@ -159,7 +231,8 @@ def _frozen(value: Any, host: tf.DeviceSpec) -> Any:
         return value
     if isinstance(value, np.ndarray) and _unshared(value):
         return value
-    return np.array(keras.ops.convert_to_numpy(value), copy=True)
+    value = keras.ops.convert_to_numpy(value)
+    return arena.copy_of(value) if arena is not None else np.array(value, copy=True)
 
 
 def _unshared(array: np.ndarray) -> bool:
@@ -205,10 +278,11 @@ def _store_class() -> type:
     class RecordingStore(saving_lib.H5IOStore):  # `_save_state` accepts only Keras's stores
         """Records the walk's `make` and `__setitem__` calls instead of writing HDF5."""
 
-        def __init__(self) -> None:  # no HDF5 file: nothing of H5IOStore's own state is used
+        def __init__(self, arena: _Arena | None = None) -> None:  # no HDF5 file: none of H5IOStore's state is used
             self.mode = "w"
             self.entries: list[_Entry] = []
             self._host = _host_cpu()
+            self._arena = arena
 
         def __bool__(self) -> bool:
             return True
@@ -218,7 +292,7 @@ def _store_class() -> type:
             return self
 
         def __setitem__(self, key: str, value: Any) -> None:
-            self.entries[-1].values.append((key, _frozen(value, self._host)))
+            self.entries[-1].values.append((key, _frozen(value, self._host, self._arena)))
 
         def __getitem__(self, key: str) -> Any:
             return dict(self.entries[-1].values)[key]
@@ -238,8 +312,41 @@ def _store_class() -> type:
     return RecordingStore
 
 
-def _RecordingStore() -> Any:  # noqa: N802  (a class made on first use: saving_lib loads late)
-    return _store_class()()
+def _RecordingStore(arena: _Arena | None = None) -> Any:  # noqa: N802  (a class made on first use: saving_lib loads late)
+    return _store_class()(arena)
+
+
+@functools.cache
+def _writer_class() -> type:
+    from keras.src.saving import saving_lib
+
+    class WeightsWriter(saving_lib.H5IOStore):
+        """Keras's writer of the weights file (its groups, attributes and datasets, in its order),
+        into a file object of ours, without the copy of every value its `__setitem__` makes."""
+
+        def __init__(self, target: _Window) -> None:
+            self._target = target
+            super().__init__(saving_lib._VARS_FNAME_H5, mode="w")
+
+        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
+            return h5py.File(self._target, mode="w")
+
+        def __setitem__(self, key: str, value: np.ndarray) -> None:
+            if not self._h5_entry_initialized:
+                self._create_h5_group(self._h5_entry_path)
+            if keras.backend.standardize_dtype(value.dtype) == "bfloat16":
+                self._h5_entry_group.create_dataset(key, data=value).attrs["dtype"] = "bfloat16"
+            else:
+                self._h5_entry_group[key] = value
+
+        def close(self) -> None:
+            self.h5_file.close()
+
+    return WeightsWriter
+
+
+def _WeightsWriter(target: _Window) -> Any:  # noqa: N802
+    return _writer_class()(target)
 
 
 class _AssetRecorder:
@@ -253,3 +360,170 @@ class _AssetRecorder:
 
     def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
         self.files.append((arcname, Path(filename).read_bytes()))
+
+
+# --------------------------------------------------------------------------------------------
+# Memory reused from one save to the next
+
+
+class SaveMemory:
+    """Host memory that one save after another reuses: the snapshot's copies of the model's
+    values and the checkpoint file built from them (about twice the checkpoint's size, held
+    until `release`).
+
+    Why: memory a process frees goes back to the kernel, and on the VMs measured here (virtio
+    balloon, free-page reporting) touching it again a couple of seconds later cost about ten times
+    as much CPU as touching memory in use (63 MB: about 150 ms against 10-15; bench/README.md).
+    A save made into fresh memory paid that on every copy, one epoch after the last.
+
+    One save at a time: a snapshot taken with it, and the files its `files()` returns, are valid
+    until the next snapshot is taken with it (a stale snapshot's `files()` raises)."""
+
+    def __init__(self) -> None:
+        self._space = _SaveSpace(_Arena(), _FileBuffer(), 0)
+
+    def next_save(self) -> _SaveSpace:
+        """The memory for the next snapshot; every earlier snapshot's is given up."""
+        self._space.values.reset()
+        self._space.file.used = 0  # what it holds is the last save's, which is done
+        self._space = _SaveSpace(self._space.values, self._space.file, self._space.generation + 1)
+        return self._space
+
+    def check_current(self, space: _SaveSpace) -> None:
+        if space.generation != self._space.generation:
+            raise RuntimeError("This snapshot's memory was reused by a later snapshot: make its files before "
+                               "taking the next one.")
+
+    def release(self) -> None:
+        """Give the memory back (the next save allocates it again)."""
+        self._space.values.release()
+        self._space.file.release()
+        self.next_save()
+
+
+@dataclass(frozen=True)
+class _SaveSpace:
+    values: _Arena
+    file: _FileBuffer
+    generation: int
+
+
+class _Arena:
+    """Copies of arrays, one after another in one reused buffer. What does not fit this time is
+    copied into fresh memory; the next `reset` makes the buffer big enough for all of it."""
+
+    _ALIGN = 64
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+        self._end = 0
+
+    def reset(self) -> None:
+        if self._end > self._buffer.size:
+            self._buffer = np.empty(self._end, np.uint8)
+        self._end = 0
+
+    def release(self) -> None:
+        self._buffer, self._end = np.empty(0, np.uint8), 0
+
+    def copy_of(self, value: np.ndarray) -> np.ndarray:
+        if value.dtype.hasobject:
+            return np.array(value, copy=True)
+        start = -(-self._end // self._ALIGN) * self._ALIGN
+        self._end = start + value.nbytes
+        if self._end > self._buffer.size:
+            return np.array(value, copy=True)
+        held = self._buffer[start:self._end].view(value.dtype).reshape(value.shape)
+        np.copyto(held, value)
+        return held
+
+
+_ZIP_LOCAL_HEADER_BYTES = 30  # before the member's name, without extra fields (ZIP APPNOTE 4.3.7)
+
+
+class _FileBuffer:
+    """The bytes of one file, written through `_Window`s into one buffer grown as needed and kept."""
+
+    def __init__(self) -> None:
+        self.array = np.empty(0, np.uint8)
+        self.used = 0
+
+    def release(self) -> None:
+        self.array, self.used = np.empty(0, np.uint8), 0
+
+    def window(self, base: int) -> _Window:
+        """A file object whose byte 0 is byte `base` of the buffer."""
+        return _Window(self, base)
+
+    def ensure(self, end: int) -> None:
+        if end > self.array.size:
+            grown = np.empty(max(end, self.array.size * 3 // 2), np.uint8)
+            grown[:self.used] = self.array[:self.used]
+            self.array = grown
+        self.used = max(self.used, end)
+
+
+class _Window:
+    """A seekable binary file (as h5py's and zipfile's writers use one) on part of a `_FileBuffer`."""
+
+    def __init__(self, buffer: _FileBuffer, base: int) -> None:
+        self._buffer, self._base = buffer, base
+        self._position = self._size = 0
+
+    def view(self) -> memoryview:
+        """The file's bytes (valid until the buffer's next file)."""
+        return memoryview(self._buffer.array[self._base:self._base + self._size])
+
+    def write(self, data: Any) -> int:
+        if self._position > self._size:  # a gap left by a seek past the end reads as zeros
+            self.truncate(self._position)
+        source = np.frombuffer(data, np.uint8)
+        start = self._base + self._position
+        self._buffer.ensure(start + source.size)
+        target = self._buffer.array[start:start + source.size]
+        if source.size and source.ctypes.data != target.ctypes.data:  # else already in place
+            np.copyto(target, source)
+        self._position += source.size
+        self._size = max(self._size, self._position)
+        return source.size
+
+    def readinto(self, target: Any) -> int:
+        count = max(0, min(len(memoryview(target).cast("B")), self._size - self._position))
+        start = self._base + self._position
+        memoryview(target).cast("B")[:count] = self._buffer.array[start:start + count]
+        self._position += count
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        count = max(0, self._size - self._position if size < 0 else min(size, self._size - self._position))
+        start = self._base + self._position
+        self._position += count
+        return self._buffer.array[start:start + count].tobytes()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        origin = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]
+        self._position = origin + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._position if size is None else size
+        if size > self._size:  # a file grown by truncate reads as zeros there
+            self._buffer.ensure(self._base + size)
+            self._buffer.array[self._base + self._size:self._base + size] = 0
+        self._size = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
