@@ -27,20 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from kerasdist.checkpoint.checksums import CHECKSUMS, Content, describe
 from kerasdist.checkpoint.model_state import optimizer_step, plain, seed_states, signature
 from kerasdist.checkpoint.storage import (
     CHECKPOINT_PREFIX,
-    CHECKSUMS,
     MODEL_FILE,
     RECORD_FILE,
     REPLACED_MARK,
     RNG_FILE,
     SAVED_AGAIN_MARK,
     TEMP_PREFIX,
-    Content,
     LocalStore,
     ObjectStore,
-    describe,
     open_store,
 )
 from kerasdist.compat import keras_model_bytes

@@ -52,8 +52,8 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import compat
+from kerasdist.checkpoint.checksums import Content, crc32_combine
 from kerasdist.checkpoint.model_state import seed_states
-from kerasdist.checkpoint.storage import Content, crc32_combine
 
 MODEL_FILE = "model.keras"
 RNG_FILE = "rng.npz"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import mmap
 import os
 import re
@@ -37,11 +36,12 @@ import tempfile
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from kerasdist.checkpoint.checksums import Content, checksum_of_stream
 
 RECORD_FILE = "state.json"
 MODEL_FILE = "model.keras"
@@ -65,8 +65,6 @@ _OBJECT_SCHEMES = {
 _BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
-
-Content = bytes | memoryview  # a file's bytes, as saves hand them over
 
 
 def scheme_of(checkpoint_dir: Any) -> str | None:
@@ -130,66 +128,6 @@ def _local_path(url: str) -> Path:
             f"checkpoint_dir {url!r} is not a local file:// URL: write file:///absolute/path."
         )
     return Path(parts.path)
-
-
-# Completion records hold each file's size and CRC-32 (records written before 2026-11-25: SHA-256).
-# A CRC-32 detects torn, truncated and garbled files as a SHA-256 does (TensorFlow's own checkpoints
-# guard their data with CRC-32C); it is made from the CRC-32 the zip computes anyway
-# (`crc32_combine`) instead of a second pass over 63 MB, which cost a save 37-59 ms of CPU here.
-CHECKSUMS = ("crc32", "sha256")
-
-
-def describe(data: Content, crc32: int | None = None) -> dict[str, Any]:
-    """The size and CRC-32 of one file's bytes, as completion records hold them; `crc32` when the
-    caller already has it."""
-    return {"size": len(data), "crc32": _crc32_hex(zlib.crc32(data) if crc32 is None else crc32)}
-
-
-def _crc32_hex(crc: int) -> str:
-    return f"{crc:08x}"
-
-
-def _checksum_of_stream(stream: Any, algorithm: str) -> str:
-    if algorithm == "crc32":
-        crc = 0
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-        return _crc32_hex(crc)
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: stream.read(1 << 20), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-_CRC32_POLYNOMIAL = 0xEDB88320  # bit-reflected, as zlib's
-
-
-def _multiply_mod_polynomial(a: int, b: int) -> int:
-    product, bit = 0, 1 << 31  # bit-reflected: x^0 is the top bit
-    while a:
-        if a & bit:
-            product ^= b
-            a ^= bit
-        bit >>= 1
-        b = (b >> 1) ^ _CRC32_POLYNOMIAL if b & 1 else b >> 1
-    return product
-
-
-_X_TO_2_TO_THE = [1 << 30]  # x^(2^k) modulo the polynomial, k = 0..31
-for _ in range(31):
-    _X_TO_2_TO_THE.append(_multiply_mod_polynomial(_X_TO_2_TO_THE[-1], _X_TO_2_TO_THE[-1]))
-
-
-def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
-    """The CRC-32 of A + B from CRC-32(A), CRC-32(B) and len(B), without reading A or B: zlib's
-    `crc32_combine` (zlib 1.2.12's method), which Python's zlib does not expose."""
-    power, k, n = 1 << 31, 0, 8 * length2  # x^(8 * length2), by squarings
-    while n:
-        if n & 1:
-            power = _multiply_mod_polynomial(_X_TO_2_TO_THE[k % 32], power)
-        n >>= 1
-        k += 1
-    return _multiply_mod_polynomial(power, crc1) ^ crc2
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,7 +205,7 @@ class LocalStore:
     def checksum(self, entry: str, name: str, algorithm: str) -> str:
         """One file's checksum by `algorithm` (one of `CHECKSUMS`), as records hold it."""
         with open(self.directory / entry / name, "rb") as stream:
-            return _checksum_of_stream(stream, algorithm)
+            return checksum_of_stream(stream, algorithm)
 
     @contextlib.contextmanager
     def local_files(self, entry: str) -> Iterator[Path]:
@@ -544,7 +482,7 @@ class ObjectStore:
     def checksum(self, entry: str, name: str, algorithm: str) -> str:
         """One file's checksum by `algorithm` (one of `CHECKSUMS`), as records hold it."""
         with self.fs.open(self._key(entry, name), "rb") as stream:
-            return _checksum_of_stream(stream, algorithm)
+            return checksum_of_stream(stream, algorithm)
 
     @contextlib.contextmanager
     def local_files(self, entry: str) -> Iterator[Path]:

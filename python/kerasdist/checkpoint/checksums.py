@@ -1,0 +1,71 @@
+"""Checksums of checkpoint files, as completion records hold them.
+
+Completion records hold each file's size and CRC-32 (records written before 2026-11-25, format 1:
+a SHA-256, still checked). A CRC-32 detects torn, truncated and garbled files as a SHA-256 does
+(TensorFlow's own checkpoints guard their data with CRC-32C); the one of `model.keras` is made
+from the CRC-32 its zip computes anyway (`crc32_combine`) instead of a second pass over the file,
+which cost a save of 63 MB 37-59 ms of CPU here (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import Any
+
+Content = bytes | memoryview  # a file's bytes, as saves hand them over
+CHECKSUMS = ("crc32", "sha256")  # what records may hold, newest first
+
+
+def describe(data: Content, crc32: int | None = None) -> dict[str, Any]:
+    """The size and CRC-32 of one file's bytes, as completion records hold them; `crc32` when the
+    caller already has it."""
+    return {"size": len(data), "crc32": _crc32_hex(zlib.crc32(data) if crc32 is None else crc32)}
+
+
+def _crc32_hex(crc: int) -> str:
+    return f"{crc:08x}"
+
+
+def checksum_of_stream(stream: Any, algorithm: str) -> str:
+    """The checksum by `algorithm` (one of `CHECKSUMS`) of what `stream` reads."""
+    if algorithm == "crc32":
+        crc = 0
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+        return _crc32_hex(crc)
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: stream.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+_CRC32_POLYNOMIAL = 0xEDB88320  # bit-reflected, as zlib's
+
+
+def _multiply_mod_polynomial(a: int, b: int) -> int:
+    product, bit = 0, 1 << 31  # bit-reflected: x^0 is the top bit
+    while a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _CRC32_POLYNOMIAL if b & 1 else b >> 1
+    return product
+
+
+_X_TO_2_TO_THE = [1 << 30]  # x^(2^k) modulo the polynomial, k = 0..31
+for _ in range(31):
+    _X_TO_2_TO_THE.append(_multiply_mod_polynomial(_X_TO_2_TO_THE[-1], _X_TO_2_TO_THE[-1]))
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """The CRC-32 of A + B from CRC-32(A), CRC-32(B) and len(B), without reading A or B: zlib's
+    `crc32_combine` (zlib 1.2.12's method), which Python's zlib does not expose."""
+    power, k, n = 1 << 31, 0, 8 * length2  # x^(8 * length2), by squarings
+    while n:
+        if n & 1:
+            power = _multiply_mod_polynomial(_X_TO_2_TO_THE[k % 32], power)
+        n >>= 1
+        k += 1
+    return _multiply_mod_polynomial(power, crc1) ^ crc2
