@@ -77,13 +77,15 @@ def test_keras_version_is_one_the_snapshot_was_checked_on():
     assert not compat.keras_snapshot_supported("3.16.0")
 
 
+def inputs_for(make) -> tuple:
+    if make is lookup_model:
+        return tf.constant([["a"], ["b"], ["c"], ["z"]]), tf.ones((4, 1))
+    return np.ones((8, 6), "float32"), np.ones((8, 1), "float32")
+
+
 @pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
 def test_snapshot_files_are_model_saves_files_even_after_more_training(make):
-    model = make()
-    if make is lookup_model:
-        x, y = tf.constant([["a"], ["b"], ["c"], ["z"]]), tf.ones((4, 1))
-    else:
-        x, y = np.ones((8, 6), "float32"), np.ones((8, 1), "float32")
+    model, (x, y) = make(), inputs_for(make)
     model.fit(x, y, epochs=1, verbose=0)
     expected = zip_members(keras_bytes_now(model))
     rng_before = [g.state.numpy() for g in _seed_generators(model)]
@@ -126,11 +128,7 @@ def address_of(content) -> int:
 
 @pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
 def test_snapshots_in_reused_memory_are_model_saves_files_save_after_save(make):
-    model = make()
-    if make is lookup_model:
-        x, y = tf.constant([["a"], ["b"], ["c"], ["z"]]), tf.ones((4, 1))
-    else:
-        x, y = np.ones((8, 6), "float32"), np.ones((8, 1), "float32")
+    model, (x, y) = make(), inputs_for(make)
     memory, addresses = SaveMemory(), []
     for _ in range(3):  # the first save sizes the memory, the later ones reuse it
         model.fit(x, y, epochs=1, verbose=0)
