@@ -1,10 +1,12 @@
 """Checksums of checkpoint files, as completion records hold them.
 
 Completion records hold each file's size and CRC-32 (records written before 2026-11-25, format 1:
-a SHA-256, still checked). A CRC-32 detects torn, truncated and garbled files as a SHA-256 does
-(TensorFlow's own checkpoints guard their data with CRC-32C); the one of `model.keras` is made
-from the CRC-32 its zip computes anyway (`crc32_combine`) instead of a second pass over the file,
-which cost a save of 63 MB 37-59 ms of CPU here (bench/README.md).
+a SHA-256, still checked). With the size beside it, a CRC-32 catches torn, truncated and garbled
+files (every error burst of up to 32 bits, all but one in 2^32 other changes): damage, not
+tampering, is what these checksums are for (TensorFlow's own checkpoints guard their data with
+CRC-32C). The one of `model.keras` is made from the CRC-32 its zip computes anyway
+(`crc32_combine`) instead of a second pass over the file, which cost a save of 63 MB 37-59 ms of
+CPU here (bench/README.md).
 """
 
 from __future__ import annotations
