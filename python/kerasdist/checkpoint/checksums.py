@@ -11,6 +11,7 @@ CPU here (bench/README.md).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from typing import Any
@@ -31,13 +32,11 @@ def _crc32_hex(crc: int) -> str:
 
 def checksum_of_stream(stream: Any, algorithm: str) -> str:
     """The checksum by `algorithm` (one of `CHECKSUMS`) of what `stream` reads."""
+    chunks = iter(lambda: stream.read(1 << 20), b"")
     if algorithm == "crc32":
-        crc = 0
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-        return _crc32_hex(crc)
+        return _crc32_hex(functools.reduce(lambda crc, chunk: zlib.crc32(chunk, crc), chunks, 0))
     digest = hashlib.sha256()
-    for chunk in iter(lambda: stream.read(1 << 20), b""):
+    for chunk in chunks:
         digest.update(chunk)
     return digest.hexdigest()
 

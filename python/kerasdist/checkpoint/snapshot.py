@@ -488,17 +488,16 @@ class _Window:
         return source.size
 
     def readinto(self, target: Any) -> int:
-        count = max(0, min(len(memoryview(target).cast("B")), self._size - self._position))
+        bytes_out = memoryview(target).cast("B")
+        count = max(0, min(len(bytes_out), self._size - self._position))
         start = self._base + self._position
-        memoryview(target).cast("B")[:count] = self._buffer.array[start:start + count]
+        bytes_out[:count] = self._buffer.array[start:start + count]
         self._position += count
         return count
 
     def read(self, size: int = -1) -> bytes:
-        count = max(0, self._size - self._position if size < 0 else min(size, self._size - self._position))
-        start = self._base + self._position
-        self._position += count
-        return self._buffer.array[start:start + count].tobytes()
+        target = bytearray(max(0, self._size - self._position) if size < 0 else size)
+        return bytes(target[:self.readinto(target)])
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         origin = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]

@@ -66,7 +66,6 @@ _BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
 
-
 def scheme_of(checkpoint_dir: Any) -> str | None:
     """The URL scheme of `checkpoint_dir` ("s3", "file", ...), or None for a plain path."""
     if not isinstance(checkpoint_dir, str):
