@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import uuid
+import warnings
 import zlib
 from pathlib import Path
 
@@ -44,10 +45,10 @@ def build_model(units: int = 4) -> keras.Model:
     return model
 
 
-def fit(checkpoint_dir: str, epochs: int, **args) -> keras.callbacks.History:
+def fit(checkpoint_dir: str, epochs: int, keep: int = 5, **args) -> keras.callbacks.History:
     keras.utils.set_random_seed(7)
     return kerasdist.distributed_fit(build_model, X, X.sum(1), epochs=epochs, checkpoint_dir=checkpoint_dir,
-                                     strategy="default", batch_size=4, keep=5, verbose=0, **args)
+                                     strategy="default", batch_size=4, keep=keep, verbose=0, **args)
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +297,30 @@ def test_s3_errors_name_checkpoint_dir_before_training(s3, tmp_path):
     with pytest.raises(ValueError, match=rf"checkpoint_dir 's3://{bucket}/run': access denied"):
         fit(f"s3://{bucket}/run", 1, storage_options=wrong)
     assert s3fs_of(s3).find(bucket) == []  # nothing was written
+
+
+def test_pruned_checkpoints_leave_no_folders_entries_or_warnings_on_s3(s3):
+    """SeaweedFS keeps the folder of a deleted prefix (listed, with a `ckpt-N/` marker object):
+    pruning deletes it too, and one left by a crash is neither a checkpoint nor an interrupted
+    save to warn about; the chief deletes it at the start."""
+    url, options = f"s3://{s3.make_bucket()}/run", s3.storage_options()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kerasdist.CheckpointWarning)
+        fit(url, 3, storage_options=options, keep=1)
+    fs, root = s3fs_of(s3), url[len("s3://"):]
+    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-12"]
+    fs.pipe_file(f"{root}/ckpt-1/model.keras", b"x")
+    fs.rm(f"{root}/ckpt-1", recursive=True)  # crashed between deleting the files and the folder
+    fs.invalidate_cache()
+    assert fs.exists(f"{root}/ckpt-1")  # the store keeps the empty folder
+    manager = kerasdist.CheckpointManager(url, storage_options=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kerasdist.CheckpointWarning)
+        assert manager.store.entries() == ["ckpt-12"]
+        assert [c.epoch for c in manager.checkpoints()] == [3]
+    assert manager.remove_temporary() == [f"{url}/ckpt-1"]
+    fs.invalidate_cache()
+    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-12"]
 
 
 def start_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:

@@ -440,18 +440,31 @@ class ObjectStore:
         return f"{self.root}/{entry}" + (f"/{name}" if name else "")
 
     def _listing(self, key: str) -> list[dict[str, Any]]:
+        """The objects and prefixes right under `key`, without folder markers (`key/`)."""
         self.fs.invalidate_cache(key)
         try:
-            return self.fs.ls(key, detail=True)
+            return [item for item in self.fs.ls(key, detail=True) if not item["name"].endswith("/")]
         except FileNotFoundError:
             return []
 
+    def _names_holding_objects(self) -> set[str]:
+        """The first names under the root of every object, in one recursive listing. A prefix
+        without objects is not listed: some stores (SeaweedFS) keep an empty folder, shown as a
+        prefix, for a while after its last object is deleted."""
+        self.fs.invalidate_cache(self.root)
+        start = self.root.rstrip("/") + "/"
+        try:
+            paths = self.fs.find(self.root)
+        except FileNotFoundError:
+            return set()
+        return {path[len(start):].split("/", 1)[0] for path in paths
+                if path.startswith(start) and "/" in path[len(start):] and not path.endswith("/")}
+
     def entries(self) -> list[str]:
-        """Names of the prefixes that claim to be checkpoints (by name), sorted by name."""
+        """Names of the prefixes that claim to be checkpoints (by name) and hold objects,
+        sorted by name."""
         self.check_reachable()
-        names = (item["name"].rstrip("/").rsplit("/", 1)[-1] for item in self._listing(self.root)
-                 if item.get("type") == "directory")
-        return sorted(name for name in names if name.startswith(CHECKPOINT_PREFIX))
+        return sorted(name for name in self._names_holding_objects() if name.startswith(CHECKPOINT_PREFIX))
 
     def is_entry(self, entry: str) -> bool:
         return bool(self._listing(self._key(entry)))
@@ -520,8 +533,13 @@ class ObjectStore:
         """Delete an entry, its completion record first."""
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._key(entry, RECORD_FILE))
+        key = self._key(entry)
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._key(entry), recursive=True)
+            self.fs.rm(key, recursive=True)
+        self.fs.invalidate_cache(key)
+        if self.fs.exists(key):  # the empty folder some stores keep (SeaweedFS): deleted on a second pass
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(key, recursive=True)
 
     def remove_temporary(self) -> list[str]:
         """Delete unfinished uploads (entries without a completion record) and stray probes."""
