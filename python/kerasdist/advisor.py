@@ -167,11 +167,12 @@ def bench_strategies(
         spec = {"model": _absolute_spec(model), "steps": steps, "batch_size": batch_size,
                 "seed": seed, "data": _save_data(x, y, work)}
         gpus = _count_gpus()
+        layouts = {kind: _layout(kind, gpus, devices, workers) for kind in strategies}
         parameters, timings = 0, []
         for kind in strategies:
             if verbose:
                 print(f"bench_strategies: timing {kind} ...", flush=True)
-            timing, params = _run_strategy(kind, spec, work, gpus, devices, workers, timeout)
+            timing, params = _run_strategy(kind, layouts[kind], spec, work, gpus, workers, timeout)
             parameters = parameters or params
             timings.append(timing)
             if verbose:
@@ -180,19 +181,19 @@ def bench_strategies(
         options: tuple[SpeedOptionTiming, ...] = ()
         if speed_options and recommendation is not None:
             best = next(t for t in timings if t.strategy == recommendation)
-            options = _time_speed_options(best, spec, work, gpus, devices, workers, timeout, verbose)
+            simulate = layouts[recommendation][2]
+            options = _time_speed_options(best, spec, work, simulate, workers, timeout, verbose)
             reason = f"{reason} {speed_note(best, options)}"
     return StrategyBenchmark(model, parameters, batch_size, steps, _device_name(gpus),
                              tuple(timings), recommendation, reason, options)
 
 
-def _time_speed_options(best, spec, work, gpus, devices, workers, timeout, verbose) -> tuple[SpeedOptionTiming, ...]:
+def _time_speed_options(best, spec, work, simulate, workers, timeout, verbose) -> tuple[SpeedOptionTiming, ...]:
     """One more process of the recommended strategy timing the model plain and with each speed
     option, interleaved round by round, so that each speedup compares runs of the same moment."""
     if verbose:
         print(f"bench_strategies: timing {best.strategy} with {' and '.join(SPEED_OPTIONS)} ...", flush=True)
     spec = {**spec, "speed_options": list(SPEED_OPTIONS)}
-    simulate = _layout(best.strategy, gpus, devices, workers)[2]
     results, failure = _run_processes(best.strategy, spec, f"{best.strategy}-speed", work, simulate, workers,
                                       timeout)
     if failure:
@@ -326,8 +327,8 @@ def _speedup(a: StrategyTiming, b: StrategyTiming) -> str:
 
 # --- running each strategy in its own process -------------------------------------------------
 
-def _run_strategy(kind, spec, work, gpus, devices, workers, timeout) -> tuple[StrategyTiming, int]:
-    replicas, described, simulate = _layout(kind, gpus, devices, workers)
+def _run_strategy(kind, layout, spec, work, gpus, workers, timeout) -> tuple[StrategyTiming, int]:
+    replicas, described, simulate = layout
     if kind == "mirrored" and gpus == 1:
         return StrategyTiming(kind, 1, described, error=ONE_GPU), 0
     results, failure = _run_processes(kind, spec, kind, work, simulate, workers, timeout)

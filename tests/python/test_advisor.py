@@ -166,7 +166,8 @@ def test_help_lists_every_command():
 def test_one_gpu_is_not_mirrored_and_says_why(tmp_path):
     from kerasdist import advisor
 
-    skipped, parameters = advisor._run_strategy("mirrored", {}, str(tmp_path), 1, 2, 2, 60)
+    layout = advisor._layout("mirrored", 1, 2, 2)
+    skipped, parameters = advisor._run_strategy("mirrored", layout, {}, str(tmp_path), 1, 2, 60)
     assert skipped.error == advisor.ONE_GPU and parameters == 0
     assert advisor._layout("mirrored", 4, 2, 2)[:2] == (4, "4 GPUs")
     assert advisor._layout("mirrored", 0, 3, 2) == (3, "3 simulated CPU devices", 3)
