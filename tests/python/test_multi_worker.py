@@ -60,6 +60,18 @@ def test_upstream_multi_worker_fit_still_needs_the_shim(tmp_path, capfd):
     assert re.search(r"Attempt to convert a value \(PerReplica|Invalid reduction dimension", out), out[-3000:]
 
 
+def a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt, *options: str) -> None:
+    """A 2-epoch launch after a 1-epoch one: both workers restore the chief's epoch-1 checkpoint
+    and end with the same weights."""
+    result = launch(tmp_path, "--checkpoint-dir", str(ckpt), *options, "--epochs", "2")
+    out = capfd.readouterr().out
+    assert result.ok, out[-3000:]
+    restored = [json_lines(out, "restored_step", f"worker {i}") for i in (0, 1)]
+    assert restored == [[STEPS_PER_EPOCH], [STEPS_PER_EPOCH]]
+    for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     assert launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "1").ok, capfd.readouterr().out[-3000:]
@@ -67,13 +79,7 @@ def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path,
     names = sorted(p.name for p in ckpt.iterdir())
     assert names == [f"ckpt-{STEPS_PER_EPOCH}"]  # one writer: no temporaries, no second copy
     assert kerasdist.latest_checkpoint(ckpt).writer == "worker:0"
-    result = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "2")
-    out = capfd.readouterr().out
-    assert result.ok, out[-3000:]
-    restored = [json_lines(out, "restored_step", f"worker {i}") for i in (0, 1)]
-    assert restored == [[STEPS_PER_EPOCH], [STEPS_PER_EPOCH]]
-    for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz"), strict=True):
-        np.testing.assert_array_equal(a, b)
+    a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt)
     assert kerasdist.latest_checkpoint(ckpt).global_step == 2 * STEPS_PER_EPOCH
     assert {c.writer for c in kerasdist.list_checkpoints(ckpt)} == {"worker:0"}
 
@@ -88,13 +94,7 @@ def test_hosts_that_share_no_disk_resume_from_the_chiefs_checkpoint(tmp_path, ca
     capfd.readouterr()
     assert [p.name for p in (ckpt / "worker-0").iterdir()] == [f"ckpt-{STEPS_PER_EPOCH}"]
     assert not (ckpt / "worker-1").exists() or not any((ckpt / "worker-1").iterdir())
-    result = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--per-worker-dir", "--epochs", "2")
-    out = capfd.readouterr().out
-    assert result.ok, out[-3000:]
-    restored = [json_lines(out, "restored_step", f"worker {i}") for i in (0, 1)]
-    assert restored == [[STEPS_PER_EPOCH], [STEPS_PER_EPOCH]]
-    for a, b in zip(weights(tmp_path / "weights-0.npz"), weights(tmp_path / "weights-1.npz"), strict=True):
-        np.testing.assert_array_equal(a, b)
+    a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt, "--per-worker-dir")
     assert kerasdist.latest_checkpoint(ckpt / "worker-0").global_step == 2 * STEPS_PER_EPOCH
 
     # Loading without build_fn needs the files on every worker: every worker stops, saying why.
