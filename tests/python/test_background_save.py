@@ -274,6 +274,7 @@ def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, mon
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_the_writer_takes_only_idle_cpu_until_somebody_waits_for_it():
     writer, release, running = background.BackgroundWriter(), threading.Event(), threading.Event()
+    writer._last_submit -= 600  # the next save is 10 minutes away: the timer stays out of this test
 
     def job():
         running.set()
@@ -292,6 +293,32 @@ def test_the_writer_takes_only_idle_cpu_until_somebody_waits_for_it():
     release.set()
     waiter.join(30)
     assert not writer.busy
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_an_unwaited_writer_is_raised_halfway_to_the_next_save():
+    """Where training leaves no core idle, a writer kept idle would barely run and the next save
+    would wait for the whole write: after half the time between saves it competes as an equal."""
+    writer, release, policies = background.BackgroundWriter(), threading.Event(), []
+    writer._last_submit -= 3.0  # the last save was 3 s ago: idle for 1.5 s
+
+    def job():
+        policies.append(os.sched_getscheduler(0))
+        deadline = time.monotonic() + 30
+        while os.sched_getscheduler(0) != os.SCHED_OTHER and time.monotonic() < deadline:
+            time.sleep(0.01)
+        policies.append((os.sched_getscheduler(0), time.monotonic() - started))
+        release.wait(30)
+
+    started = time.monotonic()
+    writer.submit(job, "a test job")
+    deadline = time.monotonic() + 30
+    while len(policies) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    writer.wait()
+    assert policies[0] == os.SCHED_IDLE
+    assert policies[1][0] == os.SCHED_OTHER and 1.4 < policies[1][1] < 20  # raised with nobody waiting
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")

@@ -20,9 +20,10 @@ What the writer guarantees:
 - While training runs, the writer takes only CPU time training leaves idle (Linux's SCHED_IDLE
   class: a training step keeps every core busy in lockstep, so a writer competing as an equal
   stretches each step it overlaps by about the write's own CPU time; bench/
-  bench_save_contention.py). Once anything waits for it (the next save, the end of `fit`, a
-  preemption), it is raised back to normal priority, so it is never starved by other busy
-  processes while somebody waits.
+  bench_save_contention.py). It is raised back to normal priority once anything waits for it
+  (the next save, the end of `fit`, a preemption), or once half the time between the last two
+  saves has passed: where training leaves no core idle (one core, or every core busy), a writer
+  kept idle would barely run, and the next save would wait for the whole write.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -99,6 +101,8 @@ class BackgroundWriter:
         self.name = name
         self._thread: threading.Thread | None = None
         self._priority = _IdleWhileUnwaited()
+        self._raise_later: threading.Timer | None = None
+        self._last_submit = time.monotonic()
         self._failures: list[tuple[str, BaseException]] = []  # (what failed, error), not yet raised
         self._finalizer = weakref.finalize(self, _report_unraised, self._failures)
         _writers.add(self)
@@ -108,14 +112,24 @@ class BackgroundWriter:
         """Whether a job is running."""
         return self._thread is not None and self._thread.is_alive()
 
+    def restart_clock(self) -> None:
+        """Count the time to the next save from now (training begins)."""
+        self._last_submit = time.monotonic()
+
     def submit(self, job: Callable[[], Any], what: str) -> None:
         """Wait for the job in flight (raising its error), then start `job` (`what` names it in
-        errors, e.g. "checkpoint ckpt-120 in /runs/a")."""
+        errors, e.g. "checkpoint ckpt-120 in /runs/a"), idle until half the time since the last
+        submit (or `restart_clock`) has passed again."""
         self.wait()
+        now = time.monotonic()
+        patience, self._last_submit = (now - self._last_submit) / 2, now
         priority = _IdleWhileUnwaited()
         thread = threading.Thread(target=self._run, args=(job, what, priority), name=self.name, daemon=False)
         self._thread, self._priority = thread, priority
+        self._raise_later = threading.Timer(patience, priority.waited_for)
+        self._raise_later.daemon = True
         thread.start()
+        self._raise_later.start()
 
     def wait(self) -> None:
         """Block until no job runs; raise `BackgroundSaveError` if one failed since the last wait."""
@@ -124,6 +138,9 @@ class BackgroundWriter:
             self._priority.waited_for()
             thread.join()
             self._thread = None
+        if self._raise_later is not None:
+            self._raise_later.cancel()
+            self._raise_later = None
         if self._failures:
             what, error = self._failures.pop(0)
             self._failures.clear()
@@ -138,10 +155,13 @@ class BackgroundWriter:
             job()
         except BaseException as error:  # handed to the training thread by wait()
             self._failures.append((what, error))
+        finally:
+            priority.waited_for()  # done: the timer must not touch a thread id the system may reuse
 
 
 class _IdleWhileUnwaited:
-    """One job's CPU priority: SCHED_IDLE from its start until somebody waits for it, then normal.
+    """One job's CPU priority: SCHED_IDLE from its start until somebody waits for it (or the
+    writer's timer stands in for the next save), then normal.
 
     Where the class is missing (not Linux) or refused (a sandbox), the thread keeps its priority."""
 

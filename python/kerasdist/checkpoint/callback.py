@@ -163,6 +163,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         from kerasdist.strategy import run_context
 
         self.wait()  # a save a fit that raised left behind
+        self._writer.restart_clock()
 
         context = run_context(self.model.distribute_strategy)
         self._is_chief, self._task = context.is_chief, context.task
