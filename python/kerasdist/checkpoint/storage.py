@@ -447,24 +447,14 @@ class ObjectStore:
         except FileNotFoundError:
             return []
 
-    def _names_holding_objects(self) -> set[str]:
-        """The first names under the root of every object, in one recursive listing. A prefix
-        without objects is not listed: some stores (SeaweedFS) keep an empty folder, shown as a
-        prefix, for a while after its last object is deleted."""
-        self.fs.invalidate_cache(self.root)
-        start = self.root.rstrip("/") + "/"
-        try:
-            paths = self.fs.find(self.root)
-        except FileNotFoundError:
-            return set()
-        return {path[len(start):].split("/", 1)[0] for path in paths
-                if path.startswith(start) and "/" in path[len(start):] and not path.endswith("/")}
-
     def entries(self) -> list[str]:
-        """Names of the prefixes that claim to be checkpoints (by name) and hold objects,
-        sorted by name."""
+        """Names of the prefixes that claim to be checkpoints (by name) and hold objects, sorted
+        by name. Some stores (SeaweedFS) keep the folder of a prefix whose objects were all
+        deleted for a while, listed as a prefix: that is nothing, not an interrupted save."""
         self.check_reachable()
-        return sorted(name for name in self._names_holding_objects() if name.startswith(CHECKPOINT_PREFIX))
+        names = (item["name"].rstrip("/").rsplit("/", 1)[-1] for item in self._listing(self.root)
+                 if item.get("type") == "directory")
+        return sorted(name for name in names if name.startswith(CHECKPOINT_PREFIX) and self.is_entry(name))
 
     def is_entry(self, entry: str) -> bool:
         return bool(self._listing(self._key(entry)))
