@@ -156,7 +156,7 @@ class BackgroundWriter:
         except BaseException as error:  # handed to the training thread by wait()
             self._failures.append((what, error))
         finally:
-            priority.waited_for()  # done: the timer must not touch a thread id the system may reuse
+            priority.waited_for()
 
 
 class _IdleWhileUnwaited:
@@ -177,7 +177,9 @@ class _IdleWhileUnwaited:
                 self._lowered_thread = threading.get_native_id()
 
     def waited_for(self) -> None:
-        """In a thread about to wait for the job."""
+        """Normal priority from now on. Called by a thread about to wait for the job, by the
+        writer's timer halfway to the next save, and by the job as it ends, so that nothing later
+        sets the policy of a thread id the system may have reused."""
         with self._lock:
             self._waited = True
             if self._lowered_thread is not None:
