@@ -51,11 +51,25 @@ find_project_venv <- function(dir) {
 }
 
 # On load, point reticulate at kerasdist's Python (without starting it), so that a user's own
-# reticulate::import("keras") before any kerasdist call gets the same interpreter.
+# reticulate::import("keras") before any kerasdist call gets the same interpreter; and have
+# kerasdist's Python imported with TensorFlow, whoever imports it.
 .onLoad <- function(libname, pkgname) {
-  if (reticulate::py_available(initialize = FALSE)) return(invisible())
-  python <- kerasdist_python()
-  if (!is.null(python)) prefer_python(python)
+  if (!reticulate::py_available(initialize = FALSE)) {
+    python <- kerasdist_python()
+    if (!is.null(python)) prefer_python(python)
+  }
+  reticulate::py_register_load_hook("tensorflow", import_with_tensorflow)
+}
+
+# Importing kerasdist fixes Keras 3's multi-worker fit and explains a multi-worker strategy made
+# too late (python/kerasdist/compat.py), so code that makes its own strategy with
+# tensorflow::tf$distribute and trains with keras3's fit() needs only library(kerasdist). Quiet:
+# a Python without kerasdist is reported by the first kerasdist call, not by TensorFlow's import.
+import_with_tensorflow <- function() {
+  if (!is.null(.kerasdist$module) || isTRUE(.kerasdist$importing)) return(invisible())
+  if (!python_module_installed("kerasdist")) return(invisible())
+  tryCatch(kerasdist_module(), error = function(err) NULL)
+  invisible()
 }
 
 prefer_python <- function(python) {
@@ -73,6 +87,8 @@ kerasdist_module <- function() {
     require_kerasdist_python(started_by_others)
     if (isTRUE(getOption("kerasdist.verbose"))) python_environ()$update(list(KERASDIST_VERBOSE = "1"))
     hold_keras_load_hooks()
+    .kerasdist$importing <- TRUE  # TensorFlow's load hook (import_with_tensorflow) runs inside
+    on.exit(.kerasdist$importing <- FALSE)
     .kerasdist$module <- reticulate::import("kerasdist")
     .kerasdist$bridge <- reticulate::import("kerasdist._bridge")
   }

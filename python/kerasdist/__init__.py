@@ -5,6 +5,7 @@ from kerasdist import _sigterm, _startup
 _sigterm.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
 _startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
+from kerasdist import compat
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
@@ -57,6 +58,10 @@ from kerasdist.training import (
 )
 
 _startup.apply_requested_devices()
+# Keras 3's multi-worker fit, for strategies users make too (a no-op unless one is in use), and a
+# multi-worker strategy made too late says why.
+compat.apply_multi_worker_fixes()
+compat.explain_late_multi_worker_strategy()
 _sigterm.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
 
 # Aliases under the names issue #13 gives them, kept out of __all__: the public names are

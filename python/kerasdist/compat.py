@@ -7,9 +7,18 @@ Keras 3 `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorf
   2. `reduce_per_replica` reduces scalar losses and metrics with `axis=0` on multi-worker, which
      fails ("Invalid reduction dimension 0 for input with 0 dimensions"); scalars are reduced
      across replicas with `axis=None`.
-Both patches change behaviour only when the strategy is multi-worker, and are applied only when
-one is in use (`apply_multi_worker_fixes`). tests/python/test_multi_worker.py runs an unpatched
-2-worker fit and fails once upstream fit works, so the shim can be dropped.
+Both patches change behaviour only when the strategy is multi-worker, so `import kerasdist` puts
+them in place (`apply_multi_worker_fixes`): code that makes its own MultiWorkerMirroredStrategy,
+as TensorFlow's guides do, trains with plain `model.fit` too. tests/python/test_multi_worker.py
+runs an unpatched 2-worker fit and fails once upstream fit works, so the shim can be dropped.
+
+A MultiWorkerMirroredStrategy made after TensorFlow's runtime started fails with TensorFlow's
+"Collective ops must be configured at program startup", which says neither what started it nor
+what to do. From R it is worse: keras3 starts the runtime the moment Python's keras is imported,
+so `tf$distribute$MultiWorkerMirroredStrategy()` after `library(keras3)` always fails.
+`explain_late_multi_worker_strategy` (applied at import too) raises `MultiWorkerStrategyTooLate`
+instead, TensorFlow's sentence kept; tests/python/test_multi_worker.py fails once TensorFlow's
+message changes.
 
 TensorFlow's SlurmClusterResolver fails on CPU-only nodes (it asks nvidia-smi for GPUs, and with
 gpus_per_node=0 divides the GPUs into steps of 0: "range() arg 3 must not be zero"). On such nodes
@@ -61,6 +70,7 @@ the public function takes file objects, so the shim can go.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Callable
@@ -144,6 +154,48 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+
+
+# TensorFlow releases whose MultiWorkerMirroredStrategy, made too late, says only this (2.21 checked).
+LATE_COLLECTIVES_VERSIONS = ((2, 0), (2, 22))
+LATE_COLLECTIVES_MESSAGE = "Collective ops must be configured at program startup"
+_original_multi_worker_init = tf.distribute.MultiWorkerMirroredStrategy.__init__
+
+
+class MultiWorkerStrategyTooLate(RuntimeError):
+    """A MultiWorkerMirroredStrategy was made after TensorFlow's runtime had started."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything in this "
+            f"process (TensorFlow: '{LATE_COLLECTIVES_MESSAGE}'). Create it first, before any "
+            "dataset, tensor, model or make_dataset(); or call select_strategy() first, which "
+            "creates it. From R, keras3 starts TensorFlow as soon as Python's keras is imported: "
+            "create it before library(keras3), or call kerasdist::select_strategy(\"multi_worker\") "
+            "before any keras3 function."
+        )
+
+
+def explain_late_multi_worker_strategy() -> bool:
+    """Make a MultiWorkerMirroredStrategy created too late raise `MultiWorkerStrategyTooLate`;
+    idempotent. Returns whether the explanation is in place."""
+    strategy_class = tf.distribute.MultiWorkerMirroredStrategy
+    if not _version_within(tf.__version__, LATE_COLLECTIVES_VERSIONS):
+        return False
+    if strategy_class.__init__ is not _original_multi_worker_init:
+        return True
+
+    @functools.wraps(_original_multi_worker_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            _original_multi_worker_init(self, *args, **kwargs)
+        except RuntimeError as err:
+            if LATE_COLLECTIVES_MESSAGE not in str(err):
+                raise
+            raise MultiWorkerStrategyTooLate() from None
+
+    strategy_class.__init__ = __init__
+    return True
 
 
 # Keras releases whose saving_lib caches its attribute skip-sets under a key it never reads

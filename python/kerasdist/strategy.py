@@ -238,6 +238,8 @@ def run_context(strategy: Any = None) -> RunContext:
     context = _CONTEXTS.get(strategy)
     if context is None:
         plan = _PLANS.get(strategy)
+        if plan is None:
+            _adopt(strategy)
         cluster = plan.cluster if plan else _cluster_of(strategy)
         context = RunContext(
             strategy=strategy,
@@ -250,6 +252,19 @@ def run_context(strategy: Any = None) -> RunContext:
         )
         _CONTEXTS[strategy] = context
     return context
+
+
+def _adopt(strategy: Any) -> None:
+    """What `select_strategy` does after making a strategy, for one the user made: a
+    multi-worker one took SIGTERM for TensorFlow's coordination agent while it formed the cluster,
+    so the handler Python has on record gets it back (`_sigterm`). The Keras fixes are in place
+    since `import kerasdist` (`compat`)."""
+    from kerasdist.compat import is_multi_worker
+
+    if is_multi_worker(strategy):
+        from kerasdist._sigterm import reclaim_after_cluster_start
+
+        reclaim_after_cluster_start(signalled_meanwhile=False)
 
 
 def describe_strategy(strategy: Any = None) -> StrategyDescription:
@@ -450,6 +465,10 @@ def _detect_tpu(env: Mapping[str, str]) -> str | None:
 
 
 def _kind_of(strategy: Any) -> str:
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # CollectiveAllReduceStrategy
+        return "multi_worker"
     name = type(strategy).__name__
     for pattern, kind in (
         ("MultiWorker", "multi_worker"), ("ParameterServer", "parameter_server"),
@@ -479,24 +498,11 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
             devices=list(plan.devices) or None,
             cross_device_ops=_cross_device_ops(cross_device_ops),
         )
-    if plan.kind == "multi_worker":
-        from kerasdist.compat import apply_multi_worker_fixes
-
-        apply_multi_worker_fixes()
-        try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=_resolver_for(plan, resolver),
-                communication_options=_communication_options(communication),
-            )
-        except RuntimeError as err:
-            if "must be configured at program startup" not in str(err):
-                raise
-            raise RuntimeError(
-                "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything in this "
-                "process (TensorFlow: 'Collective ops must be configured at program startup'): call "
-                "select_strategy() first, before any dataset, tensor, model or make_dataset()."
-            ) from None
-        return strategy
+    if plan.kind == "multi_worker":  # too late, it raises compat.MultiWorkerStrategyTooLate
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_resolver_for(plan, resolver),
+            communication_options=_communication_options(communication),
+        )
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
     return _build_tpu(plan.tpu)

@@ -14,3 +14,34 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
   expect_identical(unique(vapply(checkpoints, function(c) c$writer, character(1))), "worker:0")
   expect_length(list.files(checkpoint_dir, all.files = TRUE, no.. = TRUE), 2)
 })
+
+test_that("a strategy the R user made with TensorFlow's API trains with keras3's fit() and distributed_fit()", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  script <- normalizePath(test_path("scripts", "user_strategy.R"))
+  result <- launch(c(script, dir), num_workers = 2L, grace_period = 2, timeout = 240)
+  expect_true(result$ok)
+  losses <- lapply(0:1, function(i) readLines(file.path(dir, sprintf("losses-%d.txt", i))))
+  expect_length(losses[[1]], 4)  # 2 epochs of fit(), 2 of distributed_fit()
+  expect_identical(losses[[1]], losses[[2]])
+  checkpoints <- list_checkpoints(file.path(dir, "ckpt"))
+  expect_identical(vapply(checkpoints, function(c) c$writer, character(1)), c("worker:0", "worker:0"))
+})
+
+test_that("a multi-worker strategy made after keras3 started TensorFlow is a condition saying what to do", {
+  skip_if_no_kerasdist()
+  port <- reticulate::import("kerasdist.launch.ports")$free_ports("127.0.0.1", 1L)[[1]]
+  tf_config <- sprintf('{"cluster": {"worker": ["127.0.0.1:%d"]}, "task": {"type": "worker", "index": 0}}', port)
+  result <- withr::with_envvar(c(TF_CONFIG = tf_config), in_fresh_r(function() {
+    library(keras3)
+    library(kerasdist)
+    python_before <- reticulate::py_available(initialize = FALSE)  # library() starts nothing
+    err <- tryCatch(tensorflow::tf$distribute$MultiWorkerMirroredStrategy(), error = identity)
+    list(python_before = python_before, class = class(err), message = conditionMessage(err))
+  }))
+  expect_false(result$python_before)
+  expect_true("kerasdist.compat.MultiWorkerStrategyTooLate" %in% result$class)
+  expect_match(result$message, "create it before library(keras3), or call kerasdist::select_strategy(\"multi_worker\")",
+               fixed = TRUE)
+  expect_match(result$message, "Collective ops must be configured at program startup", fixed = TRUE)
+})
