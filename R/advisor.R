@@ -65,9 +65,9 @@ bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps
                              timeout = 600, verbose = TRUE, speed_options = FALSE) {
   report <- call_python(
     kerasdist_module()$bench_strategies, model, x, y,
-    strategies = as_py_list(strategies), steps = as_py_int(steps),
-    batch_size = as_py_int(batch_size), devices = as_py_int(devices),
-    workers = as_py_int(workers), seed = as_py_int(seed), timeout = timeout, verbose = verbose,
+    strategies = as_py_list(strategies), steps = steps,
+    batch_size = batch_size, devices = devices,
+    workers = workers, seed = seed, timeout = timeout, verbose = verbose,
     speed_options = speed_options
   )
   strategy_benchmark_to_r(report)

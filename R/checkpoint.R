@@ -90,7 +90,7 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
                                 handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL) {
   call_python(
     kerasdist_module()$checkpoint_callback, checkpoint_dir,
-    every_epoch = every_epoch, every_steps = as_py_int(every_steps), keep = as_py_int(keep),
+    every_epoch = every_epoch, every_steps = every_steps, keep = keep,
     keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
     async_save = async_save, storage_options = storage_options
   )

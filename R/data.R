@@ -1,4 +1,4 @@
-# Input pipelines: thin wrappers over python/kerasdist/data.py.
+# Input pipelines: thin wrappers over python/kerasdist/data/ (the names its __init__ exports).
 
 #' Build a dataset of batches for distributed fit
 #'
@@ -90,7 +90,6 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
                          repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
                          map_fn = NULL, check_finite = FALSE, file_format = NULL,
                          label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
-  check_r_map_fn(map_fn, sys.call())
   call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
 }
 
@@ -137,17 +136,7 @@ dataset_arguments <- function(x, y, ..., call) {
   }
   args <- as.list(formals(make_dataset))
   args[c("x", "y", names(given))] <- c(list(x, y), given)
-  check_r_map_fn(args$map_fn, call)
   args
-}
-
-check_r_map_fn <- function(map_fn, call) {
-  if (is_r_function(map_fn)) {
-    kerasdist_abort(paste0(
-      "map_fn must be a Python function: TensorFlow runs it on its own threads, where an R ",
-      "function cannot run (see reticulate::py_run_string())."
-    ), call = call)
-  }
 }
 
 # make_dataset()'s arguments (`args`: its environment, or dataset_arguments()) converted for Python
@@ -159,15 +148,15 @@ call_dataset_function <- function(fun, args, call) {
   do.call(call_python, c(list(
     fun, as_py_data(a$x),
     y = if (is.character(a$y) && length(a$y) == 1) a$y else as_py_data(a$y),
-    sample_weight = as_py_data(a$sample_weight), batch_size = as_py_int(a$batch_size),
-    per_replica_batch_size = as_py_int(a$per_replica_batch_size), strategy = a$strategy,
-    drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = as_py_int(a$seed),
-    initial_epoch = as_py_int(a$initial_epoch), skip_batches = as_py_int(a$skip_batches),
-    epochs = as_py_int(a$epochs), `repeat` = a$repeat_epochs,
+    sample_weight = as_py_data(a$sample_weight), batch_size = a$batch_size,
+    per_replica_batch_size = a$per_replica_batch_size, strategy = a$strategy,
+    drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = a$seed,
+    initial_epoch = a$initial_epoch, skip_batches = a$skip_batches,
+    epochs = a$epochs, `repeat` = a$repeat_epochs,
     per_worker = a$per_worker, cache = a$cache, map_fn = a$map_fn, check_finite = a$check_finite,
     file_format = a$file_format, label_column = a$label_column,
     features = if (is.null(a$features)) NULL else lapply(a$features, as_py_shape),
-    shuffle_buffer = as_py_int(a$shuffle_buffer), call = call
+    shuffle_buffer = a$shuffle_buffer, call = call
   ), split), quote = TRUE)  # quote: `call` is a call, not to be run again
 }
 
@@ -243,9 +232,9 @@ batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, st
                             num_replicas = NULL, num_samples = NULL, drop_remainder = FALSE,
                             require_even_split = FALSE) {
   info <- call_python(
-    kerasdist_module()$batch_size_info, as_py_int(batch_size), as_py_int(per_replica_batch_size),
-    strategy = strategy, num_replicas = as_py_int(num_replicas),
-    num_samples = as_py_int(num_samples), drop_remainder = drop_remainder,
+    kerasdist_module()$batch_size_info, batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
+    strategy = strategy, num_replicas = num_replicas,
+    num_samples = num_samples, drop_remainder = drop_remainder,
     require_even_split = require_even_split
   )
   structure(py_record_to_r(info), class = "kerasdist_batch_size_info")
@@ -271,7 +260,7 @@ batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, st
 #' }
 #' @export
 epoch_order <- function(n, seed = 0L, epoch = 0L) {
-  order <- call_python(kerasdist_module()$epoch_order, as_py_int(n), as_py_int(seed), as_py_int(epoch))
+  order <- call_python(kerasdist_module()$epoch_order, n = n, seed = seed, epoch = epoch)
   as.integer(order) + 1L
 }
 

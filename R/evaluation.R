@@ -48,9 +48,9 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
                                  per_replica_batch_size = NULL, callbacks = NULL, verbose = 0) {
   result <- call_python(
     kerasdist_module()$distributed_evaluate, model, as_py_data(x), y = as_py_data(y),
-    sample_weight = as_py_data(sample_weight), batch_size = as_py_int(batch_size),
-    per_replica_batch_size = as_py_int(per_replica_batch_size),
-    callbacks = as_py_callbacks(callbacks), verbose = as_py_int(verbose)
+    sample_weight = as_py_data(sample_weight), batch_size = batch_size,
+    per_replica_batch_size = per_replica_batch_size,
+    callbacks = as_py_callbacks(callbacks), verbose = verbose
   )
   lapply(result, as.numeric)
 }
@@ -86,8 +86,8 @@ distributed_predict <- function(model, x, batch_size = NULL, per_replica_batch_s
                                 callbacks = NULL, verbose = 0) {
   call_python(
     kerasdist_module()$distributed_predict, model, as_py_data(x),
-    batch_size = as_py_int(batch_size), per_replica_batch_size = as_py_int(per_replica_batch_size),
-    callbacks = as_py_callbacks(callbacks), verbose = as_py_int(verbose)
+    batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
+    callbacks = as_py_callbacks(callbacks), verbose = verbose
   )
 }
 
@@ -125,7 +125,7 @@ distributed_predict <- function(model, x, batch_size = NULL, per_replica_batch_s
 scaled_loss <- function(per_example_loss, global_batch_size = NULL, sample_weight = NULL, model = NULL) {
   call_python(
     kerasdist_module()$scaled_loss, as_py_data(per_example_loss),
-    global_batch_size = as_py_int(global_batch_size), sample_weight = as_py_data(sample_weight),
+    global_batch_size = global_batch_size, sample_weight = as_py_data(sample_weight),
     model = model
   )
 }

@@ -79,8 +79,8 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
   }
   result <- call_python(
     kerasdist_module()$launch, as.list(command),
-    num_workers = as_py_int(num_workers), num_ps = as_py_int(num_ps),
-    max_restarts = as_py_int(max_restarts), host = host, timeout = timeout,
+    num_workers = num_workers, num_ps = num_ps,
+    max_restarts = max_restarts, host = host, timeout = timeout,
     grace_period = grace_period, env = as_py_dict(as.list(env)),
     cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout
   )

@@ -169,37 +169,50 @@ setup_error <- function(message) {
   ))
 }
 
-# Call a Python function; a Python exception becomes an R error of class
-# `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
-# exception's own text, without the traceback, and kerasdist's Python warnings
-# become R warnings.
-call_python <- function(fun, ..., call = sys.call(-1), .checkpoint_dir = NULL) {
+# Call a Python function with `...` as its arguments (`py_args()`); a Python exception becomes an
+# R error of class `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
+# exception's own text, without the traceback, and kerasdist's Python warnings become R warnings.
+call_python <- function(fun, ..., call = sys.call(-1)) {
   force(call)
   on.exit(run_held_keras_load_hooks(), add = TRUE)
   force(fun)  # imports kerasdist (and the bridge) on first use
-  result <- tryCatch(.kerasdist$bridge$call_capturing_warnings(fun, ...), error = function(err) {
+  args <- c(list(fun), py_args(list(...)))
+  result <- tryCatch(do.call(.kerasdist$bridge$call_capturing_warnings, args), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
+    if (inherits(err, "python.builtin.SystemExit")) preempted(err, call)
     parsed <- parse_python_error(conditionMessage(err))
-    if (identical(parsed$type, "SystemExit")) preempted(parsed$message, .checkpoint_dir, call)
     kerasdist_abort(parsed$message, parsed$type, call)
   })
   for (message in unlist(result[[2]])) warning(warningCondition(message, call = call, class = "kerasdist_warning"))
   result[[1]]
 }
 
-# A kerasdist checkpoint callback that caught SIGTERM saved and raised SystemExit(75). Rscript exits
-# with that status, as Python does, so a launcher or cluster manager restarts it; an interactive
-# session gets a `kerasdist_preempted` condition naming the checkpoint instead.
-preempted <- function(status, checkpoint_dir, call) {
-  status <- suppressWarnings(as.integer(status))
+# Arguments as Python takes them: a named count given as an R number (`epochs = 5`, a double)
+# becomes an integer, since kerasdist refuses a float where it counts. Data arguments keep the
+# user's own values.
+DATA_ARGUMENTS <- c("x", "y", "data", "per_example", "sample_weight", "validation_data")
+
+py_args <- function(args) {
+  named <- if (is.null(names(args))) rep("", length(args)) else names(args)
+  counts <- nzchar(named) & !named %in% DATA_ARGUMENTS
+  args[counts] <- lapply(args[counts], as_py_int)
+  args
+}
+
+# A kerasdist checkpoint callback that caught SIGTERM saved and raised `PreemptedExit` (a
+# SystemExit, status 75) naming the checkpoint. Rscript exits with that status, as Python does, so
+# a launcher or cluster manager restarts it; an interactive session gets a `kerasdist_preempted`
+# condition naming the checkpoint (path or URL) and its step instead.
+preempted <- function(exit, call) {
+  status <- suppressWarnings(as.integer(exit$code))
   if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
-  # an object store may need options this call does not have: the message then names no checkpoint
-  latest <- if (is.null(checkpoint_dir)) NULL else tryCatch(latest_checkpoint(checkpoint_dir), error = function(e) NULL)
+  checkpoint <- if (reticulate::py_has_attr(exit, "checkpoint")) exit$checkpoint
   stop(structure(
     class = c("kerasdist_preempted", "kerasdist_error", "error", "condition"),
     list(message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",
-                           if (is.null(latest)) "(none)" else latest$path),
-         call = call, status = status, checkpoint = latest$path)
+                           if (is.null(checkpoint)) "(none)" else checkpoint),
+         call = call, status = status, checkpoint = checkpoint,
+         global_step = if (reticulate::py_has_attr(exit, "global_step")) exit$global_step)
   ))
 }
 

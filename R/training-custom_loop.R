@@ -76,21 +76,14 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
                        strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
                        callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                        gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
-  if (is_r_function(step_fn)) {
-    kerasdist_abort(paste(
-      "step_fn is an R function: TensorFlow runs the training step on one thread per replica,",
-      "and R code cannot run off R's main thread (R aborts with 'C stack usage ... is too close",
-      "to the limit'). Write the step in Python with reticulate::py_run_string(\"def step(model,",
-      "optimizer, batch): ...\") and pass py$step."
-    ))
-  }
-  history <- call_python(
-    kerasdist_module()$custom_fit, model, data, step_fn, as_py_int(epochs), checkpoint_dir,
-    optimizer = optimizer, strategy = strategy, steps_per_epoch = as_py_int(steps_per_epoch),
-    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
-    verbose = as_py_int(verbose), mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
-    storage_options = storage_options, .checkpoint_dir = checkpoint_dir
+  history <- call_python(  # an R step_fn is refused there, before anything runs
+    kerasdist_module()$custom_fit, model, data, step_fn = step_fn, epochs = epochs,
+    checkpoint_dir = checkpoint_dir,
+    optimizer = optimizer, strategy = strategy, steps_per_epoch = steps_per_epoch,
+    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
+    verbose = verbose, mixed_precision = mixed_precision, jit_compile = jit_compile,
+    gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
+    storage_options = storage_options
   )
   invisible(as_training_history(history))
 }

@@ -121,16 +121,16 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
   history <- call_python(
     kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
     y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
-    epochs = as_py_int(epochs), checkpoint_dir = checkpoint_dir, strategy = strategy,
-    batch_size = as_py_int(batch_size), per_replica_batch_size = as_py_int(per_replica_batch_size),
-    seed = as_py_int(seed), shuffle = shuffle, sample_weight = as_py_data(sample_weight),
+    epochs = epochs, checkpoint_dir = checkpoint_dir, strategy = strategy,
+    batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
+    seed = seed, shuffle = shuffle, sample_weight = as_py_data(sample_weight),
     validation_split = validation_split, validation_data = validation_data,
-    every_steps = as_py_int(every_steps), keep = as_py_int(keep), callbacks = as_py_callbacks(callbacks),
+    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
     dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
-    verbose = as_py_int(verbose), steps_per_execution = as_py_int(steps_per_execution),
+    verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = as_py_int(gradient_accumulation_steps), async_save = async_save,
-    storage_options = storage_options, .checkpoint_dir = checkpoint_dir
+    gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
+    storage_options = storage_options
   )
   invisible(as_training_history(history))
 }

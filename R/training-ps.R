@@ -57,10 +57,10 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
                    validation_data = NULL, validation_steps = NULL, initial_epoch = 0L,
                    verbose = "auto") {
   history <- call_python(
-    kerasdist_module()$ps_fit, model, data, as_py_int(epochs),
-    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
-    validation_data = validation_data, validation_steps = as_py_int(validation_steps),
-    initial_epoch = as_py_int(initial_epoch), verbose = as_py_int(verbose)
+    kerasdist_module()$ps_fit, model, data, epochs = epochs,
+    steps_per_epoch = steps_per_epoch, callbacks = as_py_callbacks(callbacks),
+    validation_data = validation_data, validation_steps = validation_steps,
+    initial_epoch = initial_epoch, verbose = verbose
   )
   invisible(as_training_history(history))
 }

@@ -30,7 +30,8 @@
 #'   status 75, as Python does, so a launcher or cluster manager restarts it;
 #'   in an interactive session (or with `options(kerasdist.exit_on_preemption
 #'   = FALSE)`) `resume_fit()` stops with a condition of class
-#'   `kerasdist_preempted` whose `checkpoint` is the path just saved.
+#'   `kerasdist_preempted` whose `checkpoint` is the path (or URL) just saved and
+#'   `global_step` its step.
 #' @returns The training history of all epochs, earlier runs included,
 #'   invisibly, as keras3's `fit()` returns it: a `keras_training_history`
 #'   (`plot(history)`, `as.data.frame(history)`, `history$metrics$loss`).
@@ -58,20 +59,9 @@ resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch =
     epoch_data <- function(epoch) r_data(as.integer(epoch))
   }
   history <- call_python(
-    kerasdist_module()$resume_fit, model, epoch_data, as_py_int(epochs), checkpoint,
-    steps_per_epoch = as_py_int(steps_per_epoch), callbacks = as_py_callbacks(callbacks),
-    validation_data = validation_data, validation_steps = as_py_int(validation_steps),
-    verbose = as_py_int(verbose), .checkpoint_dir = checkpoint_dir_of(checkpoint, model)
+    kerasdist_module()$resume_fit, model, epoch_data, epochs = epochs, checkpoint = checkpoint,
+    steps_per_epoch = steps_per_epoch, callbacks = as_py_callbacks(callbacks),
+    validation_data = validation_data, validation_steps = validation_steps, verbose = verbose
   )
   invisible(as_training_history(history))
-}
-
-# Where resume_fit saves: a directory, a checkpoint_callback(), or the model's own (NULL).
-checkpoint_dir_of <- function(checkpoint, model) {
-  if (is.character(checkpoint)) return(checkpoint)
-  if (is.null(checkpoint)) {
-    dir <- reticulate::import("kerasdist.checkpoint")$remembered_checkpoint_dir(model)
-    return(if (is.null(dir)) NULL else as.character(dir))
-  }
-  if (reticulate::py_has_attr(checkpoint, "checkpoint_dir")) reticulate::py_str(checkpoint$checkpoint_dir) else NULL
 }

@@ -3,7 +3,7 @@ thread's work slows a training step.
 
 One training step of bench_checkpoint.py's model (5.27M parameters, batch 128) is timed
 --steps times alone, then while another thread loops on one kind of work:
-- `files`: building a checkpoint's files from a snapshot (`StateSnapshot.files()`: the HDF5
+- `files`: building a checkpoint's files from a snapshot (`Snapshot.files()`: the HDF5
   weights and the zip, what a background save does first);
 - `sha256`: hashing 63 MB, C code that releases the GIL (CPU contention only);
 - `python`: a pure-Python loop, which holds the GIL (CPU and GIL contention);
@@ -88,9 +88,9 @@ def main() -> None:
     figures = [
         figure(f"step_beside_{name}", [m / a for m, a in zip(medians[name], medians["alone"], strict=True)],
                None, what.format(description))
-        for name, description in (("files", "StateSnapshot.files()"), ("sha256", "sha256 of 63 MB (GIL released)"),
+        for name, description in (("files", "Snapshot.files()"), ("sha256", "sha256 of 63 MB (GIL released)"),
                                   ("python", "a pure-Python loop (GIL held)"),
-                                  ("files_idle", "StateSnapshot.files() at SCHED_IDLE, as the writer runs"))
+                                  ("files_idle", "Snapshot.files() at SCHED_IDLE, as the writer runs"))
     ]
     write_result("save_contention", figures, step_ms_alone=[round(m * 1000, 1) for m in medians["alone"]],
                  steps=args.steps, repeats=args.repeats, load_average=[round(v, 2) for v in os.getloadavg()])

@@ -1,15 +1,16 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
-from kerasdist import _sigterm, _startup
+from kerasdist import _startup
+from kerasdist.preemption import signals as _preemption_signals
 
-_sigterm.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
+_preemption_signals.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
 _startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
 from kerasdist import compat
+from kerasdist.about import __version__ as __version__
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
-    PREEMPTED_EXIT_CODE,
     BackgroundSaveError,
     CheckpointCallback,
     CheckpointInfo,
@@ -37,6 +38,7 @@ from kerasdist.demo import kerasdist_demo
 from kerasdist.evaluation import distributed_evaluate, distributed_predict
 from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
+from kerasdist.preemption import PREEMPTED_EXIT_CODE, PreemptedExit
 from kerasdist.strategy import (
     RunContext,
     StrategyDescription,
@@ -62,15 +64,13 @@ _startup.apply_requested_devices()
 # multi-worker strategy made too late says why.
 compat.apply_multi_worker_fixes()
 compat.explain_late_multi_worker_strategy()
-_sigterm.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
+_preemption_signals.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
 
 # Aliases under the names issue #13 gives them, kept out of __all__: the public names are
 # distributed_* (as distributed_fit), which R shares, since evaluate()/predict() there would mask
 # keras3's generics.
 evaluate = distributed_evaluate
 predict = distributed_predict
-
-__version__ = "0.1.0"
 
 __all__ = [
     # strategy selection
@@ -86,6 +86,7 @@ __all__ = [
     "simulate_devices",
     # checkpoints and resuming
     "PREEMPTED_EXIT_CODE",
+    "PreemptedExit",
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",

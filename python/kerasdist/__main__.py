@@ -18,9 +18,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    import signal
-
     from kerasdist.launch import INTERRUPTED_EXIT_CODE, launch
+    from kerasdist.preemption import SigtermHold
 
     command = list(args.launch_command)
     if command[:1] == ["--"]:
@@ -32,18 +31,16 @@ def _launch(args: argparse.Namespace) -> int:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupted)  # a stopped launcher stops its group
     try:
-        result = launch(
-            command, num_workers=args.num_workers, num_ps=args.ps,
-            max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
-            grace_period=args.grace_period, startup_timeout=args.startup_timeout,
-        )
+        with SigtermHold(interrupted):  # a stopped launcher stops its group
+            result = launch(
+                command, num_workers=args.num_workers, num_ps=args.ps,
+                max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
+                grace_period=args.grace_period, startup_timeout=args.startup_timeout,
+            )
     except KeyboardInterrupt:
         print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return result.exit_code
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import platform
 
+__version__ = "0.1.0"  # the one definition: the package, its wheel (pyproject.toml) and the CLI read it
+
 
 def kerasdist_info(kind: str = "auto") -> str:
     """Versions of the stack and a description of the strategy `select_strategy(kind)` gives."""
@@ -11,11 +13,10 @@ def kerasdist_info(kind: str = "auto") -> str:
     import numpy
     import tensorflow as tf
 
-    import kerasdist
     from kerasdist.strategy import describe_strategy, select_strategy
 
     header = (
-        f"kerasdist {kerasdist.__version__} | TensorFlow {tf.__version__} | Keras {keras.__version__}"
+        f"kerasdist {__version__} | TensorFlow {tf.__version__} | Keras {keras.__version__}"
         f" | NumPy {numpy.__version__} | Python {platform.python_version()}"
     )
     return f"{header}\n{describe_strategy(select_strategy(kind))}"

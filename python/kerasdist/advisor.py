@@ -547,9 +547,9 @@ def _absolute_spec(spec: str) -> str:
 
 
 def _count_gpus() -> int:
-    from kerasdist.strategy import _local_gpus
+    from kerasdist.strategy import local_gpus
 
-    return len(_local_gpus())
+    return len(local_gpus())
 
 
 def _device_name(gpus: int) -> str:

@@ -26,10 +26,10 @@ gpus_per_node=0 divides the GPUs into steps of 0: "range() arg 3 must not be zer
 tests/python/test_strategy.py fails once upstream works without GPUs.
 
 TensorFlow's `PreemptionCheckpointHandler` (the multi-worker preemption agreement kerasdist uses,
-`checkpoint/preemption.py`) asks the GCE metadata server whether it runs on Google Cloud when it
+`preemption/agreement.py`) asks the GCE metadata server whether it runs on Google Cloud when it
 is made (an HTTP request of up to 5 s), and on a GCE CPU (or TPU) VM it then does nothing at all:
 SIGTERM would neither be agreed on nor saved. The agreement itself only needs the coordination
-service, the same on any host, so `preemption_checkpoint_handler` makes the handler with the probe
+service, the same on any host, so the handler is made inside `gce_metadata_probe_off`: the probe
 pointed at a closed local port (no request leaves the machine; the handler takes the path it
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
@@ -61,7 +61,7 @@ other version, and when the snapshot's files stop matching `model.save`'s.
 
 Keras's public `save_model` refuses a file object ("Invalid filepath extension": it checks the
 name's extension first), though the saving library under it writes a `.keras` archive to one. A
-checkpoint is made in memory before it is written anywhere (`checkpoint/format.py`, so that object
+checkpoint is made in memory before it is written anywhere (`checkpoint/snapshot.py`, so that object
 stores and background saves get bytes), so `keras_model_bytes` calls the library directly, and
 falls back to a temporary file where the library moved. tests/python/test_storage.py fails once
 the public function takes file objects, so the shim can go.
@@ -73,7 +73,7 @@ import contextlib
 import functools
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -241,22 +241,14 @@ def tensorflow_needs_preemption_fix(version: str = tf.__version__) -> bool:
     return _version_within(version, PREEMPTION_HANDLER_FIX_VERSIONS)
 
 
-def preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],
-                                  exit_fn: Callable[[], None]) -> Any:
-    """TensorFlow's PreemptionCheckpointHandler for a multi-worker `strategy`, saving with
-    `save_fn` and stopping with `exit_fn` (the Keras callback does both), its own SIGTERM handler
-    installed. Its tf.train.Checkpoint is an empty one in a private temporary directory: it is
-    never written (`save_fn` replaces it), and a non-chief handler deletes the parent of its
-    directory when it stops."""
-    config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn, save_fn=save_fn)
-    directory = os.path.join(tempfile.mkdtemp(prefix="kerasdist-preemption-"), "unused")
-    with _metadata_probe_off() if tensorflow_needs_preemption_fix() else contextlib.nullcontext():
-        return tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, tf.train.Checkpoint(), directory, config)
-
-
 @contextlib.contextmanager
-def _metadata_probe_off():
+def gce_metadata_probe_off() -> Iterator[None]:
+    """While TensorFlow's PreemptionCheckpointHandler is made (`preemption/agreement.py`): its
+    probe of the GCE metadata server refused at once, so it takes the path it takes on any host
+    (on the TensorFlow versions that skip GCE CPU VMs; elsewhere nothing changes)."""
+    if not tensorflow_needs_preemption_fix():
+        yield
+        return
     with _environment_variable_kept(_GCE_METADATA_VARIABLE):
         os.environ[_GCE_METADATA_VARIABLE] = "127.0.0.1:1"  # nothing listens on port 1: refused at once
         yield
@@ -273,24 +265,6 @@ def _environment_variable_kept(name: str):
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
-
-
-# TensorFlow's coordination agent publishes a SIGTERM it caught under this key (tsl's
-# preemption_sync_manager; tf.distribute.experimental.PreemptionWatcher reads it too).
-PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
-
-
-def preemption_noticed_by_tensorflow(wait_ms: int = 100) -> bool:
-    """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
-    multi-worker strategy forms the cluster, caught a signal on any worker (`_sigterm`).
-    Waits at most `wait_ms` for the cluster's key-value store."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().get_config_key_value(PREEMPTION_NOTICE_KEY, timeout_in_ms=wait_ms)
-    except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError, tf.errors.UnavailableError):
-        return False
-    return True
 
 
 def save_if_preempted(handler: Any) -> None:

@@ -73,9 +73,10 @@ def kerasdist_demo(
     if not killed:
         raise RuntimeError(f"the demo's training process was to be killed, but it ended with status {status}.")
 
-    import kerasdist
+    from kerasdist.checkpoint import latest_checkpoint
+    from kerasdist.strategy import describe_strategy
 
-    latest = kerasdist.latest_checkpoint(checkpoints)
+    latest = latest_checkpoint(checkpoints)
     resume = {"epoch": latest.epoch, "step_in_epoch": latest.step_in_epoch, "global_step": latest.global_step} \
         if latest else {"epoch": 0, "step_in_epoch": 0, "global_step": 0}
     say(f"== run 2 (this process): newest checkpoint is epoch {resume['epoch'] + 1}, step "
@@ -89,7 +90,7 @@ def kerasdist_demo(
     png = plot_curves(history.history, run_dir / "curves.png", steps=steps,
                       kill=(kill_epoch, kill_step), resume=(resume["epoch"], resume["step_in_epoch"]))
     result = {
-        "strategy": kerasdist.describe_strategy(strategy).kind,
+        "strategy": describe_strategy(strategy).kind,
         "replicas": int(strategy.num_replicas_in_sync),
         "killed_at": {"epoch": kill_epoch, "step_in_epoch": kill_step},
         "resumed_from": resume,
@@ -182,16 +183,17 @@ def train(run_dir: Path, epochs: int, *, kill_at: tuple[int, int] | None = None,
     """One `distributed_fit` call: the same in the killed run and in the resumed one."""
     import keras
 
-    import kerasdist
+    from kerasdist.strategy import describe_strategy, select_strategy, simulate_devices
+    from kerasdist.training import distributed_fit
 
-    kerasdist.simulate_devices(2)
-    strategy = kerasdist.select_strategy("auto")
-    desc = kerasdist.describe_strategy(strategy)
+    simulate_devices(2)
+    strategy = select_strategy("auto")
+    desc = describe_strategy(strategy)
     say(f"strategy {desc.kind} with {desc.num_replicas} replicas ({', '.join(desc.devices)}): "
         f"{desc.reason}", flush=True)
     x, y = train_data()
     callbacks = [Progress(say, kill_at, resume), keras.callbacks.CSVLogger(str(run_dir / "log.csv"), append=True)]
-    history = kerasdist.distributed_fit(
+    history = distributed_fit(
         build_model, x, y, epochs=epochs, checkpoint_dir=run_dir / "checkpoints", strategy=strategy,
         batch_size=BATCH_SIZE, seed=SEED, validation_split=VALIDATION_SPLIT, every_steps=EVERY_STEPS, keep=3,
         callbacks=callbacks, verbose=0,

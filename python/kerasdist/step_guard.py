@@ -42,7 +42,7 @@ def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
         from kerasdist.strategy import run_context
 
         strategy = run_context().strategy
-    found = [where for where, value in _step_functions(model) if _is_r_function(value)]
+    found = [where for where, value in _step_functions(model) if is_r_function(value)]
     replicas = int(strategy.num_replicas_in_sync)
     if found and replicas > 1:
         raise ValueError(
@@ -91,7 +91,7 @@ def _flatten(where: str, value: Any, places: list[tuple[str, Any]]) -> None:
         places.append((where, value))
 
 
-def _is_r_function(value: Any, depth: int = 0) -> bool:
+def is_r_function(value: Any, depth: int = 0) -> bool:
     """True for a function reticulate made from an R function, or a wrapper holding one."""
     if depth > 4 or value is None:
         return False
@@ -109,7 +109,7 @@ def _is_r_function(value: Any, depth: int = 0) -> bool:
             inner.append(cell.cell_contents)
         except ValueError:  # an empty cell
             pass
-    return any(callable(item) and _is_r_function(item, depth + 1) for item in inner if item is not value)
+    return any(callable(item) and is_r_function(item, depth + 1) for item in inner if item is not value)
 
 
 def guard_train_function(model: Any) -> None:

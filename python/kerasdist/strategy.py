@@ -98,7 +98,7 @@ def plan_strategy(
     _check_kind(kind)
     env = os.environ if environ is None else environ
     cluster = _cluster_info(tf_config, cluster_resolver, env)
-    gpu_names = tuple(_local_gpus() if gpus is None else gpus)
+    gpu_names = tuple(local_gpus() if gpus is None else gpus)
     tpu_address = _detect_tpu(env) if tpu is None else (tpu or None)
     if tpu_address is True:
         tpu_address = ""
@@ -257,14 +257,14 @@ def run_context(strategy: Any = None) -> RunContext:
 def _adopt(strategy: Any) -> None:
     """What `select_strategy` does after making a strategy, for one the user made: a
     multi-worker one took SIGTERM for TensorFlow's coordination agent while it formed the cluster,
-    so the handler Python has on record gets it back (`_sigterm`). The Keras fixes are in place
-    since `import kerasdist` (`compat`)."""
+    so the handler Python has on record gets it back (`preemption.signals`). The Keras fixes are
+    in place since `import kerasdist` (`compat`)."""
     from kerasdist.compat import is_multi_worker
 
     if is_multi_worker(strategy):
-        from kerasdist._sigterm import reclaim_after_cluster_start
+        from kerasdist.preemption.signals import take_back_after_cluster_start
 
-        reclaim_after_cluster_start(signalled_meanwhile=False)
+        take_back_after_cluster_start(signalled_meanwhile=False)
 
 
 def describe_strategy(strategy: Any = None) -> StrategyDescription:
@@ -442,7 +442,8 @@ def _short_name(name: str) -> str:
     return f"/{device_type.lower()}:{index}"
 
 
-def _local_gpus() -> list[str]:
+def local_gpus() -> list[str]:
+    """The names of the GPUs TensorFlow sees on this machine (what "auto" plans for)."""
     import tensorflow as tf
 
     return [d.name for d in tf.config.list_physical_devices("GPU")]
@@ -516,7 +517,7 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
     if plan.cluster.source == "Slurm":
         from kerasdist.compat import slurm_resolver
 
-        return slurm_resolver(plan.cluster, _local_gpus())
+        return slurm_resolver(plan.cluster, local_gpus())
     if plan.cluster.source == "TF_CONFIG":
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(plan.cluster.cluster),
@@ -529,19 +530,19 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
 
 def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
     """Right after the cluster formed: check every worker was given the same cluster, and stop
-    every worker alike (75) if any was signalled while it formed (`_sigterm`). Each worker reads
+    every worker alike (75) if any was signalled while it formed (`preemption`). Each worker reads
     TensorFlow's preemption notice on its own, and the signalled worker's notice may reach the
     store between two workers' reads, so they decide on what any of them read (a worker that
     exited alone left the other failing in its first collective with 1)."""
-    from kerasdist._sigterm import reclaim_after_cluster_start
-    from kerasdist.compat import preemption_noticed_by_tensorflow
+    from kerasdist.preemption.agreement import noticed_by_tensorflow
+    from kerasdist.preemption.signals import take_back_after_cluster_start
 
-    noticed = preemption_noticed_by_tensorflow()
+    noticed = noticed_by_tensorflow()
     any_noticed = False
     try:  # SIGTERM is taken back from TensorFlow even when the cluster check fails
         any_noticed = noticed if cluster.num_workers == 1 else _check_cluster_agreement(strategy, cluster, noticed)
     finally:
-        reclaim_after_cluster_start(any_noticed)
+        take_back_after_cluster_start(any_noticed)
 
 
 def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:

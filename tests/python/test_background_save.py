@@ -222,11 +222,11 @@ def failing_save_files(monkeypatch, fail_on: int) -> list[int]:
     calls: list[int] = []
     original = CheckpointManager.commit
 
-    def commit(self, taken, **record):
+    def commit(self, taken, progress):
         calls.append(taken.global_step)
         if len(calls) == fail_on:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return original(self, taken, **record)
+        return original(self, taken, progress)
 
     monkeypatch.setattr(CheckpointManager, "commit", commit)
     return calls
@@ -255,13 +255,13 @@ def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, mon
     original = CheckpointManager.commit
     model = build_model()
 
-    def slow_commit(self, taken, **record):
+    def slow_commit(self, taken, progress):
         active[0] += 1
         most[0] = max(most[0], active[0])
         time.sleep(slow)
         steps_after_write.append(int(model.optimizer.iterations.numpy()))
         active[0] -= 1
-        return original(self, taken, **record)
+        return original(self, taken, progress)
 
     monkeypatch.setattr(CheckpointManager, "commit", slow_commit)
     checkpoint = kerasdist.checkpoint_callback(tmp_path, every_steps=2, keep=10)

@@ -78,7 +78,7 @@ def test_three_kills_then_resume_is_bitwise_identical(references, tmp_path, name
 def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_the_restart_ends_bitwise_equal(
         references, tmp_path, capfd):
     """#15 item 1: worker 1 gets SIGTERM after step 3. TensorFlow's preemption agreement
-    (kerasdist/checkpoint/preemption.py) has it publish step 4 at its next batch end, so both
+    (kerasdist/preemption/agreement.py) has it publish step 4 at its next batch end, so both
     workers stop after step 5 (the count after that publication), the chief saves step 5 (no other
     checkpoint is due: --every-steps 1000), both exit 75; the restarted group resumes at step 6."""
     final = tmp_path / "final.npz"

@@ -20,7 +20,8 @@ import tensorflow as tf
 import kerasdist
 from conftest import CASES_DIR
 from kerasdist.checkpoint import manager as checkpoint_manager
-from kerasdist.checkpoint import storage as checkpoint_storage
+from kerasdist.checkpoint import store as checkpoint_store
+from kerasdist.checkpoint.store import local as local_store
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -205,7 +206,7 @@ def test_keep_last_k_and_best(tmp_path):
 
 def test_make_dataset_checkpoints_record_the_global_batch_and_the_epoch_order(tmp_path):
     x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
-    for shuffle, order in ((True, kerasdist._data_pipelines.EPOCH_ORDER), (False, None)):
+    for shuffle, order in ((True, kerasdist.data.order.EPOCH_ORDER), (False, None)):
         directory = tmp_path / str(shuffle)
         data = kerasdist.make_dataset(x, x.sum(1, keepdims=True), batch_size=4, seed=1, shuffle=shuffle)
         model = kerasdist.make_or_restore_model(directory, build_model)
@@ -221,7 +222,7 @@ def test_resume_inside_an_epoch_another_order_drew_warns_and_goes_on(tmp_path, m
     model = kerasdist.make_or_restore_model(tmp_path, build_model)
     kerasdist.resume_fit(model, kerasdist.make_dataset(x, y, batch_size=4, seed=1), 1, callback, verbose=0)
     shutil.rmtree(tmp_path / "ckpt-4")  # back to ckpt-2: 2 of epoch 0's 4 batches done
-    monkeypatch.setattr(kerasdist._data_pipelines, "EPOCH_ORDER", "another_order/2")  # a later kerasdist
+    monkeypatch.setattr(kerasdist.data.order, "EPOCH_ORDER", "another_order/2")  # a later kerasdist
     model = kerasdist.make_or_restore_model(tmp_path, build_model)
     with pytest.warns(kerasdist.CheckpointWarning, match=r"stopped 2 batches into epoch 0, whose order came from "
                       r"'stateless_shuffle/1'; this kerasdist orders epochs with 'another_order/2'"):
@@ -275,7 +276,7 @@ def test_distributed_fit_checks_the_directory_once_and_checksums_each_checkpoint
     assert len(existing) == 2
     checked, probed, verified = [], [], []
     monkeypatch.setattr(checkpoint_manager, "open_store", counting(checked, checkpoint_manager.open_store))
-    local = checkpoint_storage.LocalStore
+    local = checkpoint_store.LocalStore
     monkeypatch.setattr(local, "prepare", counting(probed, local.prepare))
     read = checkpoint_manager.read_checkpoint
     monkeypatch.setattr(checkpoint_manager, "read_checkpoint",
@@ -316,7 +317,7 @@ def test_crash_between_the_two_renames_of_a_resave_keeps_the_only_checkpoint(tmp
             raise _Crash
         os.replace(src, dst)
 
-    monkeypatch.setattr(checkpoint_storage.os, "rename", crash_on_second_rename)
+    monkeypatch.setattr(local_store.os, "rename", crash_on_second_rename)
     with pytest.raises(_Crash):
         kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=1)
     monkeypatch.undo()

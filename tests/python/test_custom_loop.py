@@ -200,7 +200,7 @@ def test_one_epoch_make_dataset_trains_each_epoch_in_its_own_order(tmp_path):
     shutil.rmtree(tmp_path / "one" / "ckpt-10")  # back to ckpt-9: epoch 1, 4 of 5 batches done
     latest = kerasdist.latest_checkpoint(tmp_path / "one")
     assert latest.order == (1, 4, 9)
-    assert (latest.global_batch_size, latest.epoch_order) == (8, kerasdist._data_pipelines.EPOCH_ORDER)
+    assert (latest.global_batch_size, latest.epoch_order) == (8, kerasdist.data.order.EPOCH_ORDER)
     resumed = kerasdist.custom_fit(_build, one_epoch, epochs=2, checkpoint_dir=tmp_path / "one", verbose=0)
     for a, b in zip(resumed.model.get_weights(), want.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -399,7 +399,7 @@ def test_short_one_epoch_dataset_under_several_replicas_warns():
     (dict(shuffle=False, skip_batches=0, validation_split=0.2), 6),  # 40 training rows of 50
 ])
 def test_small_data_gathered_per_epoch_gives_the_batches_of_per_batch_gathering(monkeypatch, args, count):
-    from kerasdist import _data_pipelines
+    from kerasdist.data import pipelines
 
     x = np.arange(50 * 3, dtype="float32").reshape(50, 3)
     args = dict(dict(batch_size=16, seed=3, initial_epoch=1, skip_batches=1, epochs=3), **args)
@@ -410,7 +410,7 @@ def test_small_data_gathered_per_epoch_gives_the_batches_of_per_batch_gathering(
         return [tuple(t.numpy() for t in b) for b in (made.train if "validation_split" in args else made)]
 
     whole_epochs = batches()
-    monkeypatch.setattr(_data_pipelines, "_WHOLE_EPOCH_BYTES", 0)  # every source gathered per batch
+    monkeypatch.setattr(pipelines, "_WHOLE_EPOCH_BYTES", 0)  # every source gathered per batch
     per_batch = batches()
     assert len(whole_epochs) == len(per_batch) == count
     for a, b in zip(whole_epochs, per_batch, strict=True):

@@ -1,5 +1,7 @@
 """The core stays readable in two hops: no module over 600 lines, no function over 60 lines of
-code (docstring, blank and comment lines aside). ARCHITECTURE.md names every module."""
+code (docstring, blank and comment lines aside). ARCHITECTURE.md names every module. Imports run
+one way: no circle between modules, and no private name (`_x`) taken from another module: what
+modules share has a public name in the module that owns it."""
 
 from __future__ import annotations
 
@@ -38,7 +40,58 @@ def test_no_function_over_60_lines_of_code():
 
 def test_architecture_names_every_module():
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    names = {p.stem if p.name != "__init__.py" else p.parent.name
-             for p in MODULES if p.parent == PACKAGE or p.name == "__init__.py"}
+    names = {p.stem if p.name != "__init__.py" else p.parent.name for p in MODULES}
     missing = sorted(name for name in names - {"__init__", "kerasdist", "__main__"} if f"`{name}" not in text)
     assert missing == []
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+NAMES = {_module_name(p): p for p in MODULES}
+
+
+def _imports(path: Path) -> list[tuple[str, str | None, int]]:
+    """(module, name or None, line) of every kerasdist import in `path`, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kerasdist"):
+            found.extend((node.module, alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, None, node.lineno) for alias in node.names if alias.name.startswith("kerasdist"))
+    return found
+
+
+def _owner(module: str, name: str | None) -> str:
+    """The module an import reads: `name` itself when it is a module, else `module` (or the
+    nearest package above it that exists)."""
+    target = f"{module}.{name}" if name and f"{module}.{name}" in NAMES else module
+    while target not in NAMES:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def test_no_private_name_is_imported_from_another_module():
+    taken = [f"{path.relative_to(PACKAGE)}:{line} {module}.{name}"
+             for path in MODULES for module, name, line in _imports(path)
+             if name and name.startswith("_") and not name.startswith("__") and f"{module}.{name}" not in NAMES]
+    assert taken == []
+
+
+def test_imports_form_no_circle():
+    graph = {module: {_owner(m, n) for m, n, _ in _imports(path)} - {module} for module, path in NAMES.items()}
+    state: dict[str, str] = {}
+
+    def circle_from(module: str, trail: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return [*trail, module, target]
+            if target not in state and (found := circle_from(target, [*trail, module])):
+                return found
+        state[module] = "done"
+        return None
+
+    circles = [found for module in sorted(graph) if module not in state and (found := circle_from(module, []))]
+    assert circles == []

@@ -1,4 +1,4 @@
-"""SIGTERM outside training (kerasdist._sigterm): a cluster task exits with 75 at once, whatever
+"""SIGTERM outside training (kerasdist.preemption.signals): a cluster task exits with 75 at once, whatever
 it is doing, and a preemption during fit stays a save and 75 however many signals come."""
 
 from __future__ import annotations

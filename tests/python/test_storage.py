@@ -1,13 +1,15 @@
-"""Checkpoints on object storage: URLs, memory:// unit tests, and a real S3 server (SeaweedFS).
+"""Checkpoints on object storage: URLs, memory:// unit tests, and real S3 and GCS servers
+(SeaweedFS, fake-gcs-server).
 
-One SeaweedFS server serves the whole module (`s3` fixture, ~5 s to start) and is always
-stopped. Object-store damage rows come from tests/cases/checkpoint.json (`object_damage`), read
-by the R suite too.
+One server of each kind serves the whole module (`s3` fixture, ~5 s to start; `gcs`, under 1 s)
+and is always stopped; tests that run on both take the `store` fixture. Object-store damage rows
+come from tests/cases/checkpoint.json (`object_damage`), read by the R suite too.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import json
 import os
@@ -15,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 import zlib
@@ -28,8 +31,12 @@ import pytest
 import kerasdist
 from conftest import CASES_DIR
 from kerasdist import compat
-from kerasdist.checkpoint import checksums, storage
+from kerasdist.checkpoint import checksums, layout
+from kerasdist.checkpoint import store as stores
 from kerasdist.checkpoint.background import wait_for_all
+from kerasdist.checkpoint.store import direct_io
+from kerasdist.checkpoint.store import object as object_store
+from kerasdist.gcs_test_server import start_gcs_server
 from kerasdist.s3_test_server import start_s3_server
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
@@ -51,19 +58,37 @@ def fit(checkpoint_dir: str, epochs: int, keep: int = 5, **args) -> keras.callba
                                      strategy="default", batch_size=4, keep=keep, verbose=0, **args)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = start_s3_server()
+def serve(start):
+    server = start()
     try:
         yield server
     finally:
         server.stop()
 
 
-def s3fs_of(server):
-    import s3fs
+@pytest.fixture(scope="module")
+def s3():
+    yield from serve(start_s3_server)
 
-    return s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options())
+
+@pytest.fixture(scope="module")
+def gcs():
+    yield from serve(start_gcs_server)
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def store(request):
+    """The S3 or the GCS test server (both have `scheme`, `storage_options()`, `environment()`,
+    `filesystem()`, `make_bucket()`, `stop(remove=False)` and `start()`)."""
+    return request.getfixturevalue(request.param)
+
+
+def new_url(server) -> str:
+    return f"{server.scheme}://{server.make_bucket()}/run"
+
+
+def root_of(url: str) -> str:
+    return url.split("://", 1)[1]
 
 
 def objects(fs, root: str) -> dict[str, tuple[int, str]]:
@@ -97,6 +122,11 @@ def test_a_missing_plugin_is_named_before_any_work(tmp_path, monkeypatch):
         fit("gs://bucket/run", 1)
 
 
+def test_both_stores_offer_the_whole_store_protocol(tmp_path):
+    for checkpoint_dir in (tmp_path, "memory://kerasdist-protocol/run"):
+        assert isinstance(stores.open_store(checkpoint_dir), stores.Store), checkpoint_dir
+
+
 def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
     fit(f"file://{tmp_path}/run", 1)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}"]
@@ -110,11 +140,11 @@ def test_local_files_are_written_whole_with_or_without_the_page_cache(tmp_path, 
     """Large files go through O_DIRECT (in aligned chunks of a reused buffer, the unaligned tail
     appended), small ones through the page cache; either way the file holds exactly the bytes."""
     data = os.urandom(size)
-    store = storage.LocalStore(tmp_path)
-    entry = store.commit(7, {storage.MODEL_FILE: data, storage.RECORD_FILE: b"{}"})
-    assert (tmp_path / entry / storage.MODEL_FILE).read_bytes() == data
-    if size >= storage._DIRECT_MIN_BYTES:
-        assert storage._write_direct(tmp_path / "direct", data) is True  # not refused here
+    store = stores.LocalStore(tmp_path)
+    entry = store.commit(7, {layout.MODEL_FILE: data, layout.RECORD_FILE: b"{}"})
+    assert (tmp_path / entry / layout.MODEL_FILE).read_bytes() == data
+    if size >= direct_io._DIRECT_MIN_BYTES:
+        assert direct_io._write_direct(tmp_path / "direct", data) is True  # not refused here
         assert (tmp_path / "direct").read_bytes() == data
 
 
@@ -137,9 +167,9 @@ def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkey
 
         monkeypatch.setattr(os, "open", refusing_open)
         monkeypatch.setattr(os, "write", refusing_write)
-        assert storage._write_direct(tmp_path / refuse, data) is False
+        assert direct_io._write_direct(tmp_path / refuse, data) is False
         assert not (tmp_path / refuse).exists()
-        storage._write_durably(tmp_path / refuse, data)
+        direct_io.write_durably(tmp_path / refuse, data)
         monkeypatch.undo()
         assert (tmp_path / refuse).read_bytes() == data
 
@@ -163,21 +193,33 @@ def test_keras_public_save_still_refuses_file_objects(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# memory://: the object-store protocol
+# The object-store protocol, on memory:// and on the S3 and GCS servers
 
 
 def memory_url() -> str:
     return f"memory://kerasdist-{uuid.uuid4().hex[:8]}/run"
 
 
+def place_on(where: str, request) -> tuple[str, dict | None, fsspec.AbstractFileSystem, str]:
+    """A fresh checkpoint_dir on `where` ("memory", "s3" or "gcs"): its URL, its storage_options,
+    a filesystem of the test's own on that store, and the URL's path there."""
+    if where == "memory":
+        url, memory = memory_url(), fsspec.filesystem("memory")
+        return url, None, memory, memory._strip_protocol(url)
+    server = request.getfixturevalue(where)
+    url = new_url(server)
+    return url, server.storage_options(), server.filesystem(), root_of(url)
+
+
 class _Crash(BaseException):
     """A crash at a chosen point of an upload."""
 
 
-def test_a_resave_of_a_step_never_destroys_its_only_checkpoint_before_its_record(monkeypatch):
-    url = memory_url()
-    fit(url, 1)
-    manager = kerasdist.CheckpointManager(url)
+@pytest.mark.parametrize("where", ["memory", "s3", "gcs"])
+def test_a_resave_of_a_step_never_destroys_its_only_checkpoint_before_its_record(where, request, monkeypatch):
+    url, options, fs, root = place_on(where, request)
+    fit(url, 1, storage_options=options)
+    manager = kerasdist.CheckpointManager(url, storage_options=options)
     model = build_model()
     manager.restore(model)
     before = [c.path for c in manager.checkpoints()]
@@ -192,12 +234,12 @@ def test_a_resave_of_a_step_never_destroys_its_only_checkpoint_before_its_record
     with pytest.raises(_Crash):
         manager.save(model, epoch=1)  # the same step again, keep=1 in effect: crashed mid-upload
     monkeypatch.undo()
-    assert [c.path for c in kerasdist.list_checkpoints(url)] == before  # the old one is intact and listed
+    assert [c.path for c in kerasdist.list_checkpoints(url, storage_options=options)] == before  # intact, listed
     manager.save(model, epoch=1, metrics={"again": 1.0})
-    (only,) = kerasdist.list_checkpoints(url)
+    (only,) = kerasdist.list_checkpoints(url, storage_options=options)
     assert only.metrics == {"again": 1.0} and re.search(r"/ckpt-4\.s\d{20}$", only.path)
-    fs = fsspec.filesystem("memory")
-    assert [p.rsplit("/", 1)[-1] for p in fs.ls(manager.store.root, detail=False)] == [only.path.rsplit("/", 1)[-1]]
+    fs.invalidate_cache()
+    assert [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)] == [only.path.rsplit("/", 1)[-1]]
 
 
 def test_pruning_deletes_the_record_first():
@@ -219,7 +261,7 @@ def test_pruning_deletes_the_record_first():
 
 
 # --------------------------------------------------------------------------------------------
-# Damage on object stores (tests/cases/checkpoint.json object_damage), on memory:// and S3
+# Damage on object stores (tests/cases/checkpoint.json object_damage), on memory://, S3 and GCS
 
 
 @pytest.fixture(scope="module")
@@ -254,20 +296,12 @@ def damage(fs, path: str, row: dict) -> None:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize("where", ["memory", "s3"])
+@pytest.mark.parametrize("where", ["memory", "s3", "gcs"])
 @pytest.mark.parametrize("row", CASES["object_damage"], ids=[row["id"] for row in CASES["object_damage"]])
 def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, row, where, request):
     memory = fsspec.filesystem("memory")
-    template_root = memory._strip_protocol(object_template)
-    options = None
-    if where == "s3":
-        server = request.getfixturevalue("s3")
-        fs, root, options = s3fs_of(server), f"{server.make_bucket()}/run", server.storage_options()
-        url = f"s3://{root}"
-    else:
-        fs, url = memory, memory_url()
-        root = memory._strip_protocol(url)
-    copy_objects(memory, template_root, fs, root)
+    url, options, fs, root = place_on(where, request)
+    copy_objects(memory, memory._strip_protocol(object_template), fs, root)
     newest = kerasdist.latest_checkpoint(url, storage_options=options)
     damage(fs, f"{root}/{newest.path.rsplit('/', 1)[-1]}/{row['file']}", row)
     before = objects(fs, root)
@@ -284,31 +318,48 @@ def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, r
 
 
 # --------------------------------------------------------------------------------------------
-# A real S3 server
+# Real S3 and GCS servers
 
 
-def test_s3_errors_name_checkpoint_dir_before_training(s3, tmp_path):
-    good = s3.storage_options()
+def test_a_missing_bucket_or_a_dead_endpoint_is_named_before_training(store, monkeypatch):
+    """A dead endpoint is given up after REACHABLE_WITHIN_SECONDS (10 s; 2 s here), whatever the
+    client's own retries (botocore's take about 7 s here, gcsfs's about a minute)."""
+    missing = f"{store.scheme}://kerasdist-missing-bucket/run"
+    with pytest.raises(ValueError, match=rf"checkpoint_dir '{missing}': the bucket 'kerasdist-missing-bucket' "
+                                         r"does not exist; kerasdist does not create buckets"):
+        fit(missing, 1, storage_options=store.storage_options())
+    monkeypatch.setattr(object_store, "REACHABLE_WITHIN_SECONDS", 2.0)
+    url = f"{store.scheme}://kerasdist-any-bucket/run"
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"checkpoint_dir '{url}' cannot be reached: no answer within 2 s\.$"):
+        fit(url, 1, storage_options=store.storage_options(endpoint="http://127.0.0.1:9"))  # nothing listens
+    assert time.monotonic() - started < 5
+
+
+def test_wrong_s3_credentials_are_named_before_training(s3):
+    """(fake-gcs-server takes any credentials: this is S3's alone.)"""
     bucket = s3.make_bucket()
-    with pytest.raises(ValueError, match=r"checkpoint_dir 's3://kerasdist-missing-bucket/run': the bucket "
-                                         r"'kerasdist-missing-bucket' does not exist"):
-        fit("s3://kerasdist-missing-bucket/run", 1, storage_options=good)
-    wrong = {**good, "secret": "wrong"}
+    wrong = {**s3.storage_options(), "secret": "wrong"}
     with pytest.raises(ValueError, match=rf"checkpoint_dir 's3://{bucket}/run': access denied"):
         fit(f"s3://{bucket}/run", 1, storage_options=wrong)
-    assert s3fs_of(s3).find(bucket) == []  # nothing was written
+    assert s3.filesystem().find(bucket) == []  # nothing was written
 
 
-def test_pruned_checkpoints_leave_no_folders_entries_or_warnings_on_s3(s3):
-    """SeaweedFS keeps the folder of a deleted prefix (listed, with a `ckpt-N/` marker object):
-    pruning deletes it too, and one left by a crash is neither a checkpoint nor an interrupted
-    save to warn about; the chief deletes it at the start."""
-    url, options = f"s3://{s3.make_bucket()}/run", s3.storage_options()
+def test_pruning_leaves_only_the_kept_checkpoint_and_warns_of_nothing(store):
+    url, options = new_url(store), store.storage_options()
     with warnings.catch_warnings():
         warnings.simplefilter("error", kerasdist.CheckpointWarning)
         fit(url, 3, storage_options=options, keep=1)
-    fs, root = s3fs_of(s3), url[len("s3://"):]
-    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-12"]
+    assert [name.rsplit("/", 1)[-1] for name in store.filesystem().ls(root_of(url))] == ["ckpt-12"]
+
+
+def test_a_folder_left_on_s3_is_no_checkpoint_and_is_swept_at_the_start(s3):
+    """SeaweedFS keeps the folder of a deleted prefix (listed, with a `ckpt-N/` marker object):
+    pruning deletes it too (above), and one left by a crash is neither a checkpoint nor an
+    interrupted save to warn about; the chief deletes it at the start."""
+    url, options = new_url(s3), s3.storage_options()
+    fit(url, 1, storage_options=options)
+    fs, root = s3.filesystem(), root_of(url)
     fs.pipe_file(f"{root}/ckpt-1/model.keras", b"x")
     fs.rm(f"{root}/ckpt-1", recursive=True)  # crashed between deleting the files and the folder
     fs.invalidate_cache()
@@ -316,11 +367,11 @@ def test_pruned_checkpoints_leave_no_folders_entries_or_warnings_on_s3(s3):
     manager = kerasdist.CheckpointManager(url, storage_options=options)
     with warnings.catch_warnings():
         warnings.simplefilter("error", kerasdist.CheckpointWarning)
-        assert manager.store.entries() == ["ckpt-12"]
-        assert [c.epoch for c in manager.checkpoints()] == [3]
+        assert manager.store.entries() == ["ckpt-4"]
+        assert [c.epoch for c in manager.checkpoints()] == [1]
     assert manager.remove_temporary() == [f"{url}/ckpt-1"]
     fs.invalidate_cache()
-    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-12"]
+    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-4"]
 
 
 def start_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
@@ -333,19 +384,34 @@ def finished(trainer: subprocess.Popen) -> tuple[int, str]:
     return trainer.returncode, output
 
 
-def test_a_trainer_killed_mid_upload_resumes_bitwise(s3, tmp_path):
-    """The trainer is configured the ecosystem's way (AWS_* environment variables) and SIGKILLs
-    itself between uploading a checkpoint's files and its record."""
-    env = s3.environment()
-    url = f"s3://{s3.make_bucket()}/run"
-    reference = start_trainer(str(tmp_path / "reference"), tmp_path / "reference.npz", {})
+@pytest.fixture(scope="module")
+def uninterrupted_weights(tmp_path_factory):
+    """The final weights of an uninterrupted local run of the trainer: started once, beside the
+    first test that asks (call the fixture's value to wait for them)."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    trainer = start_trainer(str(out / "ckpt"), out / "weights.npz", {})
+
+    @functools.cache
+    def weights() -> dict[str, np.ndarray]:
+        code, output = finished(trainer)
+        assert code == 0, output
+        return dict(np.load(out / "weights.npz"))
+
+    yield weights
+    if trainer.poll() is None:
+        trainer.kill()
+        trainer.communicate()
+
+
+def test_a_trainer_killed_mid_upload_resumes_bitwise(store, tmp_path, uninterrupted_weights):
+    """The trainer is configured the ecosystem's way (AWS_* or STORAGE_EMULATOR_HOST environment
+    variables) and SIGKILLs itself between uploading a checkpoint's files and its record."""
+    env = store.environment()
+    url = new_url(store)
     killed = start_trainer(url, tmp_path / "killed.npz", env, "--kill-during-upload", "9")
     code, output = finished(killed)
     assert code == -signal.SIGKILL, output
-    code, output = finished(reference)
-    assert code == 0, output
-    fs = s3fs_of(s3)
-    root = url[len("s3://"):]
+    fs, root = store.filesystem(), root_of(url)
     assert fs.exists(f"{root}/ckpt-9/model.keras") and not fs.exists(f"{root}/ckpt-9/state.json")  # torn upload
     with kerasdist_env(env), pytest.warns(kerasdist.CheckpointWarning, match=r"ckpt-9/state.json is missing"):
         assert [c.global_step for c in kerasdist.list_checkpoints(url)] == [3, 6]  # ckpt-9 is not listed
@@ -353,14 +419,14 @@ def test_a_trainer_killed_mid_upload_resumes_bitwise(s3, tmp_path):
     assert code == 0, output
     assert [line for line in output.split("\n") if line.startswith("step ")][0] == "step 7"  # after ckpt-6
     assert "ckpt-9/state.json is missing (the save never completed)" in output
-    expected, got = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
-    assert all(np.array_equal(expected[name], got[name]) for name in expected.files)
+    expected, got = uninterrupted_weights(), np.load(tmp_path / "resumed.npz")
+    assert all(np.array_equal(expected[name], got[name]) for name in expected)
     fs.invalidate_cache()
     assert not fs.exists(f"{root}/ckpt-9") or fs.exists(f"{root}/ckpt-9/state.json")  # cleaned, or saved anew
 
 
 class kerasdist_env:  # noqa: N801 (a context manager used like a function)
-    """The AWS environment of a server, set for this process while inside."""
+    """The environment variables of a server, set for this process while inside."""
 
     def __init__(self, env: dict[str, str]):
         self.env, self.saved = env, {}
@@ -388,18 +454,23 @@ class StopServerAtEpoch(keras.callbacks.Callback):
             self.server.stop(remove=False)
 
 
-def test_s3_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun_resumes(s3):
-    options = {**s3.storage_options(), "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+# botocore gives up on a dead endpoint after one attempt; gcsfs retries for about 35 s and has no
+# option to try fewer times.
+FAIL_FAST = {"s3": {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}, "gs": {}}
+
+
+def test_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun_resumes(store):
+    options = {**store.storage_options(), **FAIL_FAST[store.scheme]}
     reference = fit(memory_url(), 2)
-    url = f"s3://{s3.make_bucket()}/run"
+    url = new_url(store)
     try:
         # the save runs in the background: its OSError comes out of fit as a BackgroundSaveError
         with pytest.raises(kerasdist.BackgroundSaveError, match=rf"Saving checkpoint {re.escape(url)}/ckpt-8 failed") \
                 as raised:
-            fit(url, 2, storage_options=options, callbacks=[StopServerAtEpoch(s3, 1)])
+            fit(url, 2, storage_options=options, callbacks=[StopServerAtEpoch(store, 1)])
         assert isinstance(raised.value.error, OSError)
     finally:
-        s3.start()
+        store.start()
     assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]  # nothing lost
     resumed = fit(url, 2, storage_options=options)
     assert resumed.epoch == [0, 1]
@@ -408,11 +479,28 @@ def test_s3_server_stopped_mid_run_fails_loudly_keeps_what_was_saved_and_a_rerun
     assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]
 
 
-def test_a_model_remembers_its_store_with_its_options(s3):
+def test_a_model_remembers_its_store_with_its_options(store):
     """resume_fit(model, data, epochs, url) without storage_options uses the options the model
     was restored with (make_or_restore_model remembers its manager)."""
-    url, options = f"s3://{s3.make_bucket()}/run", s3.storage_options()
+    url, options = new_url(store), store.storage_options()
     model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
     data = kerasdist.make_dataset(X, X.sum(1), batch_size=4, seed=1)
     kerasdist.resume_fit(model, data, 1, url, verbose=0)
     assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]
+
+
+def test_gs_urls_never_wait_on_gcsfs_bucket_type_probe(gcs, monkeypatch):
+    """gcsfs's default filesystem probes each bucket's type over gRPC first; against this server
+    (no gRPC) every call waited about a minute for it. kerasdist opens gcsfs's JSON-API filesystem
+    unless the user set gcsfs's switch for that probe."""
+    import gcsfs.core
+
+    monkeypatch.delenv(object_store.GCS_BUCKET_TYPE_PROBE, raising=False)
+    url, options = new_url(gcs), gcs.storage_options()
+    assert type(stores.open_store(url, options).fs) is gcsfs.core.GCSFileSystem
+    started = time.monotonic()
+    fit(url, 1, storage_options=options)
+    assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1]
+    assert time.monotonic() - started < 20
+    monkeypatch.setenv(object_store.GCS_BUCKET_TYPE_PROBE, "true")  # the user's choice (zonal buckets need it)
+    assert type(stores.open_store(url, options).fs) is fsspec.get_filesystem_class("gs")

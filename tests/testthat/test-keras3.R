@@ -186,6 +186,7 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   expect_identical(result$class, c("kerasdist_preempted", "kerasdist_error", "error", "condition"))
   expect_identical(result$status, 75L)
   expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(dir, "ckpt"))$path))
+  expect_identical(result$global_step, latest_checkpoint(file.path(dir, "ckpt"))$global_step)
   expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
 })
 

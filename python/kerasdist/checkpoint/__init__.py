@@ -11,18 +11,16 @@ chief-only writes, preemption.
   once, restore and resume point from one read, save, prune), and the public functions on it.
 - `snapshot`: a model's state taken cheaply on the training thread, its files made later.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
-- `callback`: the Keras callback that saves through a manager, and preemption (SIGTERM).
+- `callback`: the Keras callback that saves through a manager, and on SIGTERM (`kerasdist.preemption`).
 """
 
 from kerasdist.checkpoint.background import BackgroundSaveError
 from kerasdist.checkpoint.callback import (
-    PREEMPTED_EXIT_CODE,
     CheckpointCallback,
     check_callback_args,
     check_trainer_callbacks,
     checkpoint_callback,
 )
-from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
 from kerasdist.checkpoint.manager import (
     CheckpointManager,
     as_manager,
@@ -33,14 +31,15 @@ from kerasdist.checkpoint.manager import (
     remembered_checkpoint_dir,
     save_checkpoint,
 )
+from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE",
     "BackgroundSaveError",
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointWarning",
+    "RunRecord",
     "as_manager",
     "check_callback_args",
     "check_trainer_callbacks",

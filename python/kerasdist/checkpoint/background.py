@@ -1,12 +1,12 @@
 """Background checkpoint saves: training waits only while the state is snapshot, the files are
 written and committed in a thread.
 
-A save in the background is two halves. On the training thread, between steps, `take` records
-the completion record's fields and a `snapshot.StateSnapshot` of the model (tens of milliseconds for
-a 5M-parameter model, against a few hundred for a whole save). In a `BackgroundWriter` thread,
-the job makes the files from the snapshot and commits them as a synchronous save does
-(`CheckpointManager.commit`: through the store, the record last), then prunes: pruning happens only after the
-new checkpoint is committed, as in a synchronous save.
+A save in the background is two halves. On the training thread, between steps, the callback
+takes a `snapshot.Snapshot` of the model (`take_snapshot`: tens of milliseconds for a
+5M-parameter model, against a few hundred for a whole save) and its `record.Progress`. In a
+`BackgroundWriter` thread, the job makes the files from the snapshot and commits them as a
+synchronous save does (`CheckpointManager.commit`: through the store, the record last), then
+prunes: pruning happens only after the new checkpoint is committed, as in a synchronous save.
 
 What the writer guarantees:
 - At most one save in flight: `submit` waits for the previous one first.
@@ -35,12 +35,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-
-from kerasdist.checkpoint.format import Snapshot
-from kerasdist.checkpoint.model_state import optimizer_step, plain, signature
-from kerasdist.checkpoint.snapshot import SaveMemory, StateSnapshot, take_snapshot
 
 
 class BackgroundSaveError(RuntimeError):
@@ -52,36 +47,6 @@ class BackgroundSaveError(RuntimeError):
     def __init__(self, message: str, error: BaseException) -> None:
         super().__init__(message)
         self.error = error
-
-
-@dataclass(frozen=True)
-class PendingSave:
-    """A checkpoint taken on the training thread, to be written by `BackgroundWriter`.
-
-    Attributes:
-        fields: the completion record's fields as `format.commit` takes them, copied when taken.
-        state: the model's state (`snapshot.take_snapshot`).
-        global_step, signature: the model's training steps and weight signature when taken.
-    """
-
-    fields: dict[str, Any]
-    state: StateSnapshot
-    global_step: int
-    signature: list[list[Any]]
-
-    def taken(self) -> Snapshot:
-        """The checkpoint's files made from the state (in the writer's thread), as `format.commit`
-        writes them."""
-        files, crc32s = self.state.files_and_crc32s()
-        return Snapshot(files=files, global_step=self.global_step, signature=self.signature, crc32s=crc32s)
-
-
-def take(model: Any, memory: SaveMemory | None = None, **fields: Any) -> PendingSave:
-    """The record's fields (as `format.commit` takes them) and the state of `model` now; call it
-    on the training thread. With `memory` (`snapshot.SaveMemory`), the state and its files live
-    there, valid until the next `take` with it."""
-    fields = {**fields, "history": plain(fields.get("history") or []), "metrics": plain(fields.get("metrics") or {})}
-    return PendingSave(fields, take_snapshot(model, memory), optimizer_step(model), signature(model))
 
 
 _writers: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()

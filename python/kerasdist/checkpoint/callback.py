@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from kerasdist._sigterm import PREEMPTED_EXIT_CODE
-from kerasdist.checkpoint.background import BackgroundWriter, take
-from kerasdist.checkpoint.format import CheckpointInfo, CheckpointWarning
+from kerasdist.checkpoint.background import BackgroundWriter
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
-from kerasdist.checkpoint.preemption import agreement_for
-from kerasdist.checkpoint.snapshot import SaveMemory
+from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
+from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
+from kerasdist.preemption import PreemptedExit, SigtermHold
 from kerasdist.validation import boolean, choice, integer, optional_integer
 
 
@@ -41,9 +38,10 @@ def checkpoint_callback(
     Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches),
     atomically; keeps the `keep` newest (plus the best by `monitor` when `keep_best`), never
     deleting the newest valid one. Under multi-worker strategies only the chief writes. On SIGTERM
-    it saves at the next step boundary, stops training and exits with `PREEMPTED_EXIT_CODE` (75).
-    Under a multi-worker strategy a SIGTERM to any worker stops every worker after one agreed step
-    (`checkpoint/preemption.py`): the chief saves that step and every worker exits with 75.
+    it saves at the next step boundary, stops training and raises `PreemptedExit` (exit status
+    `PREEMPTED_EXIT_CODE`, 75), which names the checkpoint saved. Under a multi-worker strategy a
+    SIGTERM to any worker stops every worker after one agreed step (`preemption/agreement.py`):
+    the chief saves that step and every worker exits with 75.
 
     With `async_save` (the default) training waits for a save only while the model's state is
     copied (`checkpoint/snapshot.py`); the files are written and committed in a background thread
@@ -88,11 +86,13 @@ def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any
 
 
 class CheckpointCallback(keras.callbacks.Callback):
-    """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`."""
+    """See `checkpoint_callback`. `checkpoint_dir` may also be a `CheckpointManager`; `run`
+    (trainers give it) is what each checkpoint records about the run: its training settings,
+    global batch and epoch order."""
 
     def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
                  keep_best=False, monitor="loss", mode="min", handle_sigterm=True, async_save=True,
-                 storage_options=None):
+                 storage_options=None, run: RunRecord | None = None):
         super().__init__()
         check_callback_args(every_epoch, every_steps, keep, mode, monitor, async_save)
         self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=storage_options)
@@ -117,21 +117,23 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batches_seen = 0  # in this fit's current epoch
         self._history: list[dict[str, float]] = []
         self._best: CheckpointInfo | None = None
-        self._previous_handler: Any = None
+        self._sigterm: SigtermHold | None = None
         self._agreement: Any = None  # multi-worker: the workers' preemption agreement
         self._logs: dict | None = None
         self._is_chief = True
         self._task: str | None = None
-        self.settings: dict[str, Any] = {}  # the run's training settings, recorded in each checkpoint
-        # samples per step and the epochs' order function, recorded in each checkpoint; set by
-        # resume_fit for make_dataset data
-        self.global_batch_size: int | None = None
-        self.epoch_order: str | None = None
+        self.run = run if run is not None else RunRecord()
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path | str:
         return self.manager.directory
+
+    def use_run(self, run: RunRecord) -> None:
+        """Record `run` in the checkpoints from now on (resume_fit tells a callback the user made
+        what its data is; settings the callback was given are kept unless `run` has some)."""
+        self.run = run if run.settings or not self.run.settings else RunRecord(
+            self.run.settings, run.global_batch_size, run.epoch_order)
 
     @property
     def preempted(self) -> bool:
@@ -160,6 +162,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._writer.wait()
 
     def on_train_begin(self, logs=None):
+        from kerasdist.preemption.agreement import agreement_for
         from kerasdist.strategy import run_context
 
         self.wait()  # a save a fit that raised left behind
@@ -237,7 +240,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._memory.release()  # nothing is written any more
             self._restore_sigterm_handler()
         if self._preempted:
-            raise SystemExit(PREEMPTED_EXIT_CODE)
+            saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
+            raise PreemptedExit(saved.path if saved else None,
+                                saved.global_step if saved else optimizer_step(self.model))
 
     # -- helpers ----------------------------------------------------------------------------
     def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:
@@ -247,27 +252,23 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self._is_chief:
             return
         started = time.perf_counter()
-        fields = dict(
-            epoch=epoch, step_in_epoch=step, history=self._history, metrics=plain(logs or {}),
-            writer=self._task, global_batch_size=self.global_batch_size, epoch_order=self.epoch_order,
-            **({"settings": self.settings} if self.settings else {}),
-        )
+        progress = Progress.of(epoch, step, self._history, logs, self._task, self.run)
         try:
             if self.async_save and not (final or self._preempted):
-                self._save_in_background(fields)
+                self._save_in_background(progress)
             else:
                 self.wait()
-                self._saved(self.manager.save(self.model, **fields))
+                self._saved(self.manager.save(self.model, progress))
         finally:
             self.blocked_seconds.append(time.perf_counter() - started)
 
-    def _save_in_background(self, fields: dict[str, Any]) -> None:
+    def _save_in_background(self, progress: Progress) -> None:
         self.wait()  # at most one in flight; its error is raised here
         self.manager.create()  # an unwritable directory fails here, on the training thread
-        pending = take(self.model, self._memory, **fields)
+        taken = take_snapshot(self.model, self._memory)
         self._writer.submit(
-            lambda: self._saved(self.manager.commit(pending.taken(), **pending.fields)),
-            f"checkpoint ckpt-{pending.global_step} in {self.manager.directory}",
+            lambda: self._saved(self.manager.commit(taken, progress)),
+            f"checkpoint ckpt-{taken.global_step} in {self.manager.directory}",
         )
 
     def _saved(self, info: CheckpointInfo) -> None:
@@ -291,63 +292,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self.handle_sigterm:
             return
         handler = self._agreement.sigterm_handler if self._agreement is not None else self._on_sigterm
-        try:
-            self._previous_handler = signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread: leave signals to the caller
-            self._previous_handler = None
+        self._sigterm = SigtermHold(handler)  # off the main thread it holds nothing: the caller's then
 
     def _restore_sigterm_handler(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        if self._sigterm is not None:
+            self._sigterm.release()
+            self._sigterm = None
 
     def _on_sigterm(self, signum, frame) -> None:
         self._preempted = True
-
-
-def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int:
-    """Batches of `point.epoch` to skip when resuming from `point` with batches of
-    `global_batch_size` samples.
-
-    The sample order of an epoch is a function of (seed, epoch) only (`make_dataset`), so under
-    the global batch the checkpoint was written with, skipping its `step_in_epoch` batches
-    continues at the next unseen sample, whatever the number of replicas or workers. Under
-    another global batch the checkpoint's `step_in_epoch * old` samples are skipped, rounded
-    down to whole new batches so that no sample goes untrained; a warning says so, and how many
-    samples are trained a second time. Unknown sizes (data not from `make_dataset`) are taken
-    as unchanged.
-    """
-    old, new = point.global_batch_size, global_batch_size
-    if point.step_in_epoch == 0 or old is None or new is None or old == new:
-        return point.step_in_epoch
-    seen = point.step_in_epoch * old
-    skip, again = divmod(seen, new)
-    warnings.warn(
-        f"The checkpoint {point.path} was written with a global batch of {old} samples, this run "
-        f"uses {new}: the sample stream is not the same, so it cannot continue exactly. It resumes "
-        f"epoch {point.epoch} at sample {skip * new} (batch {skip} of {new}); the {seen} samples "
-        f"already trained in that epoch are skipped"
-        + (f" except the last {again}, which are trained again." if again else "."),
-        CheckpointWarning, stacklevel=3,
-    )
-    return skip
-
-
-def check_epoch_order(point: CheckpointInfo, epoch_order: str | None) -> None:
-    """Warn when `point` stopped inside an epoch whose order came from another order function
-    (an older or newer kerasdist): the batches left of that epoch are then cut from this
-    version's order, so some of its samples are trained twice and others not at all. Epoch
-    boundaries, and orders unknown on either side, pass."""
-    old = point.epoch_order
-    if point.step_in_epoch == 0 or old is None or epoch_order is None or old == epoch_order:
-        return
-    warnings.warn(
-        f"The checkpoint {point.path} stopped {point.step_in_epoch} batches into epoch {point.epoch}, "
-        f"whose order came from {old!r}; this kerasdist orders epochs with {epoch_order!r}. The rest "
-        f"of that epoch is cut from the new order, so some of its samples are trained twice and "
-        f"others not at all; later epochs are whole.",
-        CheckpointWarning, stacklevel=3,
-    )
 
 
 def check_trainer_callbacks(callbacks: Any, trainer: str) -> list[Any]:

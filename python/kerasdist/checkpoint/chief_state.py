@@ -11,10 +11,12 @@ single host, then sends every worker (1) the checkpoint's record, the resume poi
 or the error it met, and (2) the restored state, the bytes of every variable (weights, optimizer
 slots and counters, random-generator states). Both travel as one all-reduce sum of int64 words
 to which only the chief contributes: adding zeros to integers is exact, so each worker receives
-the chief's bytes bit for bit. Workers therefore never read checkpoint files, and the
-`build_fn`-less path (`load_model`), which needs the files themselves, checks that every worker
-sees the chief's checkpoint and otherwise stops everywhere with an error naming
-`checkpoint_dir`.
+the chief's bytes bit for bit. Workers therefore never restore from checkpoint files. They may
+still list and verify what they see: `distributed_fit` and `custom_fit` read the newest record
+on every worker to refuse other speed settings before anything loads (`speed`), which on a disk
+of a worker's own finds nothing, or an older record, and is harmless there. The `build_fn`-less
+path (`load_model`), which needs the files themselves, checks that every worker sees the chief's
+checkpoint and otherwise stops everywhere with an error naming `checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from kerasdist.checkpoint.format import CheckpointInfo, read_record
+from kerasdist.checkpoint.record import CheckpointInfo, read_record
 
 SHARED_STORAGE_HINT = (
     "put checkpoint_dir on storage every worker reads (a shared filesystem, or an object store URL "
@@ -62,7 +64,7 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
         return manager.resume_point(model)
     _assign_state(variables, state, manager)
     info = CheckpointInfo(**header["checkpoint"])
-    manager._note_restored(model, info)
+    manager.note_restored(model, info)
     return info
 
 

@@ -3,7 +3,7 @@
 The manager is what the callback, `make_or_restore_model`, `resume_fit`, `ps_fit` and
 `distributed_fit` talk to. It checks the directory once, checksums each checkpoint once (again
 only if its files change on disk), restores a model and gives the resume point from that same
-read, saves atomically (`format.snapshot` + `format.commit`) and prunes. Every file it reads or
+read, saves atomically (a `snapshot.Snapshot` + `record.commit`) and prunes. Every file it reads or
 writes goes through its store (`storage.py`): a local directory or an object-store URL.
 """
 
@@ -20,20 +20,18 @@ import keras
 
 from kerasdist import compat
 from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
-from kerasdist.checkpoint.format import (
-    MODEL_FILE,
-    REPLACED_MARK,
-    RNG_FILE,
+from kerasdist.checkpoint.layout import MODEL_FILE, REPLACED_MARK, RNG_FILE
+from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
+from kerasdist.checkpoint.record import (
     CheckpointInfo,
     CheckpointWarning,
-    Snapshot,
+    Progress,
     commit,
     read_checkpoint,
     read_record,
-    snapshot,
 )
-from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
-from kerasdist.checkpoint.storage import open_store
+from kerasdist.checkpoint.snapshot import Snapshot, snapshot_now
+from kerasdist.checkpoint.store import open_store
 from kerasdist.step_guard import guard_train_function
 
 
@@ -139,7 +137,7 @@ class CheckpointManager:
             with self.store.local_files(entry) as local:
                 model.load_weights(local / MODEL_FILE)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
-        self._note_restored(model, latest)
+        self.note_restored(model, latest)
         return latest
 
     def load_model(self, custom_objects: Any = None, safe_mode: bool = True) -> Any:
@@ -154,26 +152,28 @@ class CheckpointManager:
         with self.store.local_files(self.store.entry_of(latest.path)) as local:
             model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
             restore_seed_states(model, local / RNG_FILE, latest.path)
-        self._note_restored(model, latest)
+        self.note_restored(model, latest)
         return model
 
-    def _note_restored(self, model: Any, info: CheckpointInfo | None) -> None:
+    def note_restored(self, model: Any, info: CheckpointInfo | None) -> None:
+        """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
+        read): its resume point is `info`, and the model remembers this manager."""
         self._restored = (weakref.ref(model), info) if info is not None else None
         remember_manager(model, self)
 
     # -- writing -------------------------------------------------------------------------------
-    def save(self, model: Any, **record: Any) -> CheckpointInfo:
-        """Write a checkpoint atomically (`epoch`, `step_in_epoch`, `history`, `metrics`,
-        `writer` as in `format.commit`); callers decide who writes (the chief)."""
+    def save(self, model: Any, progress: Progress | None = None, **fields: Any) -> CheckpointInfo:
+        """Write a checkpoint of `model` now, atomically, recording `progress` (or the `fields`
+        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...); callers decide who
+        writes (the chief)."""
         self.create()
-        return self.commit(snapshot(model), **record)
+        return self.commit(snapshot_now(model), progress if progress is not None else Progress.of(**fields))
 
-    def commit(self, taken: Snapshot, **record: Any) -> CheckpointInfo:
-        """Write a snapshot taken earlier (`format.snapshot`) as a checkpoint, its completion
-        record last: the second half of `save`, for savers that snapshot in one place and write
-        in another."""
+    def commit(self, taken: Snapshot, progress: Progress) -> CheckpointInfo:
+        """Write a snapshot taken earlier as a checkpoint, its completion record last: the
+        second half of `save`, for savers that snapshot in one place and write in another."""
         self.create()
-        info = commit(self.store, taken, **record)
+        info = commit(self.store, taken, progress)
         entry = self.store.entry_of(info.path)
         self._seen[entry] = (self.store.fingerprint(entry), info)  # written and described here: verified
         return info

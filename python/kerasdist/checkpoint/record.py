@@ -1,56 +1,34 @@
-"""The checkpoint format: what one checkpoint holds, how it is made, checked and committed.
+"""The completion record: what one checkpoint records besides its files, how it is written and
+how a checkpoint is verified against it. The one definition of the record's schema.
 
-A checkpoint is an entry `ckpt-<global step>/` of the checkpoint directory holding `model.keras`
-(weights, optimizer state, config), `rng.npz` (the Keras seed-generator states that `load_model`
-does not restore) and `state.json`, the completion record: epoch, step, metrics, history, and the
-size and CRC-32 of every other file (a SHA-256 in records of format 1, still read). A save is two
-steps: `snapshot` makes the files in memory (`dict[name, bytes]`) from the model, and `commit`
-writes them with their record through the store (`storage.py`): on a local disk under a temporary
-name, fsynced, record last, then renamed into place; on an object store uploaded with the record
-last, which is the commit. A crash at any byte therefore leaves the old checkpoint and, at worst,
-an ignored partial entry; a checkpoint whose files do not match their record is refused by
-`read_checkpoint`.
+A save is two steps: a `Snapshot` of the model (its files, made in memory), and `commit`, which
+writes those files and the record through the store (`storage.py`): on a local disk under a
+temporary name, fsynced, record last, then renamed into place; on an object store uploaded with
+the record last, which is the commit. A crash at any byte therefore leaves the old checkpoint and,
+at worst, an ignored partial entry; a checkpoint whose files do not match their record is refused
+by `read_checkpoint`.
 
-Everything here is about one checkpoint at a time; which checkpoints exist, which is newest and
-which are kept is `CheckpointManager`'s business.
+The record (`state.json`) holds the training progress the trainer gives (`Progress`: epoch,
+step, history, metrics, writer, and the run's `RunRecord`), the global step and weight signature
+of the snapshot, the time, and the size and CRC-32 of every other file (a SHA-256 in records of
+format 1, still read). Everything here is about one checkpoint at a time; which checkpoints
+exist, which is newest and which are kept is `CheckpointManager`'s business.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
-from kerasdist.checkpoint.checksums import CHECKSUMS, Content, describe
-from kerasdist.checkpoint.model_state import optimizer_step, plain, seed_states, signature
-from kerasdist.checkpoint.storage import (
-    CHECKPOINT_PREFIX,
-    MODEL_FILE,
-    RECORD_FILE,
-    REPLACED_MARK,
-    RNG_FILE,
-    SAVED_AGAIN_MARK,
-    TEMP_PREFIX,
-    LocalStore,
-    ObjectStore,
-    open_store,
-)
-from kerasdist.compat import keras_model_bytes
-
-__all__ = [
-    "CHECKPOINT_PREFIX", "MODEL_FILE", "RECORD_FILE", "REPLACED_MARK", "RNG_FILE", "SAVED_AGAIN_MARK",
-    "TEMP_PREFIX", "CheckpointInfo", "CheckpointWarning", "Snapshot", "commit", "read_checkpoint",
-    "read_record", "snapshot", "write_checkpoint",
-]
+from kerasdist.checkpoint.checksums import CHECKSUMS, describe
+from kerasdist.checkpoint.layout import RECORD_FILE
+from kerasdist.checkpoint.model_state import plain
+from kerasdist.checkpoint.snapshot import Snapshot
+from kerasdist.checkpoint.store import Store
 
 FORMAT_VERSION = 2  # 2: files carry a CRC-32 (1: a SHA-256)
-Store = LocalStore | ObjectStore
 
 
 class CheckpointWarning(UserWarning):
@@ -94,6 +72,55 @@ class CheckpointInfo:
     @property
     def order(self) -> tuple[int, int, int]:
         return (self.epoch, self.step_in_epoch, self.global_step)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What every checkpoint of a run records about the run itself (`CheckpointInfo`'s fields of
+    the same names), so that a resume can tell a changed run apart.
+
+    Attributes:
+        settings: the training settings (`speed.TrainingSettings.record()`), or empty.
+        global_batch_size: samples per optimizer step, when known.
+        epoch_order: the name of the function that orders the epochs, when known.
+    """
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    global_batch_size: int | None = None
+    epoch_order: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands when a checkpoint is taken: what the trainer gives its record
+    (`CheckpointInfo`'s fields of the same names). Make it with `Progress.of`, which copies the
+    history and metrics as plain values (the trainer's own go on changing).
+
+    Attributes:
+        epoch: the epoch to run next; step_in_epoch: batches of it done (0 at an epoch end).
+        history: per-epoch logs of the completed epochs; metrics: the logs at save time.
+        writer: the task that writes it ("worker:0"), or None outside a cluster.
+        settings, global_batch_size, epoch_order: the run's (`RunRecord`).
+    """
+
+    epoch: int
+    step_in_epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    writer: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    global_batch_size: int | None = None
+    epoch_order: str | None = None
+
+    @classmethod
+    def of(cls, epoch: int, step_in_epoch: int = 0, history: Any = None, metrics: Any = None,
+           writer: str | None = None, run: RunRecord | None = None, **run_fields: Any) -> Progress:
+        """The progress to record: `run`'s fields (or `run_fields`: settings, global_batch_size,
+        epoch_order, as keywords) with the rest, copied."""
+        run_fields = asdict(run) if run is not None else run_fields
+        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer,
+                   dict(run_fields.get("settings") or {}), run_fields.get("global_batch_size"),
+                   run_fields.get("epoch_order"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,72 +195,27 @@ def _file_problem(store: Store, entry: str, name: str, expected_size: int, algor
 # Writing
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """A checkpoint's files, made in memory from the model, not yet written anywhere.
-
-    Attributes:
-        files: file name -> contents (`model.keras`, `rng.npz`).
-        global_step: the model's training steps when it was taken.
-        signature: shape and dtype of every weight (checked before a restore).
-        crc32s: the CRC-32 of those files already known (computed while they were made).
-    """
-
-    files: Mapping[str, Content]
-    global_step: int
-    signature: list[list[Any]]
-    crc32s: Mapping[str, int] = field(default_factory=dict)
-
-
-def snapshot(model: Any) -> Snapshot:
-    """The model's checkpoint files in memory: what `commit` writes (and what a background
-    save copies in the training thread before writing elsewhere)."""
-    rng_file = io.BytesIO()
-    np.savez(rng_file, *seed_states(model))
-    return Snapshot(
-        files={MODEL_FILE: keras_model_bytes(model), RNG_FILE: rng_file.getvalue()},
-        global_step=optimizer_step(model),
-        signature=signature(model),
-    )
-
-
-def commit(
-    store: Store,
-    taken: Snapshot,
-    *,
-    epoch: int,
-    step_in_epoch: int = 0,
-    history: list[dict[str, float]] | None = None,
-    metrics: dict[str, float] | None = None,
-    writer: str | None = None,
-    settings: dict[str, Any] | None = None,
-    global_batch_size: int | None = None,
-    epoch_order: str | None = None,
-) -> CheckpointInfo:
+def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
     """Write a snapshot and its completion record as one checkpoint, the record last, and return
-    it. `settings` (the run's training settings) and `epoch_order` go into the record only when
-    given, so records of runs without them are as before."""
+    it. The run's settings and epoch order go into the record only when known, so records of
+    runs without them are as before."""
+    run = {"settings": dict(progress.settings)} if progress.settings else {}
+    if progress.epoch_order:
+        run["epoch_order"] = progress.epoch_order
+    files, crc32s = taken.files_and_crc32s()
     record = {
         "format": FORMAT_VERSION,
-        "epoch": int(epoch),
-        "step_in_epoch": int(step_in_epoch),
+        "epoch": progress.epoch,
+        "step_in_epoch": progress.step_in_epoch,
         "global_step": taken.global_step,
         "saved_at": time.time(),
-        "writer": writer,
-        "global_batch_size": global_batch_size,
+        "writer": progress.writer,
+        "global_batch_size": progress.global_batch_size,
         "signature": taken.signature,
-        "history": plain(history or []),
-        "metrics": plain(metrics or {}),
-        **({"settings": dict(settings)} if settings else {}),
-        **({"epoch_order": epoch_order} if epoch_order else {}),
-        "files": {name: describe(data, taken.crc32s.get(name)) for name, data in taken.files.items()},
+        "history": progress.history,
+        "metrics": progress.metrics,
+        **run,
+        "files": {name: describe(data, crc32s.get(name)) for name, data in files.items()},
     }
-    files = {**taken.files, RECORD_FILE: json.dumps(record, indent=1).encode()}
-    entry = store.commit(taken.global_step, files)
+    entry = store.commit(taken.global_step, {**files, RECORD_FILE: json.dumps(record, indent=1).encode()})
     return _info_of(store.path_of(entry), record)
-
-
-def write_checkpoint(model: Any, directory: str | os.PathLike[str] | Store, **record: Any) -> CheckpointInfo:
-    """Write one checkpoint of `model` into `directory` (a path, URL or store) and return it:
-    `snapshot` then `commit`, synchronously."""
-    return commit(open_store(directory), snapshot(model), **record)

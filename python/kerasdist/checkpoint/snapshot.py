@@ -1,7 +1,9 @@
-"""A checkpoint's state taken cheaply on the training thread, its files written later (elsewhere).
+"""A model's checkpoint as of one step, not yet written: a `Snapshot`, the one type synchronous
+and background saves hand to `record.commit`.
 
+`snapshot_now(model)` makes the files at once with `model.save` (synchronous saves).
 `take_snapshot(model)` is what a background save blocks training for: it records everything
-`model.save` would write and `rng.npz` holds, while the model does not change. `StateSnapshot.files()`
+`model.save` would write and `rng.npz` holds, while the model does not change. `Snapshot.files()`
 then makes the checkpoint's files (`{"model.keras": ..., "rng.npz": ...}`, bytes-like) from the snapshot
 alone, in any thread, while training goes on: the same `.keras` zip `model.save` writes (the same
 members and layout; the weights file holds the same groups, datasets and attributes, in the same
@@ -53,10 +55,8 @@ import tensorflow as tf
 
 from kerasdist import compat
 from kerasdist.checkpoint.checksums import Content, crc32_combine
-from kerasdist.checkpoint.model_state import seed_states
-
-MODEL_FILE = "model.keras"
-RNG_FILE = "rng.npz"
+from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
+from kerasdist.checkpoint.model_state import optimizer_step, seed_states, signature
 
 
 @dataclass
@@ -69,9 +69,18 @@ class _Entry:
 
 
 @dataclass(frozen=True)
-class StateSnapshot:
-    """Everything a checkpoint's files hold, frozen; `files()` makes them."""
+class Snapshot:
+    """A model's checkpoint at one training step, frozen; `files()` makes its files.
 
+    Attributes:
+        global_step: the model's training steps when it was taken.
+        signature: shape and dtype of every weight (checked before a restore).
+        make_files: returns the files (`model.keras`, `rng.npz`) and the CRC-32s of those whose
+            checksum came free while they were made.
+    """
+
+    global_step: int
+    signature: list[list[Any]]
     make_files: Callable[[], tuple[dict[str, Content], dict[str, int]]]
 
     def files(self) -> dict[str, Content]:
@@ -83,12 +92,19 @@ class StateSnapshot:
         return self.make_files()
 
 
-def take_snapshot(model: Any, memory: SaveMemory | None = None) -> StateSnapshot:
+def snapshot_now(model: Any) -> Snapshot:
+    """The model's checkpoint files made now, with `model.save` (a synchronous save)."""
+    files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
+    return Snapshot(optimizer_step(model), signature(model), lambda: (files, {}))
+
+
+def take_snapshot(model: Any, memory: SaveMemory | None = None) -> Snapshot:
     """Record `model`'s state for a checkpoint; call it on the training thread, between steps.
 
     With `memory`, the recorded values and the files made from them live in it (see `SaveMemory`):
     the snapshot, and the files its `files()` returns, stay valid until `memory` takes the next one."""
     rng = [np.array(state) for state in seed_states(model)]
+    step, weights = optimizer_step(model), signature(model)
     if compat.keras_snapshot_supported():
         taken = memory.next_save() if memory is not None else None
         recorded = _record_model(model, taken)
@@ -99,9 +115,9 @@ def take_snapshot(model: Any, memory: SaveMemory | None = None) -> StateSnapshot
             content, crc32 = recorded.keras_bytes(taken)
             return {MODEL_FILE: content, RNG_FILE: npz_bytes(rng)}, {MODEL_FILE: crc32}
 
-        return StateSnapshot(make_files)
+        return Snapshot(step, weights, make_files)
     files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
-    return StateSnapshot(lambda: (files, {}))
+    return Snapshot(step, weights, lambda: (files, {}))
 
 
 def npz_bytes(arrays: list[np.ndarray]) -> bytes:

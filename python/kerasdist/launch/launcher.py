@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kerasdist.checkpoint import PREEMPTED_EXIT_CODE
 from kerasdist.launch.command import resolve_command
 from kerasdist.launch.ports import PORT_CLASH_RETRIES, build_cluster, check_host
 from kerasdist.launch.process_group import Outcome, ProcessGroup
@@ -26,6 +25,7 @@ from kerasdist.launch.result import (
     no_restarts_message,
     timeout_message,
 )
+from kerasdist.preemption import PREEMPTED_EXIT_CODE
 from kerasdist.validation import integer
 
 

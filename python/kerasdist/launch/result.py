@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from kerasdist.checkpoint import PREEMPTED_EXIT_CODE
+from kerasdist.preemption import PREEMPTED_EXIT_CODE
 
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT

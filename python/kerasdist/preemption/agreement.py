@@ -11,20 +11,29 @@ count reaches it (workers are at most one step apart: every step ends in an all-
 costs no collective and no message while no signal has come (a flag read per step); the exchange
 happens once, on preemption. TensorFlow's checkpoint writing is replaced (`save_fn`) by the
 `CheckpointCallback`'s own save (the chief writes), and its exit by the callback stopping `fit`,
-which then exits with `PREEMPTED_EXIT_CODE`.
+which then raises `PreemptedExit`.
 
 One handler per process: it holds a watcher thread and coordination-service keys for the whole
 life of the cluster, so it is made on the first multi-worker fit and kept; each fit points it at
-its callback and installs its SIGTERM handler only while it runs.
+its callback and holds SIGTERM with TensorFlow's handler only while it runs.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
+
 from kerasdist import compat
+
+# TensorFlow's coordination agent publishes a SIGTERM it caught under this key (tsl's
+# preemption_sync_manager; tf.distribute.experimental.PreemptionWatcher reads it too).
+PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
 
 
 class WorkerAgreement:
@@ -33,9 +42,9 @@ class WorkerAgreement:
     def __init__(self, strategy: Any):
         self.callback: Any = None
         previous = signal.getsignal(signal.SIGTERM)
-        self.handler = compat.preemption_checkpoint_handler(strategy, self._save, self._stop)
+        self.handler = _preemption_checkpoint_handler(strategy, self._save, self._stop)
         self.sigterm_handler = signal.getsignal(signal.SIGTERM)  # TensorFlow's: tells the cluster
-        signal.signal(signal.SIGTERM, previous)  # installed by the callback while a fit runs
+        signal.signal(signal.SIGTERM, previous)  # held by the callback while a fit runs
 
     def serve(self, callback: Any) -> WorkerAgreement:
         """Save and stop through `callback` (the current fit's) on the agreed step."""
@@ -65,3 +74,30 @@ def agreement_for(strategy: Any) -> WorkerAgreement | None:
     if _agreement is None:
         _agreement = WorkerAgreement(strategy)
     return _agreement
+
+
+def noticed_by_tensorflow(wait_ms: int = 100) -> bool:
+    """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
+    multi-worker strategy forms the cluster, caught a signal on any worker (`signals`).
+    Waits at most `wait_ms` for the cluster's key-value store."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(PREEMPTION_NOTICE_KEY, timeout_in_ms=wait_ms)
+    except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError, tf.errors.UnavailableError):
+        return False
+    return True
+
+
+def _preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],
+                                   exit_fn: Callable[[], None]) -> Any:
+    """TensorFlow's PreemptionCheckpointHandler for a multi-worker `strategy`, saving with
+    `save_fn` and stopping with `exit_fn` (the Keras callback does both), its own SIGTERM handler
+    installed. Its tf.train.Checkpoint is an empty one in a private temporary directory: it is
+    never written (`save_fn` replaces it), and a non-chief handler deletes the parent of its
+    directory when it stops."""
+    config = tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn, save_fn=save_fn)
+    directory = os.path.join(tempfile.mkdtemp(prefix="kerasdist-preemption-"), "unused")
+    with compat.gce_metadata_probe_off():
+        return tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, tf.train.Checkpoint(), directory, config)

@@ -1,24 +1,20 @@
-"""SIGTERM outside training: a cluster task exits with 75 at once.
+"""Who holds SIGTERM, and SIGTERM outside training: a cluster task exits with 75 at once.
 
-A scheduler's preemption (Slurm's `scancel --signal=TERM`, its time-limit warning, a Kubernetes
-pod's deletion) can reach a task at any instant: while TensorFlow starts, while the workers wait
-for each other, after `fit` has returned. During `fit` the checkpoint callback owns SIGTERM (it
-saves and exits with 75, `checkpoint/callback.py`); outside it there is nothing to save, so the
-task should say "preempted, restart me" (75) instead of dying with 143, which the scheduler's
-recipe reads as a failure.
+Outside a fit there is nothing to save, so a cluster task (Slurm step or TF_CONFIG) should say
+"preempted, restart me" (75) instead of dying with 143, which the scheduler's recipe reads as a
+failure. `install` (at `import kerasdist`) makes `exit_preempted` its SIGTERM handler. Python runs
+handlers only between bytecodes on the main thread, which may wait long in C code that lets other
+threads run (a collective, a file, a socket), so a watcher thread also wakes on the signal
+(`signal.set_wakeup_fd`) and exits on the handler's behalf while it is still the one installed.
 
-So a cluster task (Slurm step or TF_CONFIG) that imports kerasdist installs `exit_preempted` as its
-SIGTERM handler. Python runs handlers only between bytecodes on the main thread, which may wait
-long in C code that lets other threads run (a collective, a file, a socket), so a watcher thread
-also wakes on the signal (`signal.set_wakeup_fd`) and exits on the handler's behalf while it is
-still the one installed. While a multi-worker strategy is created, TensorFlow waits for every
-worker in C++ holding the GIL, and its own SIGTERM handler notes the signal in the cluster's
-key-value store: once the cluster has formed, every worker reads it there, the workers agree on
-whether any did (`strategy._join_cluster`), and then `reclaim_after_cluster_start` has every
-worker exit with 75. A fit's callback installs its own handler and
-restores this one when fit ends; repeated signals change nothing, and once the interpreter exits
-by itself the signal is ignored (Python restores the default action while it finalizes, which
-would turn a finished or saved run's exit into 143).
+While a multi-worker strategy is created, TensorFlow waits for every worker in C++ holding the
+GIL, and its coordination agent's own SIGTERM handler notes the signal in the cluster's key-value
+store; once the cluster has formed, the workers agree on whether any was signalled
+(`strategy._join_cluster`), and `take_back_after_cluster_start` gives SIGTERM back to Python and
+has every worker exit with 75 if any was. A fit's callback holds SIGTERM through a `SigtermHold`
+and gives it back when fit ends; repeated signals change nothing; once the interpreter exits by
+itself the signal is ignored (Python restores the default action while it finalizes, which would
+turn a finished or saved run's exit into 143).
 
 KERASDIST_EXIT_ON_SIGTERM=0 turns this off, =1 turns it on outside a cluster too.
 """
@@ -28,14 +24,38 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the checkpoint callback's code too
+from kerasdist.preemption.exit import exit_preempted
+
 SWITCH_VARIABLE = "KERASDIST_EXIT_ON_SIGTERM"
 _installed = False  # whether this process is a cluster task with the guard in place
+
+
+class SigtermHold:
+    """SIGTERM held by `handler` until `release()` (or the end of a `with` block), then given
+    back to whoever held it before. Off the main thread, where handlers cannot be set, it holds
+    nothing and `held` is False: signals are the caller's then."""
+
+    def __init__(self, handler: Callable[[int, Any], Any] | int) -> None:
+        try:
+            self._previous: Any = signal.signal(signal.SIGTERM, handler)
+            self.held = True
+        except ValueError:
+            self._previous, self.held = None, False
+
+    def release(self) -> None:
+        if self.held:
+            signal.signal(signal.SIGTERM, self._previous)
+            self.held = False
+
+    def __enter__(self) -> SigtermHold:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -47,18 +67,6 @@ def wanted(environ: Mapping[str, str]) -> bool:
         return True
     in_slurm_step = "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
     return in_slurm_step or bool(environ.get("TF_CONFIG", "").strip())
-
-
-def exit_preempted(signum: int = signal.SIGTERM, frame: Any = None) -> None:
-    """Say why, flush what was printed, and end the process with 75 without running exit
-    handlers (TensorFlow's may wait for tasks that are gone)."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.write("kerasdist: SIGTERM outside training, nothing to save: exiting with 75.\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-    os._exit(PREEMPTED_EXIT_CODE)
 
 
 def install(environ: Mapping[str, str] | None = None) -> bool:
@@ -99,7 +107,7 @@ def _ignore_if_installed() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def reclaim_after_cluster_start(signalled_meanwhile: bool) -> None:
+def take_back_after_cluster_start(signalled_meanwhile: bool) -> None:
     """After a multi-worker strategy has formed the cluster: TensorFlow's coordination agent
     installed its own C++ SIGTERM handler (its preemption notifier) while it waited for the
     workers, holding the GIL, so a signal that came then was noted by TensorFlow, not by Python.

@@ -25,16 +25,16 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     manager_of,
 )
-from kerasdist.checkpoint.callback import batches_to_skip, check_epoch_order
 from kerasdist.checkpoint.manager import make_or_restore_model
-from kerasdist.data import _one_epoch_rebuild, dataset_info
-from kerasdist.step_guard import _is_r_function
+from kerasdist.data import dataset_info, one_epoch_rebuild
+from kerasdist.step_guard import is_r_function
 from kerasdist.strategy import run_context
-from kerasdist.training.resume import (
-    _cardinality,
-    _check_epochs,
-    _merged_history,
-    _planned_batch_and_order,
+from kerasdist.training.resume_point import (
+    check_total_epochs,
+    epoch_steps,
+    merged_history,
+    resume_point,
+    run_record_of,
 )
 from kerasdist.training.speed import (
     apply_to_optimizer,
@@ -157,7 +157,7 @@ def custom_fit(
         ValueError: a bad argument, an R `step_fn`, or a checkpoint written with other
             speed settings (named), before anything is trained or written.
     """
-    _check_epochs(epochs)
+    check_total_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
     check_callback_args(True, every_steps, keep, "min", "loss", async_save)
     callbacks = _check_callbacks(callbacks)
@@ -181,14 +181,12 @@ def custom_fit(
                 manager.restore(model)
         optimizer = _optimizer_of(model, optimizer, context)
         point = manager.resume_point(model)
-        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save)
-        checkpoint.settings = settings.record()
-        checkpoint.global_batch_size, checkpoint.epoch_order = _planned_batch_and_order(data)
-        epoch, skip, prior = 0, 0, []
         if point is not None:
             check_resumed_settings(point.settings, settings, point.path)
-            check_epoch_order(point, checkpoint.epoch_order)
-            epoch, skip, prior = point.epoch, batches_to_skip(point, checkpoint.global_batch_size), list(point.history)
+        run = run_record_of(data, settings.record())
+        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run)
+        start = resume_point(checkpoint, model, run)
+        epoch, skip = start.epoch, start.skip
         pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
         with context.strategy.scope():
             apply_to_optimizer(optimizer, settings)
@@ -196,10 +194,10 @@ def custom_fit(
             train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile)
             # A mid-epoch checkpoint's metrics are the running means of the batches before it:
             # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
-            partial = dict(point.metrics) if point is not None and skip else {}
+            partial = dict(start.metrics) if skip else {}
             history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
                            verbose, partial)
-    return _merged_history(model, prior, [history] if history is not None else [])
+    return merged_history(model, start.history, [history] if history is not None else [])
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,9 +276,9 @@ class _Pipeline:
         self.strategy = strategy
         self.data = data
         self._stream = None
-        self._rebuild = _one_epoch_rebuild(data)
+        self._rebuild = one_epoch_rebuild(data)
         if isinstance(data, tf.data.Dataset):
-            self.steps = steps_per_epoch or _made_steps(data) or _cardinality(data, "data")
+            self.steps = steps_per_epoch or _made_steps(data) or epoch_steps(data, "data")
             self.first_epoch, self.is_stream = _stream_of(data, self.steps)
             self.is_stream = self.is_stream and self._rebuild is None
         elif callable(data) and not isinstance(data, tf.distribute.DistributedDataset):
@@ -353,7 +351,7 @@ def _positional_count(fn: Any) -> int:
 def _check_step_fn(step_fn: Any) -> StepFn:
     if step_fn is None:
         return fit_step
-    if _is_r_function(step_fn):
+    if is_r_function(step_fn):
         raise ValueError(
             "step_fn is an R function: TensorFlow runs the step on one thread per replica, and R "
             "code cannot run off R's main thread (R aborts with 'C stack usage ... is too close to "

@@ -17,16 +17,18 @@ import keras
 import tensorflow as tf
 
 from kerasdist.checkpoint import (
+    CheckpointCallback,
     CheckpointManager,
+    RunRecord,
     check_callback_args,
     check_trainer_callbacks,
-    checkpoint_callback,
     make_or_restore_model,
 )
-from kerasdist.data import _plan, make_dataset, replace_epochs
+from kerasdist.data import make_dataset, planned_dataset, replace_epochs
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, run_context, select_strategy
-from kerasdist.training.resume import EpochRange, _check_epochs, resume_fit
+from kerasdist.training.resume import resume_fit
+from kerasdist.training.resume_point import EpochRange, check_total_epochs
 from kerasdist.training.speed import (
     check_jit,
     check_resumed_settings_of,
@@ -146,7 +148,7 @@ def distributed_fit(
             "build_fn must be a function with no arguments that returns a compiled Keras model, "
             f"got {type(build_fn).__name__}."
         )
-    _check_epochs(epochs)
+    check_total_epochs(epochs)
     _check_strategy_arg(strategy)
     _check_fraction(validation_split)
     if validation_split is not None and validation_data is not None:
@@ -167,7 +169,7 @@ def distributed_fit(
 
     # Plan once (checks every argument and the data, reads the source, sizes the epochs), then
     # build only the pipelines training runs: the epochs left, as one stream.
-    planned = _plan(x, y, validation_split=validation_split, **common)
+    planned = planned_dataset(x, y, validation_split=validation_split, **common)
     steps = planned.info.steps_per_epoch
     check_steps_per_execution(steps_per_execution, steps, every_steps, context.num_replicas)
 
@@ -184,15 +186,16 @@ def distributed_fit(
         model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
         model.jit_compile = settings.jit_compile
         check_step_functions(model, context.strategy)
-        checkpoint = checkpoint_callback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save)
-        checkpoint.settings = settings.record()
+        run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
+        checkpoint = CheckpointCallback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save,
+                                        run=run)
         chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
                                                every_steps, callbacks)
         set_steps_per_execution(model, chosen)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
         # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
-        epoch_range = EpochRange(epochs_data, planned.info.batch_size, planned.info.epoch_order)
+        epoch_range = EpochRange(epochs_data, run.global_batch_size, run.epoch_order)
         return resume_fit(model, epoch_range, epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
 

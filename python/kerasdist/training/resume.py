@@ -4,47 +4,37 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from kerasdist.checkpoint import CheckpointCallback, CheckpointManager, as_manager, manager_of
-from kerasdist.checkpoint.callback import batches_to_skip, check_epoch_order
-from kerasdist.data import _one_epoch_rebuild
+from kerasdist.checkpoint import (
+    CheckpointCallback,
+    CheckpointManager,
+    RunRecord,
+    as_manager,
+    manager_of,
+)
+from kerasdist.data import one_epoch_rebuild
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
+from kerasdist.training.resume_point import (
+    EpochData,
+    EpochRange,
+    check_total_epochs,
+    epoch_steps,
+    merged_history,
+    resume_point,
+    run_record_of,
+)
 from kerasdist.training.speed import (
     check_steps_per_execution,
     model_steps_per_execution,
     set_steps_per_execution,
 )
-from kerasdist.validation import integer
-
-EpochData = Callable[[int], tf.data.Dataset]
-
-
-class EpochRange:
-    """Epoch data made as one pipeline per range of epochs: `make(first, last, skip)` returns the
-    batches of epochs first..last-1, less `skip` at the start of the first.
-
-    resume_fit otherwise builds one dataset per epoch and concatenates them, and each of those
-    holds its own copy of in-memory data; one pipeline over the range holds one.
-    `global_batch_size` (samples per step) and `epoch_order` (the name of the function that
-    orders the epochs), when given, are recorded in checkpoints and checked on resume
-    (`batches_to_skip`, `check_epoch_order`).
-    """
-
-    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset], global_batch_size: int | None = None,
-                 epoch_order: str | None = None):
-        self.make = make
-        self.global_batch_size = global_batch_size
-        self.epoch_order = epoch_order
-
-    def __call__(self, epoch: int) -> tf.data.Dataset:
-        return self.make(epoch, epoch + 1, 0)
 
 
 def resume_fit(
@@ -91,7 +81,7 @@ def resume_fit(
     Returns:
         A `History` whose `history` and `epoch` cover all epochs, earlier runs included.
     """
-    _check_epochs(epochs)
+    check_total_epochs(epochs)
     checkpoint = _checkpoint_of(model, checkpoint)
     context = run_context(model.distribute_strategy)
     check_step_functions(model, context.strategy)
@@ -102,16 +92,17 @@ def resume_fit(
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
-    epoch, skip, prior = _resume_point(model, checkpoint, data)
+    start = resume_point(checkpoint, model, run_record_of(data))
+    epoch, skip = start.epoch, start.skip
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
     histories = []
     if epoch >= epochs:
-        return _merged_history(model, prior, histories)
+        return merged_history(model, start.history, histories)
     # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
     # optimizer iteration more than the batches it trained on, which would shift every later step.
-    steps = steps_per_epoch or _cardinality(epoch_data(epoch), "data")
+    steps = steps_per_epoch or epoch_steps(epoch_data(epoch), "data")
     per_execution = model_steps_per_execution(model)
     check_steps_per_execution(per_execution, steps, checkpoint.every_steps, context.num_replicas)
     if skip > 0:
@@ -130,7 +121,7 @@ def resume_fit(
         # across epochs, so epoch e gets exactly data(e).
         stream = _epochs(epoch_data, epoch, epochs)
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
-    return _merged_history(model, prior, histories)
+    return merged_history(model, start.history, histories)
 
 
 def _epochs_of_planned(data: Any) -> Any:
@@ -138,7 +129,7 @@ def _epochs_of_planned(data: Any) -> Any:
     stream of the epochs it runs (at the resume point) instead of counting passes."""
     from kerasdist.data import dataset_info
 
-    rebuild = _one_epoch_rebuild(data)
+    rebuild = one_epoch_rebuild(data)
     if rebuild is None:
         return data
 
@@ -160,7 +151,8 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             "more often."
         )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    epoch, skip, prior = _resume_point(model, checkpoint)
+    start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
+    epoch, skip = start.epoch, start.skip
     fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
                     validation_steps=validation_steps, verbose=verbose)
     histories = []
@@ -172,7 +164,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
     if epoch < epochs:
         histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
                                 steps_per_epoch=steps_per_epoch, **fit_args))
-    return _merged_history(model, prior, histories)
+    return merged_history(model, start.history, histories)
 
 
 def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:
@@ -193,54 +185,6 @@ def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:
     return CheckpointCallback(checkpoint)
 
 
-def _resume_point(model: Any, checkpoint: CheckpointCallback,
-                  data: Any = None) -> tuple[int, int, list[dict[str, float]]]:
-    """(epoch, batches of it already trained, history so far) from the checkpoint training
-    continues from (`CheckpointManager.resume_point`); for `make_dataset` data the batches are
-    counted in its global batch (`batches_to_skip`), and a mid-epoch point whose epoch another
-    order function drew is warned of (`check_epoch_order`); the checkpoints then record both."""
-    point = checkpoint.manager.resume_point(model)
-    checkpoint.global_batch_size, checkpoint.epoch_order = _planned_batch_and_order(data)
-    if point is None:
-        return 0, 0, []
-    check_epoch_order(point, checkpoint.epoch_order)
-    return point.epoch, batches_to_skip(point, checkpoint.global_batch_size), list(point.history)
-
-
-def _planned_batch_and_order(data: Any) -> tuple[int | None, str | None]:
-    """Samples per step and the epochs' order function of `make_dataset` data or of an EpochRange
-    that knows them (distributed_fit's); None for other data. Builds no dataset."""
-    from kerasdist.data import dataset_info
-
-    if isinstance(data, EpochRange):
-        return data.global_batch_size, data.epoch_order
-    try:
-        info = dataset_info(data)
-    except (ValueError, TypeError):
-        return None, None
-    return info.batch_size, info.epoch_order
-
-
-def _check_epochs(epochs: Any) -> None:
-    integer("epochs", epochs, 1, hint="the total, earlier runs included")
-
-
-def _cardinality(dataset: tf.data.Dataset, name: str) -> int:
-    from kerasdist.data import dataset_info
-
-    count = int(dataset.cardinality())
-    if count < 0:  # make_dataset's pipelines know their steps even when tf.data does not
-        try:
-            count = int(dataset_info(dataset).steps_per_epoch or -1)
-        except ValueError:
-            pass
-    if count < 0:
-        raise ValueError(
-            f"{name} has an unknown or infinite number of batches: pass steps_per_epoch."
-        )
-    return count
-
-
 def _epochs(epoch_data: EpochData, first: int, last: int, skip: int = 0) -> tf.data.Dataset:
     """The batches of epochs first..last-1 as one dataset, less `skip` at the start."""
     if isinstance(epoch_data, EpochRange):
@@ -249,18 +193,3 @@ def _epochs(epoch_data: EpochData, first: int, last: int, skip: int = 0) -> tf.d
     for epoch in range(first + 1, last):
         stream = stream.concatenate(epoch_data(epoch))
     return stream
-
-
-def _merged_history(model: Any, prior: list[dict[str, float]], histories: list[Any]) -> keras.callbacks.History:
-    merged = keras.callbacks.History()
-    merged.set_model(model)
-    merged.epoch = list(range(len(prior)))
-    merged.history = {}
-    for logs in prior:
-        for key, value in logs.items():
-            merged.history.setdefault(key, []).append(value)
-    for history in histories:
-        merged.epoch.extend(history.epoch)
-        for key, values in history.history.items():
-            merged.history.setdefault(key, []).extend(float(v) for v in values)
-    return merged

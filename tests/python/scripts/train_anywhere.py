@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import kerasdist  # noqa: E402
 from kerasdist.checkpoint import background  # noqa: E402
 from kerasdist.strategy import run_context  # noqa: E402
-from kerasdist.training.resume import EpochRange  # noqa: E402
+from kerasdist.training.resume_point import EpochRange  # noqa: E402
 
 SEED = 2026
 SAMPLES, FEATURES = 320, 4

@@ -4,9 +4,9 @@ usage: train_resumable.py CHECKPOINT_DIR OUT.npz [--every-steps N] [--epochs E] 
                           [--sync-save] [--slow-write SECONDS] [--keep K]
 Prints "step G" after every optimizer step (flushed) so a test can kill it at a chosen step,
 and writes the final weights to OUT.npz when training completes. CHECKPOINT_DIR may be an
-object-store URL (configured by the AWS_* environment variables); with --kill-during-upload the
-run SIGKILLs itself while saving the checkpoint of step G, after its files are uploaded and
-before its completion record is. --sync-save writes checkpoints on the training thread
+object-store URL (configured by the AWS_* or STORAGE_EMULATOR_HOST environment variables); with
+--kill-during-upload the run SIGKILLs itself while saving the checkpoint of step G, after its files
+are uploaded and before its completion record is. --sync-save writes checkpoints on the training thread
 (async_save=False). --slow-write holds every local checkpoint write for SECONDS once its files are
 in the temporary directory and before its record is written, printing "writing ckpt-G" first, so
 a test can kill it in the middle of a (background) write. --keep: how many checkpoints to keep (2).
@@ -61,39 +61,41 @@ class PrintSteps(keras.callbacks.Callback):
 
 def hold_writes(seconds):
     """Fault injection: each checkpoint write pauses between its files and its record."""
-    from kerasdist.checkpoint import storage
+    from kerasdist.checkpoint import layout
+    from kerasdist.checkpoint.store import local
 
-    write = storage._write_durably
+    write = local.write_durably
 
     def slow(path, data):
-        if path.name == storage.RECORD_FILE:  # written last: the other files are in place
-            step = path.parent.name.removeprefix(storage.TEMP_PREFIX).split("-")[0]
+        if path.name == layout.RECORD_FILE:  # written last: the other files are in place
+            step = path.parent.name.removeprefix(layout.TEMP_PREFIX).split("-")[0]
             say(f"writing ckpt-{step}")  # from the writer's thread
             time.sleep(seconds)
         return write(path, data)
 
-    storage._write_durably = slow
+    local.write_durably = slow
 
 
 def kill_during_upload(step):
     """SIGKILL this process when the completion record of checkpoint `step` is about to go up."""
-    from kerasdist.checkpoint import storage
+    from kerasdist.checkpoint import layout
+    from kerasdist.checkpoint.store import ObjectStore
 
-    commit = storage.ObjectStore.commit
+    commit = ObjectStore.commit
 
     def killing_commit(self, global_step, files):
         if global_step == step:
             pipe = self.fs.pipe_file
 
             def pipe_or_die(path, data, **kwargs):
-                if path.endswith("/" + storage.RECORD_FILE):
+                if path.endswith("/" + layout.RECORD_FILE):
                     os.kill(os.getpid(), signal.SIGKILL)
                 return pipe(path, data, **kwargs)
 
             self.fs.pipe_file = pipe_or_die
         return commit(self, global_step, files)
 
-    storage.ObjectStore.commit = killing_commit
+    ObjectStore.commit = killing_commit
 
 
 def main():

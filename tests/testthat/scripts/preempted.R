@@ -16,5 +16,5 @@ result <- tryCatch(
                       callbacks = term, verbose = 0),
   kerasdist_preempted = function(e) e
 )
-saveRDS(list(class = class(result), checkpoint = result$checkpoint, status = result$status,
+saveRDS(list(class = class(result), checkpoint = result$checkpoint, global_step = result$global_step, status = result$status,
              message = conditionMessage(result)), "preempted.rds")

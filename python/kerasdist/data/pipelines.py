@@ -1,22 +1,26 @@
-"""make_dataset's pipelines: per-epoch orders as pure functions of (seed, epoch), sharding, batching."""
+"""make_dataset's pipelines: per-epoch orders as pure functions of (seed, epoch), sharding, batching.
+
+`training_pipeline` builds the training dataset a `PipelinePlan` describes, `validation_pipeline`
+the held-out rows; everything else here is how."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kerasdist._data_sources import _Source
 from kerasdist.compat import flat_map_on_cpu, map_on_cpu
-
-if TYPE_CHECKING:
-    from kerasdist.data import BatchSizeInfo
+from kerasdist.data.info import BatchSizeInfo, DatasetInfo
+from kerasdist.data.order import epoch_permutation, stateless_permutation
+from kerasdist.data.sources import Source
 
 _MAX_EPOCH = 2**62
 
 
 @dataclass(frozen=True)
-class _Plan:
+class PipelinePlan:
+    """What the pipelines need of a planned dataset: batches, epochs, order and transforms."""
+
     sizing: BatchSizeInfo
     shuffle: bool
     seed: int
@@ -49,31 +53,15 @@ class _Plan:
         return tf.data.Dataset.range(self.initial_epoch, self.epochs)
 
 
-# The name of the function `_order` draws epochs with, recorded in checkpoints: a resume whose
-# kerasdist orders epochs otherwise is told so (`checkpoint.callback.check_epoch_order`).
-# Give it a new name whenever `_order`'s permutation changes.
-EPOCH_ORDER = "stateless_shuffle/1"
-
-
-def _order(n, seed, epoch):
-    """The epoch's permutation of range(n), in the graph: a pure function of (seed, epoch)."""
-    import tensorflow as tf
-
-    return _permutation(n, tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)]))
-
-
-def _permutation(size, seeds):
-    """A permutation of range(size) drawn from the two int64 `seeds`, statelessly.
-
-    stateless_shuffle rather than index_shuffle: the same kind of pure function, about 25 times
-    cheaper to run (0.1 ms against 2.8 ms for 20480 indices) and cheaper to instantiate each time
-    a new iterator is made. Its default algorithm is Philox on the CPU, where tf.data runs (and
-    where epoch_order pins it); naming alg="philox" gives the same permutation but added about
-    6 ms to every new iterator, measured."""
-    import tensorflow as tf
-
-    index = tf.range(tf.cast(size, tf.int64), dtype=tf.int64)
-    return tf.random.experimental.stateless_shuffle(index, seeds)
+def training_pipeline(source: Source, plan: PipelinePlan, info: DatasetInfo, context: Any) -> Any:
+    """The training dataset for the run context: one pipeline per worker (`info.per_worker`), or
+    one that tf.data shards over the workers with `info.shard_policy`."""
+    if info.per_worker:
+        return _per_worker(source, plan, context.strategy, info.num_samples)
+    dataset = _auto_sharded(source, plan, info.num_samples, context.num_workers, info.shard_policy)
+    if not plan.one_epoch:  # the one-epoch form asserts its length per pass (in _finish)
+        dataset = _with_known_length(dataset, plan, context.num_workers)
+    return dataset
 
 
 def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1):
@@ -101,9 +89,9 @@ def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1)
     return dataset.with_options(options)
 
 
-def _auto_sharded(source: _Source, plan: _Plan, n_train: int, workers: int, policy: str):
+def _auto_sharded(source: Source, plan: PipelinePlan, n_train: int, workers: int, policy: str):
     """The pipeline tf.data shards over the `workers` input pipelines (RunContext.num_workers)
-    with auto-shard `policy` ("FILE" or "DATA": data.DatasetInfo.shard_policy)."""
+    with auto-shard `policy` ("FILE" or "DATA": DatasetInfo.shard_policy)."""
     batch = plan.sizing.batch_size
     if source.kind == "memory":
         build = lambda p: _memory_pipeline(source.arrays, n_train, p, batch)  # noqa: E731
@@ -136,7 +124,7 @@ def _epoch_counter(start: int):
         return pool.submit(make).result()
 
 
-def _one_epoch_per_pass(build, plan: _Plan, counter, source: _Source):
+def _one_epoch_per_pass(build, plan: PipelinePlan, counter, source: Source):
     """Each pass (each new iterator) is one whole epoch: the one the counter holds. Batches carry
     their index in the pass, so `_finish` can advance the counter once the last one is handed
     out, after the prefetch: a pass abandoned early (Keras peeks at one batch to build the model
@@ -157,7 +145,7 @@ def _one_epoch_per_pass(build, plan: _Plan, counter, source: _Source):
     return flat_map_on_cpu(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)), one_pass)
 
 
-def _with_known_length(dataset, plan: _Plan, workers: int):
+def _with_known_length(dataset, plan: PipelinePlan, workers: int):
     """Tell tf.data how many batches a finite pipeline has (its flat_map, or its unbatch after a
     reshape, hides it). Keras then ends each pass cleanly instead of warning "Your input ran out
     of data" after every evaluation, and counts its steps right. Only where no worker's share is cut out of the
@@ -175,7 +163,7 @@ def _with_known_length(dataset, plan: _Plan, workers: int):
 _WHOLE_EPOCH_BYTES = 64 * 2**20
 
 
-def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
+def _memory_pipeline(arrays, n, plan: PipelinePlan, batch, share=(0, 1)):
     """Per epoch: the epoch's permutation (or range) and this pipeline's share of it; then data up
     to _WHOLE_EPOCH_BYTES is gathered whole and cut into batches (`_gathered_epochs`), larger data
     (or data with a map_fn) is batched and gathered batch by batch."""
@@ -209,13 +197,13 @@ def _memory_pipeline(arrays, n, plan: _Plan, batch, share=(0, 1)):
 # which spares each instantiation tf.data's Grappler pass (4 to 20 ms a function here), and what
 # Python knows is decided in Python, not put in the graph: a new iterator of the in-memory stream,
 # its first epoch's shuffle and gather included, takes 3 to 5 ms (12 to 17 ms with Grappler).
-def _epoch_indices(n, plan: _Plan, ep, share, batch):
+def _epoch_indices(n, plan: PipelinePlan, ep, share, batch):
     """Epoch `ep`'s order (or range), this pipeline's share of it, less the whole batches the
     first epoch skips."""
     import tensorflow as tf
 
     index, count = share
-    order = _order(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
+    order = epoch_permutation(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
     mine = order[index::count] if count > 1 else order
     if not plan.skip_batches:
         return mine
@@ -223,7 +211,7 @@ def _epoch_indices(n, plan: _Plan, ep, share, batch):
     return mine[tf.where(first, tf.constant(plan.skip_batches * batch, tf.int64), 0):]
 
 
-def _gathered_epochs(tensors, n, plan: _Plan, batch: int, share):
+def _gathered_epochs(tensors, n, plan: PipelinePlan, batch: int, share):
     """Each epoch gathered at once, one epoch ahead (the next one is ready on another thread when
     this one ends), and cut into whole batches by a reshape: handing out a batch is then one
     slice, with no function of ours per batch. Without a last, short batch the batches keep
@@ -279,7 +267,7 @@ def _index_batches(indices, batch: int, drop: bool):
     return map_on_cpu(tf.data.Dataset.range(count), one)
 
 
-def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int = 1):
+def _file_pipeline(source: Source, plan: PipelinePlan, batch, share=None, shares: int = 1):
     """Files permuted per epoch, records permuted inside each file; FILE auto-shard finds the
     file-name stream (range -> map -> unbatch) in front of the reader and shards it.
 
@@ -294,7 +282,7 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
     n_files = len(source.files)
 
     def epoch_files(ep):
-        idx = _order(n_files, plan.seed, ep) if plan.shuffle else tf.range(n_files, dtype=tf.int64)
+        idx = epoch_permutation(n_files, plan.seed, ep) if plan.shuffle else tf.range(n_files, dtype=tf.int64)
         return tf.gather(files, idx), tf.fill([n_files], ep), idx, tf.gather(counts, idx)
 
     def read(path, ep, file_id, count):
@@ -307,7 +295,7 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
             element = element[0] if len(element) == 1 else element
             size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
             seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(plan.seed, tf.int64), ep]), file_id)
-            order = _permutation(size, seed)
+            order = stateless_permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         return map_on_cpu(block, permute).unbatch()
@@ -327,7 +315,7 @@ def _file_pipeline(source: _Source, plan: _Plan, batch, share=None, shares: int 
     return _batch_stream(records, plan, batch)
 
 
-def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
+def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
     """An existing dataset, or cached file records: blocks of shuffle_buffer records, each
     permuted with a seed folded from (seed, block number) along the repeated stream."""
     import tensorflow as tf
@@ -351,7 +339,7 @@ def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
             seed = tf.random.experimental.stateless_fold_in(
                 tf.constant([plan.seed, 0], tf.int64), number
             )
-            order = _permutation(size, seed)
+            order = stateless_permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         records = map_on_cpu(numbered, permute).unbatch()
@@ -360,7 +348,7 @@ def _stream_pipeline(source: _Source, plan: _Plan, batch, share=None):
     return _batch_stream(records, plan, batch)
 
 
-def _batch_stream(records, plan: _Plan, batch):
+def _batch_stream(records, plan: PipelinePlan, batch):
     """A continuous record stream -> batches; epoch e starts at batch e * steps_per_epoch."""
     import tensorflow as tf
 
@@ -374,7 +362,7 @@ def _batch_stream(records, plan: _Plan, batch):
     return (batches if total is None else batches.take(total)).prefetch(tf.data.AUTOTUNE)
 
 
-def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
+def _per_worker(source: Source, plan: PipelinePlan, strategy: Any, n_train: int):
     """One pipeline per worker: its share of each epoch's order, batched per replica."""
     import tensorflow as tf
 
@@ -405,13 +393,14 @@ def _per_worker(source: _Source, plan: _Plan, strategy: Any, n_train: int):
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def _stream_plan(plan: _Plan, replicas_here: int) -> _Plan:
+def _stream_plan(plan: PipelinePlan, replicas_here: int) -> PipelinePlan:
     """Stream sources count epochs in batches: a worker's epoch is replicas_here times as many."""
     sizing = replace(plan.sizing, steps_per_epoch=plan.sizing.steps_per_epoch * replicas_here)
     return replace(plan, sizing=sizing)
 
 
-def _validation(source: _Source, sizing: BatchSizeInfo, n_train: int, drop_remainder: bool):
+def validation_pipeline(source: Source, sizing: BatchSizeInfo, n_train: int, drop_remainder: bool):
+    """The rows after the first `n_train` (validation_split's), in order, batched once."""
     import tensorflow as tf
 
     tail = tf.nest.map_structure(lambda a: a[n_train:], source.arrays)

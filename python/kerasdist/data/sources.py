@@ -1,4 +1,6 @@
-"""make_dataset's sources: in-memory arrays and data frames, an existing dataset, CSV/TFRecord files."""
+"""make_dataset's sources: in-memory arrays and data frames, an existing dataset, CSV/TFRecord files.
+
+Each is read once into a `Source`: arrays, or a dataset of unbatched elements, and its length."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrec
 
 
 @dataclass
-class _Source:
+class Source:
+    """make_dataset's input, read once: what the pipelines draw from and how many samples it has."""
+
     kind: str  # "memory", "files" or "dataset"
     n: int
     arrays: Any = None  # memory: the element structure of NumPy arrays
@@ -25,7 +29,8 @@ class _Source:
     counts: tuple[int, ...] = ()  # files: records per file
 
 
-def _source(x, y, sample_weight, file_format, label_column, features, check_finite) -> _Source:
+def read_source(x, y, sample_weight, file_format, label_column, features, check_finite) -> Source:
+    """The `Source` of make_dataset's `x` and `y`: files, a dataset or in-memory arrays, checked."""
     import tensorflow as tf
 
     if isinstance(x, (str, os.PathLike)) or (
@@ -38,6 +43,13 @@ def _source(x, y, sample_weight, file_format, label_column, features, check_fini
         if y is not None or sample_weight is not None:
             raise ValueError("y and sample_weight cannot be given with a tf.data.Dataset x: put them in its elements.")
         return _dataset_source(x)
+    return _memory_source(x, y, sample_weight, check_finite)
+
+
+def _memory_source(x, y, sample_weight, check_finite) -> Source:
+    """Arrays, data frames, lists and dicts of them: NumPy arrays of one length, checked."""
+    import tensorflow as tf
+
     if _is_data_frame(x) and isinstance(y, str):
         if y not in x.columns:
             raise ValueError(f"y: the column {y!r} is not in the data frame.")
@@ -75,7 +87,7 @@ def _source(x, y, sample_weight, file_format, label_column, features, check_fini
                     + (f" of input {i}" if len(tf.nest.flatten(xs)) > 1 else "") + "."
                 )
     arrays = tuple(parts)  # (x,), (x, y) or (x, y, w): Keras reads a 1-tuple as x alone
-    return _Source("memory", n, arrays=arrays)
+    return Source("memory", n, arrays=arrays)
 
 
 def _is_data_frame(x: Any) -> bool:
@@ -122,7 +134,7 @@ def _array_like(v: Any) -> bool:
     )
 
 
-def _dataset_source(dataset: Any) -> _Source:
+def _dataset_source(dataset: Any) -> Source:
     import tensorflow as tf
 
     n = int(dataset.cardinality())
@@ -132,10 +144,10 @@ def _dataset_source(dataset: Any) -> _Source:
         n = int(dataset.reduce(np.int64(0), lambda count, *_: count + 1))
     if n == 0:
         raise ValueError("x has zero samples: the tf.data.Dataset is empty.")
-    return _Source("dataset", n, dataset=dataset)
+    return Source("dataset", n, dataset=dataset)
 
 
-def _file_source(pattern, file_format, label_column, features, check_finite) -> _Source:
+def _file_source(pattern, file_format, label_column, features, check_finite) -> Source:
     patterns = [os.fspath(pattern)] if isinstance(pattern, (str, os.PathLike)) else [os.fspath(p) for p in pattern]
     files = tuple(sorted({f for p in patterns for f in glob.glob(p)}))
     if not files:
@@ -157,7 +169,7 @@ def _file_source(pattern, file_format, label_column, features, check_finite) -> 
     counts = _count(files, reader)
     if sum(counts) == 0:
         raise ValueError(f"x: the files {patterns} hold zero records.")
-    return _Source("files", sum(counts), files=files, reader=reader, counts=tuple(counts))
+    return Source("files", sum(counts), files=files, reader=reader, counts=tuple(counts))
 
 
 def _csv_reader(files, label_column, check_finite):

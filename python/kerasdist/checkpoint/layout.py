@@ -1,0 +1,27 @@
+"""The names a checkpoint directory holds: one definition, read by the stores, the record and the
+snapshot.
+
+A checkpoint is an entry `ckpt-<global step>/` holding `model.keras` (weights, optimizer state,
+config), `rng.npz` (the Keras seed-generator states that `load_model` does not restore) and
+`state.json`, its completion record (`record.py`), written last.
+"""
+
+from __future__ import annotations
+
+RECORD_FILE = "state.json"
+# What makes an entry a checkpoint, for the stores: written last, deleted first (the record).
+COMMIT_MARKER = RECORD_FILE
+MODEL_FILE = "model.keras"
+RNG_FILE = "rng.npz"
+CHECKPOINT_PREFIX = "ckpt-"
+TEMP_PREFIX = ".tmp-ckpt-"
+# Local: a checkpoint displaced by a new save of the same step keeps a `ckpt-` name (so it is
+# still found) until the new one is in place: see `LocalStore.commit`.
+REPLACED_MARK = ".replaced-"
+# Object stores: a new save of a step already there goes to `ckpt-<step>.s<ns since epoch>`.
+SAVED_AGAIN_MARK = ".s"
+
+
+def entry_name(step: int) -> str:
+    """The entry of the checkpoint of training step `step`: `ckpt-<step>`."""
+    return f"{CHECKPOINT_PREFIX}{step}"

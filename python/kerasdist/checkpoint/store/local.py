@@ -1,0 +1,160 @@
+"""Checkpoints in a local directory (a plain path or a `file://` URL): the rename is the commit.
+
+A checkpoint is written under a temporary name, every file fsynced, the commit marker (the
+completion record) last, and the directory renamed into place. This is the layout and the
+guarantee of every kerasdist version so far. Files of 4 MB and more bypass the page cache where
+the filesystem allows (`direct_io`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from kerasdist.checkpoint.checksums import Content, checksum_of_stream
+from kerasdist.checkpoint.layout import (
+    CHECKPOINT_PREFIX,
+    COMMIT_MARKER,
+    REPLACED_MARK,
+    TEMP_PREFIX,
+    entry_name,
+)
+from kerasdist.checkpoint.store.direct_io import fsync_directory, write_durably
+from kerasdist.checkpoint.store.protocol import marker_last
+
+
+class LocalStore:
+    """Checkpoints in a local directory: fsync and atomic rename (see the module docstring)."""
+
+    def __init__(self, directory: Path):
+        if directory.exists() and not directory.is_dir():
+            raise ValueError(f"checkpoint_dir {str(directory)!r} is a file, not a directory.")
+        self.directory = directory
+
+    @property
+    def location(self) -> str:
+        """The directory as messages and `CheckpointInfo.path` show it."""
+        return str(self.directory)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.location!r})"
+
+    def same_as(self, other: Any) -> bool:
+        if not isinstance(other, LocalStore):
+            return False
+        try:
+            return self.directory.resolve() == other.directory.resolve()
+        except OSError:
+            return False
+
+    def prepare(self) -> None:
+        """Create the directory if needed and write (then delete) a file in it."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f"{TEMP_PREFIX}probe-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")
+            probe.unlink(missing_ok=True)  # the chief may have swept it already (remove_temporary)
+        except OSError as err:
+            raise ValueError(f"checkpoint_dir {self.location!r} is not writable: {err.strerror}.") from None
+
+    # -- reading ---------------------------------------------------------------------------
+    def path_of(self, entry: str) -> str:
+        return str(self.directory / entry)
+
+    def entry_of(self, path: str) -> str:
+        return Path(path).name
+
+    def entries(self) -> list[str]:
+        """Names of the entries that claim to be checkpoints (by name), sorted by name."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p.name for p in self.directory.glob(f"{CHECKPOINT_PREFIX}*"))
+
+    def is_entry(self, entry: str) -> bool:
+        return (self.directory / entry).is_dir()
+
+    def fingerprint(self, entry: str) -> tuple[Any, ...] | None:
+        """Size and modification time of the entry's files; None if unreadable."""
+        try:
+            return tuple(
+                (item.name, item.stat().st_size, item.stat().st_mtime_ns)
+                for item in sorted((self.directory / entry).iterdir())
+            )
+        except OSError:
+            return None
+
+    def size(self, entry: str, name: str) -> int | None:
+        """The size of one file of an entry; None if it is missing."""
+        path = self.directory / entry / name
+        return path.stat().st_size if path.is_file() else None
+
+    def read(self, entry: str, name: str) -> bytes:
+        return (self.directory / entry / name).read_bytes()
+
+    def checksum(self, entry: str, name: str, algorithm: str) -> str:
+        """One file's checksum by `algorithm` (one of `CHECKSUMS`), as records hold it."""
+        with open(self.directory / entry / name, "rb") as stream:
+            return checksum_of_stream(stream, algorithm)
+
+    @contextlib.contextmanager
+    def local_files(self, entry: str) -> Iterator[Path]:
+        """A local directory holding the entry's files (the entry itself)."""
+        yield self.directory / entry
+
+    # -- writing ---------------------------------------------------------------------------
+    def commit(self, step: int, files: Mapping[str, Content]) -> str:
+        """Write `files` as checkpoint `ckpt-<step>` atomically (the commit marker last, fsynced,
+        then one rename); returns the entry's name."""
+        temp = self.directory / f"{TEMP_PREFIX}{step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        temp.mkdir(parents=True)
+        try:
+            for name in marker_last(files):
+                write_durably(temp / name, files[name])
+            fsync_directory(temp)
+            final = self.directory / entry_name(step)
+            _rename_into_place(temp, final)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        return final.name
+
+    def remove(self, entry: str) -> None:
+        """Delete an entry, its commit marker first."""
+        with contextlib.suppress(OSError):
+            (self.directory / entry / COMMIT_MARKER).unlink()
+        shutil.rmtree(self.directory / entry, ignore_errors=True)
+
+    def remove_temporary(self) -> list[str]:
+        """Delete temporary directories left by interrupted saves; returns what was removed."""
+        removed = []
+        for temp in self.directory.glob(f"{TEMP_PREFIX}*"):
+            shutil.rmtree(temp, ignore_errors=True)
+            removed.append(str(temp))
+        return removed
+
+
+def _rename_into_place(temp: Path, final: Path) -> None:
+    """Rename the finished temporary directory into place; the rename is the commit.
+
+    When `final` exists (the same step saved again, e.g. preempted right after a save) it is
+    first renamed to `ckpt-<step>.replaced-<id>`: still a checkpoint by name and record, so a
+    crash between the two renames leaves it listed and restorable (with `keep=1` it may be the
+    only one), never a temporary directory that the next start deletes. It is removed once the
+    new checkpoint is in place; a crash before that leaves two checkpoints of one step, and the
+    older by record is pruned like any other.
+    """
+    if final.exists():
+        displaced = final.with_name(f"{final.name}{REPLACED_MARK}{uuid.uuid4().hex[:8]}")
+        os.rename(final, displaced)
+        fsync_directory(final.parent)
+        os.rename(temp, final)
+        fsync_directory(final.parent)
+        shutil.rmtree(displaced, ignore_errors=True)
+    else:
+        os.rename(temp, final)
+    fsync_directory(final.parent)

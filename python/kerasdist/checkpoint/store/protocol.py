@@ -1,0 +1,80 @@
+"""What every store offers (`Store`) and the one rule both implementations keep: the commit
+marker is written last and deleted first.
+
+A store holds entries (`ckpt-<step>`, one checkpoint each) of named files. An entry is a
+checkpoint once its commit marker (`layout.COMMIT_MARKER`) is there; how the store makes that
+moment atomic is its own business (a rename on a local disk, the marker's upload on an object
+store), as in Orbax's `atomicity.py`. Callers pass contents and names, never paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kerasdist.checkpoint.checksums import Content
+from kerasdist.checkpoint.layout import COMMIT_MARKER
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where one `checkpoint_dir`'s checkpoints live (`store.open_store` makes one)."""
+
+    @property
+    def directory(self) -> Path | str:
+        """The checkpoint directory: a Path for a local one, the URL for an object store."""
+
+    @property
+    def location(self) -> str:
+        """The directory or URL, as messages and `CheckpointInfo.path` show it."""
+
+    def same_as(self, other: Any) -> bool:
+        """Whether `other` is a store of the same place (and options)."""
+
+    def prepare(self) -> None:
+        """Make sure checkpoints can be written (create, probe); a ValueError naming
+        checkpoint_dir otherwise."""
+
+    def path_of(self, entry: str) -> str:
+        """The path or URL of an entry."""
+
+    def entry_of(self, path: str) -> str:
+        """The entry a path or URL of `path_of` names."""
+
+    def entries(self) -> list[str]:
+        """The entries that claim to be checkpoints by name, sorted by name."""
+
+    def is_entry(self, entry: str) -> bool:
+        """Whether `entry` exists and holds something."""
+
+    def fingerprint(self, entry: str) -> tuple[Any, ...] | None:
+        """What changes when the entry's files change (sizes, versions); None if unreadable."""
+
+    def size(self, entry: str, name: str) -> int | None:
+        """The size of one file of an entry; None if it is missing."""
+
+    def read(self, entry: str, name: str) -> bytes:
+        """One file's contents."""
+
+    def checksum(self, entry: str, name: str, algorithm: str) -> str:
+        """One file's checksum by `algorithm` (one of `checksums.CHECKSUMS`)."""
+
+    def local_files(self, entry: str) -> AbstractContextManager[Path]:
+        """A local directory holding the entry's files, for as long as the block runs."""
+
+    def commit(self, step: int, files: Mapping[str, Content]) -> str:
+        """Write `files` as the checkpoint of `step`, the commit marker last and atomically;
+        returns the entry's name. A crash at any byte leaves no entry that passes for one."""
+
+    def remove(self, entry: str) -> None:
+        """Delete an entry, its commit marker first."""
+
+    def remove_temporary(self) -> list[str]:
+        """Delete what interrupted saves left; returns the paths removed."""
+
+
+def marker_last(files: Mapping[str, Content]) -> Iterator[str]:
+    """The names of `files` in the order a commit writes them: the commit marker last."""
+    return iter(sorted(files, key=lambda name: name == COMMIT_MARKER))

@@ -1,0 +1,85 @@
+"""Input pipelines for distributed `fit`: sizing, sharding, and a shuffle that can be rebuilt.
+
+`make_dataset` turns arrays, data frames, an existing `tf.data.Dataset` or TFRecord/CSV files into
+a dataset of batches for `model.fit` under the active strategy.
+
+By default the dataset is *one epoch*, as tf.data users expect: `model.fit(ds, epochs=N)` and a
+plain `for` loop work, its cardinality is known, and each new pass over it (each new iterator that
+reads it to the end) is the next epoch: pass k is epoch `initial_epoch + k`, reproducibly, like
+`shuffle(reshuffle_each_iteration=True)` but the same in every process and after a restart. A pass
+counts once its last batch is handed out, so one abandoned early does not (Keras peeks at a batch
+under a strategy and makes a spare iterator at each epoch end). Under several replicas,
+tf.distribute's iterator prefetches batches to the devices, and on an epoch of only a few
+batches (4 or fewer with 2 CPU replicas, measured; `SHORT_EPOCH_STEPS`) the peek Keras takes to
+build the model reads the whole first pass: `fit` then starts at epoch `initial_epoch + 1`. How
+far the prefetch runs is up to tf.distribute's threads, so make_dataset warns (`ShortEpochWarning`)
+instead of promising an epoch number there. resume_fit and distributed_fit never rely on the
+count: they rebuild the stream of the epochs they need; so does the stream form below.
+
+With `epochs=` (or `repeat=True`) it is instead one *stream of batches over epochs*: epoch
+`initial_epoch` first, then the next ones up to `epochs` (for ever with `repeat=True`; give `fit`
+the `steps_per_epoch` that `dataset_info()` reports). The order is a pure function of `(seed, epoch)`:
+each epoch's permutation is `tf.random.experimental.stateless_shuffle(range(n), [seed, epoch])`
+(Philox, on the CPU), computed in the graph, so it depends on nothing else (not the global seed,
+not the process, not the worker). `epoch_order(n, seed, epoch)` returns the same permutation. A run resumed after `k`
+batches of epoch `e` rebuilds its stream with `make_dataset(..., initial_epoch=e, skip_batches=k)`:
+the batches are those the uninterrupted run would have seen next.
+
+In-memory sources (arrays, data frames, lists and dicts of arrays) get an exact permutation per
+epoch and batches that never straddle two epochs. Stream sources (files, an existing dataset) cannot
+be indexed: their per-epoch order is a permutation of the files plus a permutation of the records
+inside each file (or, with `cache`, a permutation inside each block of `shuffle_buffer` records),
+and batches run on across epoch ends (files are read 4 at a time, so records of neighbouring
+epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `e`: batches
+`e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records, and so
+does each pass of the one-epoch form: pass k reaches epoch `initial_epoch + k` by reading the k
+epochs before it (the boundary batches depend on them), so k passes read about k*k/2 epochs in
+all. For more than a few epochs over files or a dataset, use the stream form (`epochs=`), which
+reads each record once, or `distributed_fit`/`resume_fit`, which build that stream.
+
+The package, from the user's functions down: `api` (make_dataset, make_dataset_split,
+plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
+arguments and their checks), `pipelines` (the tf.data pipelines), `info` (sizes, DatasetInfo),
+`order` (each epoch's permutation), `sources` (what x and y hold, read once).
+"""
+
+from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset
+from kerasdist.data.info import (
+    DEFAULT_BATCH_SIZE,
+    BatchSizeInfo,
+    DatasetInfo,
+    batch_size_info,
+    dataset_info,
+)
+from kerasdist.data.options import DatasetOptions
+from kerasdist.data.order import epoch_order
+from kerasdist.data.plan import (
+    SHORT_EPOCH_STEPS,
+    PlannedDataset,
+    ShortEpochWarning,
+    one_epoch_rebuild,
+    planned_dataset,
+    replace_epochs,
+)
+from kerasdist.data.sources import FILE_FORMATS
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "FILE_FORMATS",
+    "SHORT_EPOCH_STEPS",
+    "BatchSizeInfo",
+    "DatasetInfo",
+    "DatasetOptions",
+    "DatasetSplit",
+    "PlannedDataset",
+    "ShortEpochWarning",
+    "batch_size_info",
+    "dataset_info",
+    "epoch_order",
+    "make_dataset",
+    "make_dataset_split",
+    "one_epoch_rebuild",
+    "plan_dataset",
+    "planned_dataset",
+    "replace_epochs",
+]

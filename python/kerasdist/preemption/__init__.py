@@ -1,0 +1,28 @@
+"""Preemption: what a SIGTERM does at any instant, and who holds the signal when.
+
+A scheduler's preemption (Slurm's `scancel --signal=TERM`, its time-limit warning, a Kubernetes
+pod's deletion) can reach a task at any instant. The rule: at each moment one holder has SIGTERM,
+and hands it back to the one before when its time ends.
+
+1. From `import kerasdist`, in a cluster task (Slurm step, TF_CONFIG): `signals.exit_preempted`,
+   with a watcher thread. A SIGTERM exits 75 at once: there is nothing to save.
+2. While a multi-worker strategy forms the cluster: TensorFlow's coordination agent (C++). A
+   SIGTERM is noted in the cluster's store; once the cluster formed, every worker reads it, they
+   agree, and all exit 75 (`signals.take_back_after_cluster_start`). A strategy the user made
+   gets SIGTERM taken back at kerasdist's first call on it (`strategy.run_context`).
+3. During a fit: the checkpoint callback, through a `signals.SigtermHold`, with its own handler, or
+   under multi-worker with TensorFlow's `PreemptionCheckpointHandler` (`agreement`). A SIGTERM
+   saves at the next (agreed) step, stops, and raises `PreemptedExit` (75, the checkpoint named).
+4. While `kerasdist launch` runs: the launcher, through a `SigtermHold`. A SIGTERM stops the group.
+5. Once the interpreter exits by itself: nobody (ignored). The exit status already says what
+   happened.
+
+Modules: `exit` (status 75 and `PreemptedExit`, what a preempted process ends with), `signals`
+(the handlers and who holds SIGTERM), `agreement` (multi-worker: every worker stops at one agreed
+step; imports TensorFlow, so it is imported where it is used).
+"""
+
+from kerasdist.preemption.exit import PREEMPTED_EXIT_CODE, PreemptedExit, exit_preempted
+from kerasdist.preemption.signals import SigtermHold
+
+__all__ = ["PREEMPTED_EXIT_CODE", "PreemptedExit", "SigtermHold", "exit_preempted"]

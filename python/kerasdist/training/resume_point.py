@@ -1,0 +1,177 @@
+"""Where a run continues: the resume point every trainer starts from (`resume_fit`, `custom_fit`,
+`ps_fit` through `resume_fit`, `distributed_fit` through `resume_fit`).
+
+A checkpoint records the epoch to run next, the batches of it already trained, the history of the
+epochs done, the running metrics, and (`RunRecord`) the global batch and the order function of
+the data that trained it. `resume_point` reads the newest valid checkpoint once, through the
+manager that restored the model, and says where this run continues in its own terms: the batches
+to skip are counted in this run's global batch (`batches_to_skip`), and a mid-epoch point whose
+epoch another order function drew is warned of (`check_epoch_order`). The trainers then build
+the data from that point and merge the histories (`merged_history`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerasdist.checkpoint import CheckpointCallback, CheckpointInfo, CheckpointWarning, RunRecord
+from kerasdist.data import dataset_info
+from kerasdist.validation import integer
+
+EpochData = Callable[[int], tf.data.Dataset]
+
+
+def check_total_epochs(epochs: Any) -> None:
+    """`epochs` of a trainer: the total, epochs of earlier (interrupted) runs included."""
+    integer("epochs", epochs, 1, hint="the total, earlier runs included")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where training continues.
+
+    Attributes:
+        epoch: the epoch to run next (0-based).
+        skip: batches of `epoch` already trained, in this run's global batch.
+        history: per-epoch logs of the epochs done, earlier runs included.
+        metrics: the logs when the checkpoint was saved (a mid-epoch checkpoint's running means).
+        checkpoint: the checkpoint it comes from, or None for a fresh start.
+    """
+
+    epoch: int = 0
+    skip: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: CheckpointInfo | None = None
+
+
+class EpochRange:
+    """Epoch data made as one pipeline per range of epochs: `make(first, last, skip)` returns the
+    batches of epochs first..last-1, less `skip` at the start of the first.
+
+    resume_fit otherwise builds one dataset per epoch and concatenates them, and each of those
+    holds its own copy of in-memory data; one pipeline over the range holds one.
+    `global_batch_size` (samples per step) and `epoch_order` (the name of the function that
+    orders the epochs), when given, are recorded in checkpoints and checked on resume
+    (`batches_to_skip`, `check_epoch_order`).
+    """
+
+    def __init__(self, make: Callable[[int, int, int], tf.data.Dataset], global_batch_size: int | None = None,
+                 epoch_order: str | None = None):
+        self.make = make
+        self.global_batch_size = global_batch_size
+        self.epoch_order = epoch_order
+
+    def __call__(self, epoch: int) -> tf.data.Dataset:
+        return self.make(epoch, epoch + 1, 0)
+
+
+def resume_point(checkpoint: CheckpointCallback, model: Any, run: RunRecord) -> ResumePoint:
+    """The point `model` continues from, from `checkpoint`'s manager (which read its checkpoints
+    when it restored the model), for a run whose checkpoints record `run`; the callback is told
+    `run`, so that its checkpoints record it."""
+    checkpoint.use_run(run)
+    point = checkpoint.manager.resume_point(model)
+    if point is None:
+        return ResumePoint()
+    check_epoch_order(point, run.epoch_order)
+    return ResumePoint(point.epoch, batches_to_skip(point, run.global_batch_size), list(point.history),
+                       dict(point.metrics), point)
+
+
+def run_record_of(data: Any, settings: dict[str, Any] | None = None) -> RunRecord:
+    """What checkpoints record about a run on `data`: its samples per step and its epochs' order
+    function when the data knows them (`make_dataset` data, an `EpochRange` that was told them),
+    and the training `settings`. Builds no dataset."""
+    settings = dict(settings or {})
+    if isinstance(data, EpochRange):
+        return RunRecord(settings, data.global_batch_size, data.epoch_order)
+    try:
+        info = dataset_info(data)
+    except (ValueError, TypeError):
+        return RunRecord(settings)
+    return RunRecord(settings, info.batch_size, info.epoch_order)
+
+
+def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int:
+    """Batches of `point.epoch` to skip when resuming from `point` with batches of
+    `global_batch_size` samples.
+
+    The sample order of an epoch is a function of (seed, epoch) only (`make_dataset`), so under
+    the global batch the checkpoint was written with, skipping its `step_in_epoch` batches
+    continues at the next unseen sample, whatever the number of replicas or workers. Under
+    another global batch the checkpoint's `step_in_epoch * old` samples are skipped, rounded
+    down to whole new batches so that no sample goes untrained; a warning says so, and how many
+    samples are trained a second time. Unknown sizes (data not from `make_dataset`) are taken
+    as unchanged.
+    """
+    old, new = point.global_batch_size, global_batch_size
+    if point.step_in_epoch == 0 or old is None or new is None or old == new:
+        return point.step_in_epoch
+    seen = point.step_in_epoch * old
+    skip, again = divmod(seen, new)
+    warnings.warn(
+        f"The checkpoint {point.path} was written with a global batch of {old} samples, this run "
+        f"uses {new}: the sample stream is not the same, so it cannot continue exactly. It resumes "
+        f"epoch {point.epoch} at sample {skip * new} (batch {skip} of {new}); the {seen} samples "
+        f"already trained in that epoch are skipped"
+        + (f" except the last {again}, which are trained again." if again else "."),
+        CheckpointWarning, stacklevel=3,
+    )
+    return skip
+
+
+def check_epoch_order(point: CheckpointInfo, epoch_order: str | None) -> None:
+    """Warn when `point` stopped inside an epoch whose order came from another order function
+    (an older or newer kerasdist): the batches left of that epoch are then cut from this
+    version's order, so some of its samples are trained twice and others not at all. Epoch
+    boundaries, and orders unknown on either side, pass."""
+    old = point.epoch_order
+    if point.step_in_epoch == 0 or old is None or epoch_order is None or old == epoch_order:
+        return
+    warnings.warn(
+        f"The checkpoint {point.path} stopped {point.step_in_epoch} batches into epoch {point.epoch}, "
+        f"whose order came from {old!r}; this kerasdist orders epochs with {epoch_order!r}. The rest "
+        f"of that epoch is cut from the new order, so some of its samples are trained twice and "
+        f"others not at all; later epochs are whole.",
+        CheckpointWarning, stacklevel=3,
+    )
+
+
+def epoch_steps(dataset: tf.data.Dataset, name: str) -> int:
+    """The batches of one epoch of `dataset` (`name` is the argument it came in), known to
+    tf.data or to `make_dataset`; an error asking for steps_per_epoch otherwise."""
+    count = int(dataset.cardinality())
+    if count < 0:  # make_dataset's pipelines know their steps even when tf.data does not
+        try:
+            count = int(dataset_info(dataset).steps_per_epoch or -1)
+        except ValueError:
+            pass
+    if count < 0:
+        raise ValueError(
+            f"{name} has an unknown or infinite number of batches: pass steps_per_epoch."
+        )
+    return count
+
+
+def merged_history(model: Any, prior: list[dict[str, float]], histories: list[Any]) -> keras.callbacks.History:
+    """One History of all epochs: `prior` (the epochs of earlier runs, from the checkpoint) then
+    each of this run's `histories`."""
+    merged = keras.callbacks.History()
+    merged.set_model(model)
+    merged.epoch = list(range(len(prior)))
+    merged.history = {}
+    for logs in prior:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    for history in histories:
+        merged.epoch.extend(history.epoch)
+        for key, values in history.history.items():
+            merged.history.setdefault(key, []).extend(float(v) for v in values)
+    return merged
