@@ -27,8 +27,8 @@ demo: setup
 test: setup
 	@tools/test.sh
 
-# Every benchmark under bench/ (about 10 minutes on 2 cores): bench/results/*.json, summary.md,
-# summary.png. `make bench BENCH="data checkpoint"` runs only those.
+# Every benchmark under bench/ (about 16 minutes on 2 cores: 15m46s on 2026-11-25): bench/results/*.json,
+# summary.md, summary.png. `make bench BENCH="data checkpoint"` runs only those.
 bench: setup
 	@bench/run.sh $(BENCH)
 

@@ -12,8 +12,8 @@
 #'
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an
 #'   object-store URL: `"s3://bucket/run"` (needs the Python package s3fs:
-#'   `pip install 'kerasdist[s3]'`), `"gs://bucket/run"` (gcsfs,
-#'   `kerasdist[gcs]`), `"memory://run"` (in-process, for tests) or
+#'   `install_kerasdist(storage = "s3")`), `"gs://bucket/run"` (gcsfs:
+#'   `storage = "gcs"`), `"memory://run"` (in-process, for tests) or
 #'   `"file:///path"`. On object stores a checkpoint counts once its completion
 #'   record is uploaded, last; unfinished uploads are never restored.
 #' @param build_fn An R (or Python) function with no arguments returning a

@@ -15,7 +15,8 @@
 #' Python's matplotlib), `log.csv` and `result.json` in `run_dir`.
 #'
 #' Call it in a fresh R session: the 2 CPU devices must be set up before
-#' TensorFlow starts (so before keras3 is loaded).
+#' TensorFlow starts (before any keras3 function runs; `library(keras3)` first
+#' is fine).
 #'
 #' @param run_dir Directory for `checkpoints/`, `log.csv`, `curves.png` and
 #'   `result.json`; its checkpoints are cleared first.

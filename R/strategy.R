@@ -30,11 +30,13 @@
 #' @seealso Python: `kerasdist.select_strategy()`.
 #' @examples
 #' \dontrun{
+#' library(keras3)
 #' strategy <- select_strategy()
-#' strategy
+#' strategy                      # the kind, why, replicas, devices, workers, chief
 #' with(strategy$scope(), {
-#'   keras <- reticulate::import("keras")
-#'   model <- keras$Sequential(list(keras$layers$Dense(1L)))
+#'   model <- keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1) |>
+#'     compile(optimizer = "adam", loss = "mse")
 #' })
 #' }
 #' @export
@@ -56,7 +58,10 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
 #' Decide a strategy without creating it
 #'
 #' Applies the same rules as [select_strategy()] and returns the decision, so
-#' the choice can be checked for hardware or clusters this machine lacks.
+#' the choice can be checked for hardware or clusters this machine lacks. It
+#' takes the arguments that decide the kind and the devices;
+#' `cross_device_ops` and `communication`, which only shape a strategy once it
+#' is made, are [select_strategy()]'s alone.
 #'
 #' @inheritParams select_strategy
 #' @returns A list of class `kerasdist_strategy_plan`: `kind`, `reason`,

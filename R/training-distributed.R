@@ -89,23 +89,21 @@
 #'   [checkpoint_callback()], [resume_fit()].
 #' @examples
 #' \dontrun{
-#' simulate_devices(2)
+#' library(keras3)
+#' simulate_devices(2)                # before any keras3 function runs
 #' digits <- load_digits(flatten = TRUE)
 #' build_model <- function() {
-#'   keras <- reticulate::import("keras")
-#'   model <- keras$Sequential(list(
-#'     keras$Input(shape = list(64L)),
-#'     keras$layers$Dense(32L, activation = "relu"),
-#'     keras$layers$Dense(10L, activation = "softmax")
-#'   ))
-#'   model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy",
-#'                 metrics = list("accuracy"))
-#'   model
+#'   keras_model_sequential(input_shape = 64) |>
+#'     layer_dense(32, activation = "relu") |>
+#'     layer_dense(10, activation = "softmax") |>
+#'     compile(optimizer = "adam", loss = "sparse_categorical_crossentropy",
+#'             metrics = "accuracy")
 #' }
 #' history <- distributed_fit(build_model, digits$x, digits$y, epochs = 5,
 #'                            checkpoint_dir = "ckpt", batch_size = 64,
 #'                            every_steps = 10, validation_split = 0.2)
-#' history$history$val_accuracy
+#' history$metrics$val_accuracy
+#' plot(history)
 #' }
 #' @export
 distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strategy = "auto",

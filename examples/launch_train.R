@@ -15,7 +15,7 @@ option <- function(name, default) {
   if (is.na(at)) default else args[[at + 1L]]
 }
 epochs <- as.integer(option("--epochs", 5L))
-checkpoint_dir <- option("--checkpoint-dir", "ckpt")   # on storage every worker sees
+checkpoint_dir <- option("--checkpoint-dir", "ckpt")   # only the chief reads and writes it: need not be shared
 
 strategy <- select_strategy()   # first: multi-worker must be set up before TensorFlow starts,
 library(keras3)                 # and keras3's load hook starts it

@@ -21,7 +21,8 @@ import kerasdist  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=5, help="epochs in total, earlier runs included")
-parser.add_argument("--checkpoint-dir", default="ckpt", help="on storage every worker sees")
+parser.add_argument("--checkpoint-dir", default="ckpt",
+                    help="only the chief reads and writes it; other workers get its state, so it need not be shared")
 args = parser.parse_args()
 
 

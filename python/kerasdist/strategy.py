@@ -291,7 +291,8 @@ def simulate_devices(n: int) -> list[str]:
     """Split the CPU into `n` logical devices so mirrored code runs on one machine.
 
     Must run before TensorFlow initializes its devices (before any op, model or strategy; from R
-    before keras3 is loaded). Calling it again with the same `n` is a no-op.
+    before any keras3 function runs: `library(keras3)` first is fine). Calling it again with the
+    same `n` is a no-op.
 
     Returns:
         The names of the logical CPU devices.
@@ -310,8 +311,8 @@ def simulate_devices(n: int) -> list[str]:
             raise RuntimeError(
                 f"simulate_devices({n}) came too late: TensorFlow has already initialized its "
                 f"devices ({len(tf.config.list_logical_devices('CPU'))} CPU device(s)). Call it "
-                "first, before any model, op or strategy is created (from R: before keras3 or "
-                "tensorflow is loaded)."
+                "first, before any model, op or strategy is created (from R: before any keras3 "
+                "function runs; library(keras3) first is fine)."
             ) from None
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 

@@ -32,12 +32,16 @@ from kerasdist.checkpoint.layout import (
 )
 from kerasdist.checkpoint.store.protocol import marker_last
 
-# scheme -> (the fsspec plugin that serves it, what to install)
+# scheme -> (the fsspec plugin that serves it, what to install: from Python, and from R)
+_S3_INSTALL = ("pip install 'kerasdist[s3]' (or s3fs); from R: "
+               'kerasdist::install_kerasdist(storage = "s3"), then restart R')
+_GCS_INSTALL = ("pip install 'kerasdist[gcs]' (or gcsfs); from R: "
+                'kerasdist::install_kerasdist(storage = "gcs"), then restart R')
 OBJECT_SCHEMES = {
-    "s3": ("s3fs", "pip install 'kerasdist[s3]' (or s3fs)"),
-    "s3a": ("s3fs", "pip install 'kerasdist[s3]' (or s3fs)"),
-    "gs": ("gcsfs", "pip install 'kerasdist[gcs]' (or gcsfs)"),
-    "gcs": ("gcsfs", "pip install 'kerasdist[gcs]' (or gcsfs)"),
+    "s3": ("s3fs", _S3_INSTALL),
+    "s3a": ("s3fs", _S3_INSTALL),
+    "gs": ("gcsfs", _GCS_INSTALL),
+    "gcs": ("gcsfs", _GCS_INSTALL),
     "memory": ("fsspec", "pip install fsspec"),
 }
 _BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
