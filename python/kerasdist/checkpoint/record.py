@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from kerasdist.checkpoint.checksums import CHECKSUMS, describe
@@ -93,14 +93,15 @@ class RunRecord:
 @dataclass(frozen=True)
 class Progress:
     """Where training stands when a checkpoint is taken: what the trainer gives its record
-    (`CheckpointInfo`'s fields of the same names). Make it with `Progress.of`, which copies the
-    history and metrics as plain values (the trainer's own go on changing).
+    (`CheckpointInfo`'s fields of the same names, the run's facts in `run`). Make it with
+    `Progress.of`, which copies the history and metrics as plain values (the trainer's own go on
+    changing).
 
     Attributes:
         epoch: the epoch to run next; step_in_epoch: batches of it done (0 at an epoch end).
         history: per-epoch logs of the completed epochs; metrics: the logs at save time.
         writer: the task that writes it ("worker:0"), or None outside a cluster.
-        settings, global_batch_size, epoch_order: the run's (`RunRecord`).
+        run: what the run records about itself.
     """
 
     epoch: int
@@ -108,19 +109,16 @@ class Progress:
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     writer: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    global_batch_size: int | None = None
-    epoch_order: str | None = None
+    run: RunRecord = field(default_factory=RunRecord)
 
     @classmethod
     def of(cls, epoch: int, step_in_epoch: int = 0, history: Any = None, metrics: Any = None,
            writer: str | None = None, run: RunRecord | None = None, **run_fields: Any) -> Progress:
-        """The progress to record: `run`'s fields (or `run_fields`: settings, global_batch_size,
-        epoch_order, as keywords) with the rest, copied."""
-        run_fields = asdict(run) if run is not None else run_fields
-        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer,
-                   dict(run_fields.get("settings") or {}), run_fields.get("global_batch_size"),
-                   run_fields.get("epoch_order"))
+        """The progress to record, copied: `run`, or its fields as keywords (`settings`,
+        `global_batch_size`, `epoch_order`, as `CheckpointManager.save` takes them)."""
+        if run is None:
+            run = RunRecord(dict(run_fields.pop("settings", None) or {}), **run_fields)
+        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer, run)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,9 +197,10 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
     """Write a snapshot and its completion record as one checkpoint, the record last, and return
     it. The run's settings and epoch order go into the record only when known, so records of
     runs without them are as before."""
-    run = {"settings": dict(progress.settings)} if progress.settings else {}
-    if progress.epoch_order:
-        run["epoch_order"] = progress.epoch_order
+    facts = progress.run
+    run = {"settings": dict(facts.settings)} if facts.settings else {}
+    if facts.epoch_order:
+        run["epoch_order"] = facts.epoch_order
     files, crc32s = taken.files_and_crc32s()
     record = {
         "format": FORMAT_VERSION,
@@ -210,7 +209,7 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
         "global_step": taken.global_step,
         "saved_at": time.time(),
         "writer": progress.writer,
-        "global_batch_size": progress.global_batch_size,
+        "global_batch_size": facts.global_batch_size,
         "signature": taken.signature,
         "history": progress.history,
         "metrics": progress.metrics,
