@@ -29,11 +29,13 @@ SLURM_TESTS=tests/python/test_slurm.py
 slurm_pid=$!
 
 # The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 2 by default, 0 for
-# one process), a test file to each at a time (its module fixtures are made once): in one process
-# it kept about one of the two cores busy, waiting on the processes its tests launch.
+# one process): in one process it kept about one of the two cores busy, waiting on the processes
+# its tests launch. Tests are shared out one by one, a worker that runs dry taking from the other
+# (worksteal): a file to each at a time left one worker alone with the longest files at the end
+# (module fixtures are then made once per worker that runs the module's tests).
 workers=${KERASDIST_TEST_WORKERS:-2}
 parallel=()
-[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist worksteal)
 echo "== pytest"
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 "${parallel[@]}" --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
