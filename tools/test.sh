@@ -28,12 +28,11 @@ SLURM_TESTS=tests/python/test_slurm.py
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
 slurm_pid=$!
 
-# The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 3 by default, 0 for
-# one process): its tests spend much of their time waiting on the processes they launch, and with
-# 2 workers (and the Slurm and R suites beside them) the 2 cores were busy 1.38 of the time on
-# average (2026-11-26: 39 CPU-minutes in 28.5). Tests are shared out one by one, a worker that runs
-# dry taking from another (worksteal); module fixtures are made once per worker that needs them.
-workers=${KERASDIST_TEST_WORKERS:-3}
+# The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 2 by default, 0 for
+# one process). 3 were tried on 2026-11-26: no faster (pytest 26:56 in CI against 26:01 with 2) and
+# the Slurm tests beside them slowed from 9-12 to 16 minutes. Tests are shared out one by one, a
+# worker that runs dry taking from another (worksteal); module fixtures are made once per worker.
+workers=${KERASDIST_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist worksteal)
 echo "== pytest"
