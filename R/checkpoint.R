@@ -108,7 +108,8 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   `jit_compile` and `gradient_accumulation_steps`, which a resumed run must
 #'   repeat), and, for `make_dataset` data, `global_batch_size` and
 #'   `epoch_order` (the name of the function that ordered the epochs; a run
-#'   resumed inside an epoch by a kerasdist that orders epochs otherwise warns).
+#'   resumed inside an epoch by a kerasdist that orders epochs otherwise warns),
+#'   `saved_at` (seconds since 1970, UTC) and `size` (bytes of its files).
 #'   Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
@@ -125,18 +126,86 @@ latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
 #' All valid checkpoints, oldest first
 #'
 #' @inheritParams make_or_restore_model
-#' @returns A list of checkpoints as described in [latest_checkpoint()],
-#'   ordered by the epoch and step recorded in each.
+#' @returns A data frame, one row per valid checkpoint, ordered by the epoch
+#'   and step recorded in each: `path`, `epoch`, `step_in_epoch`,
+#'   `global_step`, `saved_at` (a `POSIXct`, UTC), `size` (bytes of its
+#'   files), `writer` and `restart` (`TRUE` for the one a restart resumes
+#'   from, the last). No rows when there is none. [latest_checkpoint()] gives
+#'   one checkpoint with its history and metrics; [checkpoint_table()] lists
+#'   damaged ones too.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.list_checkpoints()`.
 #' @examples
 #' \dontrun{
-#' length(list_checkpoints("checkpoints"))
+#' list_checkpoints("checkpoints")$epoch
 #' }
 #' @export
 list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
-  lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir, storage_options = storage_options),
-         py_record_to_r)
+  infos <- lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir, storage_options = storage_options,
+                              call = sys.call()),
+                  py_record_to_r)
+  rows <- lapply(seq_along(infos), function(i) {
+    c(infos[[i]][c("path", "epoch", "step_in_epoch", "global_step", "saved_at", "size", "writer")],
+      list(restart = i == length(infos)))
+  })
+  rows_to_data_frame(rows, CHECKPOINT_COLUMNS[c("path", "epoch", "step_in_epoch", "global_step", "saved_at",
+                                                "size", "writer", "restart")])
+}
+
+#' Every checkpoint of a directory, valid or not
+#'
+#' What `kerasdist checkpoints DIR` prints, as a data frame: for looking into
+#' a run's directory or bucket, e.g. after a crash, before restarting it.
+#' Reads only.
+#'
+#' @inheritParams make_or_restore_model
+#' @returns A data frame, one row per checkpoint, oldest first: `path`,
+#'   `global_step`, `epoch`, `step_in_epoch`, `saved_at` (a `POSIXct`, UTC),
+#'   `size` (bytes), `writer`, `valid`, `problem` (why a damaged or partial
+#'   checkpoint cannot be used, else `NA`) and `restart` (`TRUE` for the one a
+#'   restart would resume from). A damaged checkpoint's step comes from its
+#'   name, its other fields are `NA`. An error if a local `checkpoint_dir`
+#'   does not exist.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.checkpoint_table()`; the shell: `kerasdist checkpoints DIR`.
+#' @examples
+#' \dontrun{
+#' table <- checkpoint_table("checkpoints")
+#' table[!table$valid, c("path", "problem")]
+#' }
+#' @export
+checkpoint_table <- function(checkpoint_dir, storage_options = NULL) {
+  rows <- call_python(kerasdist_module()$checkpoint_table, checkpoint_dir, storage_options = storage_options)
+  rows <- lapply(rows, function(row) {
+    if (!is.null(row$saved_at)) row$saved_at <- sub("\\+00:00$", "", row$saved_at)
+    row
+  })
+  rows_to_data_frame(rows, CHECKPOINT_COLUMNS)
+}
+
+# The columns of the checkpoint tables, each as its missing value (which gives its type).
+CHECKPOINT_COLUMNS <- list(path = NA_character_, global_step = NA_integer_, epoch = NA_integer_,
+                           step_in_epoch = NA_integer_, saved_at = as.POSIXct(NA, tz = "UTC"),
+                           size = NA_real_, writer = NA_character_, valid = NA, problem = NA_character_,
+                           restart = NA)
+
+# A data frame of `rows` (named lists, NULL where missing) with the given columns and types.
+rows_to_data_frame <- function(rows, columns) {
+  as_column <- function(name) {
+    missing <- columns[[name]]
+    values <- lapply(rows, function(row) if (is.null(row[[name]])) NA else row[[name]])
+    if (inherits(missing, "POSIXct")) {
+      return(as.POSIXct(vapply(values, function(v) {
+        if (is.character(v)) as.numeric(as.POSIXct(v, format = "%Y-%m-%dT%H:%M:%S", tz = "UTC")) else as.numeric(v)
+      }, numeric(1)), origin = "1970-01-01", tz = "UTC"))
+    }
+    vapply(values, function(v) as.vector(v, typeof(missing)), missing, USE.NAMES = FALSE)
+  }
+  frame <- lapply(names(columns), as_column)
+  names(frame) <- names(columns)
+  frame <- as.data.frame(frame, stringsAsFactors = FALSE)
+  rownames(frame) <- NULL
+  frame
 }
 
 #' The checkpoint manager of a directory

@@ -157,12 +157,6 @@ def test_the_example_models_are_still_found_under_their_old_advisor_name():
     assert load_model_function("kerasdist.example_models:mid_cnn") is example_models.mid_cnn
 
 
-def test_help_lists_every_command():
-    done = subprocess.run([sys.executable, "-m", "kerasdist", "--help"], capture_output=True, text=True)
-    for command in ("info", "launch", "demo", "bench"):
-        assert f"    {command}" in done.stdout
-
-
 def test_one_gpu_is_not_mirrored_and_says_why(tmp_path):
     from kerasdist import advisor
 

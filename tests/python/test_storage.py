@@ -38,6 +38,7 @@ from kerasdist.checkpoint.store import direct_io
 from kerasdist.checkpoint.store import object as object_store
 from kerasdist.gcs_test_server import start_gcs_server
 from kerasdist.s3_test_server import start_s3_server
+from kerasdist_cli import main
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 ROOT = Path(__file__).resolve().parents[2]
@@ -424,6 +425,19 @@ def test_a_trainer_killed_mid_upload_resumes_bitwise(store, tmp_path, uninterrup
     assert all(np.array_equal(expected[name], got[name]) for name in expected)
     fs.invalidate_cache()
     assert not fs.exists(f"{root}/ckpt-9") or fs.exists(f"{root}/ckpt-9/state.json")  # cleaned, or saved anew
+
+
+def test_the_checkpoints_command_reads_a_bucket_configured_the_ecosystems_way(store, capsys):
+    url = new_url(store)
+    fit(url, 2, storage_options=store.storage_options())
+    fs, root = store.filesystem(), root_of(url)
+    fs.rm(f"{root}/ckpt-{2 * BATCHES_PER_EPOCH}/{layout.RECORD_FILE}")  # an upload cut before its record
+    with kerasdist_env(store.environment()):
+        assert main(["checkpoints", url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["path"], row["valid"], row["restart"]) for row in rows] == [
+        (f"{url}/ckpt-{BATCHES_PER_EPOCH}", True, True), (f"{url}/ckpt-{2 * BATCHES_PER_EPOCH}", False, False)]
+    assert rows[1]["problem"].endswith("state.json is missing (the save never completed)")
 
 
 class kerasdist_env:  # noqa: N801 (a context manager used like a function)

@@ -42,7 +42,31 @@ test_that("an R build function is restored with optimizer state, and fit resumes
   expect_s3_class(history, "keras_training_history")
   expect_identical(seq_along(history$metrics$loss) - 1L, 0:2)
   expect_length(history$metrics$loss, 3)
-  expect_identical(vapply(list_checkpoints(dir), function(c) c$epoch, integer(1)), 1:3)
+  expect_identical(list_checkpoints(dir)$epoch, 1:3)
+})
+
+test_that("list_checkpoints and checkpoint_table are data frames; the table shows damaged ones and the restart", {
+  skip_if_no_kerasdist()
+  dir <- trained_checkpoints()
+  valid <- list_checkpoints(dir)
+  expect_s3_class(valid, "data.frame")
+  expect_identical(valid$global_step, c(4L, 8L))
+  expect_identical(valid$restart, c(FALSE, TRUE))
+  expect_s3_class(valid$saved_at, "POSIXct")
+  expect_true(all(valid$size > 1000))
+  model_file <- file.path(dir, "ckpt-8", "model.keras")
+  writeBin(readBin(model_file, "raw", n = 100), model_file)  # cut short
+  expect_no_warning(table <- checkpoint_table(dir))
+  expect_identical(table$global_step, c(4L, 8L))
+  expect_identical(table$valid, c(TRUE, FALSE))
+  expect_identical(table$restart, c(TRUE, FALSE))
+  expect_match(table$problem[[2]], "model.keras has 100 bytes")
+  expect_true(is.na(table$problem[[1]]) && is.na(table$epoch[[2]]))
+  expect_warning(valid <- list_checkpoints(dir), "Skipping checkpoint")
+  expect_identical(valid$global_step, 4L)
+  expect_error(checkpoint_table(file.path(dir, "missing")), "checkpoint_dir '.*missing' does not exist",
+               class = "kerasdist_ValueError")
+  expect_identical(nrow(list_checkpoints(withr::local_tempdir())), 0L)
 })
 
 test_that("checkpoint_manager lists, restores and prunes the checkpoints of a directory", {
@@ -54,7 +78,7 @@ test_that("checkpoint_manager lists, restores and prunes the checkpoints of a di
   expect_identical(manager$restore(model)$epoch, 2L)
   expect_identical(as.integer(model$optimizer$iterations$numpy()), 8L)
   manager$prune(keep = 1L)
-  expect_identical(vapply(list_checkpoints(dir), function(c) c$epoch, integer(1)), 2L)
+  expect_identical(list_checkpoints(dir)$epoch, 2L)
   file <- withr::local_tempfile(lines = "not a directory")
   expect_error(checkpoint_manager(file), "is a file, not a directory", class = "kerasdist_ValueError")
 })
@@ -178,7 +202,7 @@ test_that("checkpoint_callback keeps the newest checkpoints and the best by moni
   history <- make_or_restore_model(dir, build_model) |> resume_fit(small_dataset(), 5L, callback, verbose = 0L)
   best_epoch <- which.max(history$metrics$loss)
   expect_lt(best_epoch, 4)  # else the newest two hide whether the best was kept
-  kept <- vapply(list_checkpoints(dir), function(checkpoint) checkpoint$epoch, integer(1))
+  kept <- list_checkpoints(dir)$epoch
   expect_identical(kept, c(best_epoch, 4L, 5L))
 })
 
@@ -220,7 +244,7 @@ test_that("checkpoints written in the background equal those written with async_
   expect_true(callbacks$background$async_save)
   expect_false(callbacks$synchronous$async_save)
   expect_length(callbacks$background$blocked_seconds, 2L)  # the training thread's wait at each save
-  steps <- lapply(dirs, function(d) vapply(list_checkpoints(file.path(root, d)), function(c) c$global_step, 0L))
+  steps <- lapply(dirs, function(d) list_checkpoints(file.path(root, d))$global_step)
   expect_identical(steps$background, c(4L, 8L))
   expect_identical(steps$background, steps$synchronous)
   weights <- lapply(dirs, function(d) make_or_restore_model(file.path(root, d), build_model)$get_weights())
@@ -349,7 +373,7 @@ for (where in c("memory", "s3", "gcs")) {
         if (isTRUE(row$cleaned_at_start)) {
           suppressWarnings(resume_fit(model, small_dataset(), 2L,
                                       checkpoint_callback(url, keep = 5L, storage_options = options), verbose = 0L))
-          expect_identical(vapply(list_checkpoints(url, storage_options = options), function(c) c$epoch, integer(1)), 1:2)
+          expect_identical(list_checkpoints(url, storage_options = options)$epoch, 1:2)
         }
       })
     })
@@ -364,7 +388,7 @@ test_that("an object-store URL is never a local folder, and a missing plugin is 
   url <- memory_url()
   model <- make_or_restore_model(url, build_model)
   resume_fit(model, small_dataset(), 1L, verbose = 0L)  # the model remembers its URL
-  expect_identical(vapply(list_checkpoints(url), function(c) c$path, character(1)), paste0(url, "/ckpt-4"))
+  expect_identical(list_checkpoints(url)$path, paste0(url, "/ckpt-4"))
   expect_identical(list.files(dir, all.files = TRUE, no.. = TRUE), character())
   reticulate::py_run_string("import sys; _kerasdist_gcsfs = sys.modules.get('gcsfs'); sys.modules['gcsfs'] = None")
   withr::defer(reticulate::py_run_string(

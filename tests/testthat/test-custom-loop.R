@@ -68,8 +68,8 @@ test_that("every_steps counts batches under gradient accumulation: no checkpoint
   history <- custom_fit(custom_loop_build, data, epochs = 2, checkpoint_dir = dir, every_steps = 4,
                         keep = 100, verbose = 0, gradient_accumulation_steps = 3)
   saved <- list_checkpoints(dir)
-  expect_identical(basename(vapply(saved, `[[`, "", "path")),
+  expect_identical(basename(saved$path),
                    c("ckpt-4", "ckpt-8", "ckpt-10", "ckpt-12", "ckpt-16", "ckpt-20"))
-  expect_identical(vapply(saved, `[[`, 0L, "step_in_epoch"), c(4L, 8L, 0L, 2L, 6L, 0L))
+  expect_identical(saved$step_in_epoch, c(4L, 8L, 0L, 2L, 6L, 0L))
   expect_identical(as.integer(history$model$optimizer$iterations$numpy()), 6L)  # applied updates
 })

@@ -121,7 +121,7 @@ test_that("R code in the step is refused under 2 replicas on every path, keras3'
         model |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 1)
       }),
       keras3_fit = message_of(model |> fit(x, y, epochs = 1, verbose = 0)),
-      checkpoints = length(list_checkpoints(dir))
+      checkpoints = nrow(list_checkpoints(dir))
     )
   })
   for (path in c("loss", "resume_fit")) {

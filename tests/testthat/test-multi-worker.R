@@ -10,8 +10,8 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
   weights1 <- readLines(file.path(dir, "weights-worker-1.txt"))
   expect_identical(weights0, weights1)
   checkpoints <- list_checkpoints(checkpoint_dir)
-  expect_identical(vapply(checkpoints, function(c) c$epoch, integer(1)), 1:2)
-  expect_identical(unique(vapply(checkpoints, function(c) c$writer, character(1))), "worker:0")
+  expect_identical(checkpoints$epoch, 1:2)
+  expect_identical(unique(checkpoints$writer), "worker:0")
   expect_length(list.files(checkpoint_dir, all.files = TRUE, no.. = TRUE), 2)
 })
 
@@ -25,7 +25,7 @@ test_that("a strategy the R user made with TensorFlow's API trains with keras3's
   expect_length(losses[[1]], 4)  # 2 epochs of fit(), 2 of distributed_fit()
   expect_identical(losses[[1]], losses[[2]])
   checkpoints <- list_checkpoints(file.path(dir, "ckpt"))
-  expect_identical(vapply(checkpoints, function(c) c$writer, character(1)), c("worker:0", "worker:0"))
+  expect_identical(checkpoints$writer, c("worker:0", "worker:0"))
 })
 
 test_that("a multi-worker strategy made after keras3 started TensorFlow is a condition saying what to do", {

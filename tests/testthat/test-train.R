@@ -105,7 +105,7 @@ test_that("an R loss under 2 replicas stops with a readable error, a built-in lo
     history <- distributed_fit(build("sparse_categorical_crossentropy"), digits$x[1:128, ], digits$y[1:128],
                                epochs = 1, checkpoint_dir = tempfile(), batch_size = 64, verbose = 0)
     list(class = class(err), message = conditionMessage(err), replicas = describe_strategy(select_strategy())$num_replicas,
-         checkpoints = length(list_checkpoints(dir)), loss = history$metrics$loss)
+         checkpoints = nrow(list_checkpoints(dir)), loss = history$metrics$loss)
   })
   expect_identical(result$replicas, 2L)
   expect_true("kerasdist_error" %in% result$class)

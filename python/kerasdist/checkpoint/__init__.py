@@ -1,15 +1,16 @@
 """Crash-safe checkpoints, local or on object storage: atomic commit, validation on restore,
 chief-only writes, preemption.
 
-- `storage`: where checkpoints live (a local directory, or an `s3://` / `gs://` / `memory://` prefix
-  through fsspec); the only module that reads or writes checkpoint files.
-- `format`: what one checkpoint holds; `snapshot` (its files, in memory) and `commit` (written
-  through a store, the completion record last).
+- `store/`: where checkpoints live (a local directory, or an `s3://` / `gs://` / `memory://` prefix
+  through fsspec); the only code that reads or writes checkpoint files.
+- `layout`: the names of a checkpoint's files; `record`: its completion record (schema, commit,
+  verification); `checksums`: the files' CRC-32s.
+- `snapshot`: a model's state taken cheaply on the training thread, its files made later.
 - `model_state`: what a checkpoint holds beyond `model.save` (seed states) and must check
   (weight signature).
 - `manager`: `CheckpointManager`, one object per directory (validation, listing and checksums
   once, restore and resume point from one read, save, prune), and the public functions on it.
-- `snapshot`: a model's state taken cheaply on the training thread, its files made later.
+- `chief_state`: workers restored from the chief's read, so hosts need no shared disk.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
 - `callback`: the Keras callback that saves through a manager, and on SIGTERM (`kerasdist.preemption`).
 """
@@ -24,6 +25,7 @@ from kerasdist.checkpoint.callback import (
 from kerasdist.checkpoint.manager import (
     CheckpointManager,
     as_manager,
+    checkpoint_table,
     latest_checkpoint,
     list_checkpoints,
     make_or_restore_model,
@@ -44,6 +46,7 @@ __all__ = [
     "check_callback_args",
     "check_trainer_callbacks",
     "checkpoint_callback",
+    "checkpoint_table",
     "latest_checkpoint",
     "list_checkpoints",
     "make_or_restore_model",

@@ -4,15 +4,17 @@ The manager is what the callback, `make_or_restore_model`, `resume_fit`, `ps_fit
 `distributed_fit` talk to. It checks the directory once, checksums each checkpoint once (again
 only if its files change on disk), restores a model and gives the resume point from that same
 read, saves atomically (a `snapshot.Snapshot` + `record.commit`) and prunes. Every file it reads or
-writes goes through its store (`storage.py`): a local directory or an object-store URL.
+writes goes through its store (`store/`): a local directory or an object-store URL.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import keras
 
 from kerasdist import compat
 from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
-from kerasdist.checkpoint.layout import MODEL_FILE, REPLACED_MARK, RNG_FILE
+from kerasdist.checkpoint.layout import CHECKPOINT_PREFIX, MODEL_FILE, REPLACED_MARK, RNG_FILE
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.checkpoint.record import (
     CheckpointInfo,
@@ -46,7 +48,7 @@ class CheckpointManager:
 
     Args:
         directory: the checkpoint directory: a path, or a URL (`s3://bucket/run`, `gs://...`,
-            `memory://...`, `file://...`; see `storage.py`).
+            `memory://...`, `file://...`; see `store/`).
         create: create and probe the directory now (default); False defers that to the first
             restore or save, so arguments can be checked before anything is touched.
         storage_options: options for the object store's fsspec filesystem (credentials,
@@ -60,7 +62,8 @@ class CheckpointManager:
         self.store = directory.store if isinstance(directory, CheckpointManager) \
             else open_store(directory, storage_options)
         self._writable = False
-        self._seen: dict[str, tuple[Any, CheckpointInfo | None]] = {}  # entry -> (fingerprint, info)
+        # entry -> (fingerprint, info, or why it cannot be used)
+        self._seen: dict[str, tuple[Any, CheckpointInfo | str]] = {}
         self._restored: tuple[weakref.ref[Any], CheckpointInfo] | None = None
         if create:
             self.create()
@@ -93,10 +96,14 @@ class CheckpointManager:
                 if problem:
                     warnings.warn(f"Skipping checkpoint {self.store.path_of(candidate)}: {problem}.",
                                   CheckpointWarning, stacklevel=4)
-                entry = (now, info)
+                entry = (now, info if info is not None else str(problem))
             seen[candidate] = entry
         self._seen = seen
-        return sorted((info for _, info in seen.values() if info is not None), key=_newness)
+        return sorted((info for _, info in seen.values() if isinstance(info, CheckpointInfo)), key=_newness)
+
+    def damaged(self) -> dict[str, str]:
+        """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
+        return {self.store.path_of(entry): info for entry, (_, info) in self._seen.items() if isinstance(info, str)}
 
     def latest(self) -> CheckpointInfo | None:
         """The newest valid checkpoint (by recorded epoch and step, never by name or time)."""
@@ -277,6 +284,43 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
     """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None.
     `checkpoint_dir` and `storage_options` as in `list_checkpoints`."""
     return CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options).latest()
+
+
+def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
+                     storage_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every checkpoint in `checkpoint_dir`, valid or not, oldest first, as plain rows (what
+    `kerasdist checkpoints` prints and R's `checkpoint_table()` makes a data frame of).
+
+    Each row: `path`, `global_step`, `epoch`, `step_in_epoch`, `saved_at` (ISO 8601, UTC), `size`
+    (bytes), `writer`, `valid`, `problem` (why a damaged or partial one cannot be used, else None)
+    and `restart` (True for the one a restart would resume from). A damaged checkpoint's step is
+    read from its name, its other fields are None. Reads only; warns about nothing.
+    """
+    manager = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
+    if isinstance(manager.directory, Path) and not manager.directory.is_dir():
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not exist (or is not a directory).")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        valid = manager.checkpoints()
+    rows = [_row_of(info, restart=info is valid[-1]) for info in valid]
+    rows += [_damaged_row(path, problem) for path, problem in manager.damaged().items()]
+    return sorted(rows, key=lambda row: (row["global_step"] if row["global_step"] is not None else -1,
+                                         row["valid"], row["path"]))
+
+
+def _row_of(info: CheckpointInfo, restart: bool) -> dict[str, Any]:
+    saved_at = None if info.saved_at is None else \
+        datetime.fromtimestamp(info.saved_at, timezone.utc).isoformat(timespec="seconds")
+    return {"path": info.path, "global_step": info.global_step, "epoch": info.epoch,
+            "step_in_epoch": info.step_in_epoch, "saved_at": saved_at, "size": info.size,
+            "writer": info.writer, "valid": True, "problem": None, "restart": restart}
+
+
+def _damaged_row(path: str, problem: str) -> dict[str, Any]:
+    step = re.match(re.escape(CHECKPOINT_PREFIX) + r"(\d+)", path.rstrip("/").rsplit("/", 1)[-1])
+    return {"path": path, "global_step": int(step.group(1)) if step else None, "epoch": None,
+            "step_in_epoch": None, "saved_at": None, "size": None, "writer": None, "valid": False,
+            "problem": problem, "restart": False}
 
 
 def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *,

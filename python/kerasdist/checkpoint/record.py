@@ -2,7 +2,7 @@
 how a checkpoint is verified against it. The one definition of the record's schema.
 
 A save is two steps: a `Snapshot` of the model (its files, made in memory), and `commit`, which
-writes those files and the record through the store (`storage.py`): on a local disk under a
+writes those files and the record through the store (`store/`): on a local disk under a
 temporary name, fsynced, record last, then renamed into place; on an object store uploaded with
 the record last, which is the commit. A crash at any byte therefore leaves the old checkpoint and,
 at worst, an ignored partial entry; a checkpoint whose files do not match their record is refused
@@ -56,6 +56,8 @@ class CheckpointInfo:
             (data from `make_dataset`); a resume under another global batch is told apart by it.
         epoch_order: the name of the function that ordered its epochs (shuffled `make_dataset`
             data), when known; a resume whose kerasdist orders them otherwise is told apart by it.
+        saved_at: when it was saved (seconds since the epoch, UTC), as its record says.
+        size: bytes of its files, as its record lists them (the record itself not counted).
     """
 
     path: str
@@ -68,6 +70,8 @@ class CheckpointInfo:
     settings: dict[str, Any] = field(default_factory=dict)
     global_batch_size: int | None = None
     epoch_order: str | None = None
+    saved_at: float | None = None
+    size: int | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -165,6 +169,8 @@ def _info_of(path: str, record: dict[str, Any]) -> CheckpointInfo:
         settings=dict(record.get("settings") or {}),
         global_batch_size=None if record.get("global_batch_size") is None else int(record["global_batch_size"]),
         epoch_order=record.get("epoch_order"),
+        saved_at=None if record.get("saved_at") is None else float(record["saved_at"]),
+        size=sum(int(item["size"]) for item in record["files"].values()),
     )
 
 

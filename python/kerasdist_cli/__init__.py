@@ -1,0 +1,337 @@
+"""The `kerasdist` command (also `python -m kerasdist`).
+
+A package of its own, beside `kerasdist`, because importing `kerasdist` imports TensorFlow (its
+Keras fixes must be in before any strategy is made): `--help`, `--version` and every command's
+`--help` answer without it, and each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DESCRIPTION = """\
+kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R.
+The Python API is `import kerasdist`; these commands show what this machine would run, start a
+cluster of processes here, run the demo, time the strategies and list checkpoints."""
+
+EXAMPLES = """\
+examples:
+  kerasdist info --devices 2                   the strategy "auto" picks here, and why
+  kerasdist launch -n 2 -- train.py            train.py as a 2-worker cluster on this machine
+  kerasdist checkpoints runs/demo/checkpoints  what a restart would resume from
+  kerasdist demo                               train, kill, resume and plot on 2 CPU replicas
+
+`kerasdist COMMAND --help` says more about each."""
+
+
+def _info(args: argparse.Namespace) -> int:
+    from kerasdist.about import kerasdist_info
+    from kerasdist.strategy import simulate_devices
+
+    if args.devices:
+        simulate_devices(args.devices)
+    print(kerasdist_info(args.kind))
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from kerasdist.launch import INTERRUPTED_EXIT_CODE, launch
+    from kerasdist.preemption import SigtermHold
+
+    command = list(args.launch_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("launch: no command given: put it after --, e.g. "
+                         "`kerasdist launch -n 2 -- train.py`.")
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        with SigtermHold(interrupted):  # a stopped launcher stops its group
+            result = launch(
+                command, num_workers=args.num_workers, num_ps=args.ps,
+                max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
+                grace_period=args.grace_period, startup_timeout=args.startup_timeout,
+            )
+    except KeyboardInterrupt:
+        print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    return result.exit_code
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from kerasdist import demo
+
+    if args.kill_at:  # the demo's own child process, the run that gets killed
+        return demo.run_child(args.run_dir, args.epochs, args.kill_at)
+    demo.kerasdist_demo(args.run_dir, args.epochs)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from kerasdist import advisor
+
+    if args.worker_spec:  # one strategy's own process
+        advisor.run_worker(args.worker_spec)
+        return 0
+    if not args.model:
+        raise ValueError("bench: --model is required, e.g. --model kerasdist.example_models:tiny_dense")
+    x = y = None
+    if args.data:
+        x, y = advisor.load_model_function(args.data)()
+    report = advisor.bench_strategies(
+        args.model, x, y, strategies=args.strategies, steps=args.steps, batch_size=args.batch_size,
+        devices=args.devices, workers=args.workers, seed=args.seed, timeout=args.timeout,
+        speed_options=args.speed_options,
+    )
+    print(report)
+    if args.json:
+        import json
+
+        with open(args.json, "w") as out:
+            json.dump(report.to_dict(), out, indent=1)
+    return 0
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="time your model under each strategy this machine can run and recommend one",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The strategy advisor: trains --steps steps of the model under default, mirrored\n"
+            "(over the GPUs, or --devices simulated CPU devices) and multi_worker (--workers\n"
+            "processes on 127.0.0.1 through the launcher), each in its own process, at the same\n"
+            "global batch; prints steps/s, the step time split into compute and input wait,\n"
+            "and the strategy to use with the reason."
+        ),
+        epilog="example:\n  kerasdist bench --model kerasdist.example_models:mid_cnn --batch-size 128",
+    )
+    bench.add_argument("--model", metavar="MODULE:FUNCTION",
+                       help="function returning a compiled Keras model, as module:function or file.py:function")
+    bench.add_argument("--data", metavar="MODULE:FUNCTION",
+                       help="function returning (x, y) to train on (default random data shaped for the model)")
+    bench.add_argument("--strategies", type=lambda text: text.split(","), default=None,
+                       metavar="S1,S2", help="subset of default,mirrored,multi_worker (default all)")
+    bench.add_argument("--steps", type=_at_least(1), default=200, metavar="N",
+                       help="timed steps per strategy (default 200)")
+    bench.add_argument("--batch-size", type=_at_least(1), default=64, metavar="B",
+                       help="global batch size, the same under every strategy (default 64)")
+    bench.add_argument("--devices", type=_at_least(2), default=2, metavar="N",
+                       help="CPU devices to simulate for mirrored when there is no GPU (default 2)")
+    bench.add_argument("--workers", type=_at_least(2), default=2, metavar="N",
+                       help="worker processes for multi_worker (default 2)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the data and shuffle (default 0)")
+    bench.add_argument("--timeout", type=_positive_seconds, default=600, metavar="S",
+                       help="seconds allowed per strategy (default 600)")
+    bench.add_argument("--speed-options", action="store_true",
+                       help="also time the recommended strategy with mixed precision and with XLA")
+    bench.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    bench.add_argument("--worker-spec", help=argparse.SUPPRESS)
+    bench.set_defaults(run=_bench)
+
+
+def _add_demo(commands) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="train a CNN on the bundled digits on 2 CPU replicas, kill it mid-epoch, resume, plot",
+        description=(
+            "The main job: simulate 2 CPU devices, select_strategy('auto') -> MirroredStrategy,\n"
+            "distributed_fit a small CNN on the bundled UCI digits with checkpoints every epoch\n"
+            "and every 5 steps, SIGKILL the training process mid-epoch, resume from the newest\n"
+            "checkpoint, print the test accuracy and write RUN_DIR/curves.png."
+        ),
+        epilog="examples:\n  kerasdist demo\n  kerasdist demo --run-dir /tmp/demo --epochs 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--run-dir", default="runs/demo", metavar="DIR",
+                      help="where checkpoints, log.csv, curves.png and result.json go (default runs/demo)")
+    demo.add_argument("--epochs", type=_at_least(1), default=6, metavar="N",
+                      help="total epochs; the kill happens in the middle one (default 6)")
+    demo.add_argument("--kill-at", default=None, help=argparse.SUPPRESS)
+    demo.set_defaults(run=_demo)
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _add_launch(commands) -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="run a command as a local TF_CONFIG cluster, restarting it on failure",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--host HOST] "
+              "[--timeout S] -- COMMAND ...",
+        description=(
+            "Start one process per task of a cluster on this machine, each with its own\n"
+            "TF_CONFIG (and KERASDIST_TASK_TYPE, KERASDIST_TASK_INDEX, KERASDIST_RESTART).\n"
+            "Output lines are prefixed with the task: [worker 0] ...\n"
+            "If a process fails (non-zero exit, status 75 'preempted' included, or a signal),\n"
+            "the whole group is stopped and restarted on fresh ports, up to --max-restarts\n"
+            "times, so training resumes from its latest checkpoint. With --ps P > 0 the\n"
+            "cluster also has a 'chief' task: ParameterServerStrategy's coordinator.\n\n"
+            "COMMAND: a first word ending in .py runs with this Python, one ending in .R\n"
+            "with Rscript; anything else runs as given.\n\n"
+            "Security: TensorFlow's gRPC servers have no authentication. TF_CONFIG names\n"
+            "127.0.0.1 by default, but TensorFlow listens on its ports on every interface:\n"
+            "never run this where an untrusted network can reach the ports (firewall them)."
+        ),
+        epilog=(
+            "exit status: 0 when the run finished; the failing process's status (128+N if\n"
+            "killed by signal N) when restarts ran out; 124 on --timeout; 2 on bad input.\n\n"
+            "example:\n  kerasdist launch -n 2 --max-restarts 3 -- train.py --epochs 5"
+        ),
+    )
+    launch.add_argument("-n", "--num-workers", type=_at_least(1), required=True, metavar="N",
+                        help="number of worker tasks (at least 1)")
+    launch.add_argument("--ps", type=_at_least(0), default=0, metavar="P",
+                        help="number of parameter-server tasks; P > 0 adds a chief (default 0)")
+    launch.add_argument("--max-restarts", type=_at_least(0), default=0, metavar="R",
+                        help="restarts of the whole group allowed after failures (default 0)")
+    launch.add_argument("--host", default="127.0.0.1",
+                        help="local address for TF_CONFIG and the ports (default 127.0.0.1)")
+    launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="wall-clock limit for the whole run, restarts included (seconds)")
+    launch.add_argument("--startup-timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="fail, naming it, a worker or ps task whose server is not up after S s")
+    launch.add_argument("--grace-period", type=_positive_seconds, default=10.0, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    launch.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the program to run for every task, and its arguments")
+    launch.set_defaults(run=_launch)
+
+
+def _add_info(commands) -> None:
+    info = commands.add_parser(
+        "info", help="show versions and the strategy chosen here, and why",
+        description="Versions of kerasdist, TensorFlow, Keras, NumPy and Python, and the strategy\n"
+                    "select_strategy(KIND) gives on this machine with the reason (TF_CONFIG, Slurm,\n"
+                    "TPU, GPUs). Imports TensorFlow.",
+        epilog="examples:\n  kerasdist info\n  kerasdist info --devices 2 --kind mirrored",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    info.add_argument("--kind", default="auto", help='strategy kind (default "auto")')
+    info.add_argument("--devices", type=_at_least(0), default=0, metavar="N",
+                      help="split the CPU into N logical devices first (simulate_devices)")
+    info.set_defaults(run=_info)
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    import json
+
+    from kerasdist.checkpoint import checkpoint_table
+
+    rows = checkpoint_table(args.checkpoint_dir)
+    print(json.dumps(rows, indent=1) if args.json else format_checkpoint_table(rows, args.checkpoint_dir))
+    return 0
+
+
+def format_checkpoint_table(rows: list[dict], checkpoint_dir: str) -> str:
+    """`checkpoint_table`'s rows as the text `kerasdist checkpoints` prints."""
+    if not rows:
+        return f"{checkpoint_dir}: no checkpoints"
+    header = ("step", "epoch", "batch", "saved at (UTC)", "size", "state")
+    lines = [header]
+    for row in rows:
+        state = "valid" if row["valid"] else f"damaged: {row['problem']}"
+        if row["restart"]:
+            state += " <- a restart resumes here"
+        lines.append((
+            _text(row["global_step"]), _text(row["epoch"]), _text(row["step_in_epoch"]),
+            (row["saved_at"] or "-").replace("T", " ")[:19], _size(row["size"]), state,
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line[:-1], widths, strict=True))
+                     + "  " + line[-1] for line in lines)
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
+
+
+def _add_checkpoints(commands) -> None:
+    checkpoints = commands.add_parser(
+        "checkpoints", help="list the checkpoints of a directory or bucket, and which a restart uses",
+        description="Every checkpoint in CHECKPOINT_DIR (a directory, or an s3://, gs:// or file://\n"
+                    "URL), oldest first: its step, epoch and batch within the epoch, when it was\n"
+                    "saved, its size, whether it is valid (files checked against their checksums)\n"
+                    "or why not, and which one a restart would resume from. Object stores are\n"
+                    "reached with the ecosystem's configuration (AWS_* variables, credentials files).",
+        epilog="examples:\n  kerasdist checkpoints runs/demo/checkpoints\n"
+               "  kerasdist checkpoints s3://bucket/run --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    checkpoints.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory or URL")
+    checkpoints.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    checkpoints.set_defaults(run=_checkpoints)
+
+
+def version() -> str:
+    """kerasdist's version, from the installed package's metadata (no import of kerasdist)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("kerasdist")
+    except PackageNotFoundError:
+        return "unknown (kerasdist is not installed, only on the path)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kerasdist", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kerasdist {version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_info(commands)
+    _add_launch(commands)
+    _add_checkpoints(commands)
+    _add_demo(commands)
+    _add_bench(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, RuntimeError) as err:
+        print(f"kerasdist: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
