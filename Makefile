@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # a mirror, e.g. KERASDIST_R_REPOS=file:///path/to/cran-mirror make test (space-separated list).
 export KERASDIST_R_REPOS ?= https://cloud.r-project.org
 
-.PHONY: demo test setup docs bench
+.PHONY: demo test setup docs bench dist
 
 setup:
 	@tools/setup.sh
@@ -31,6 +31,10 @@ test: setup
 # summary.md, summary.png. `make bench BENCH="data checkpoint"` runs only those.
 bench: setup
 	@bench/run.sh $(BENCH)
+
+# The artifacts people install, in dist/: the Python wheel and sdist, the R source tarball.
+dist: setup
+	@tools/dist.sh dist
 
 # Regenerate NAMESPACE and man/ from the roxygen comments in R/.
 docs: setup

@@ -19,8 +19,8 @@ DEFAULT_ENVNAME <- "r-keras"
 #' @param gpu Install TensorFlow's CUDA build (`tensorflow[and-cuda]`) instead
 #'   of the CPU build.
 #' @param source The kerasdist Python package to install: a wheel, or a
-#'   kerasdist source checkout; `NULL` for the wheel bundled with this R
-#'   package.
+#'   kerasdist source checkout; `NULL` for the Python package bundled with
+#'   this R package (copied from its source when it was installed).
 #' @param pip_args More arguments for `pip install`, e.g. `"--no-cache-dir"`.
 #' @param storage Object stores for `checkpoint_dir` URLs: `"s3"` (s3fs, for
 #'   `s3://` and S3-compatible stores) and/or `"gcs"` (gcsfs, for `gs://`);
@@ -46,9 +46,10 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
                             paste(format(storage), collapse = " ")), call = sys.call())
   }
   package <- python_package_source(source)
-  constraints <- if (dir.exists(package)) file.path(package, "tools", "constraints.txt") else bundled_python_file("constraints.txt")
+  checkout <- file.path(package, "tools", "constraints.txt")
+  constraints <- if (file.exists(checkout)) checkout else bundled_python_file("constraints.txt")
   if (!file.exists(constraints)) {
-    kerasdist_abort(sprintf("The pinned versions (%s) are missing: reinstall the kerasdist R package with `make demo`.",
+    kerasdist_abort(sprintf("The pinned versions (%s) are missing: reinstall the kerasdist R package from its source.",
                             constraints), type = "RuntimeError", call = sys.call())
   }
   if (!reticulate::virtualenv_exists(envname)) reticulate::virtualenv_create(envname, python = python)
@@ -57,7 +58,9 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
   args <- c("-m", "pip", "install", "--disable-pip-version-check", pip_args,
             "-c", constraints, requirement, "pandas", "matplotlib", "tensorboard")
   message(sprintf("Installing kerasdist and its pinned stack into %s", env_python))
-  status <- system2(env_python, shQuote(args))
+  # Without R's library path: R puts the system's library folder first, where a Python built
+  # elsewhere (pyenv) can pick up the system's libpython and lose its ssl module.
+  status <- system2(env_python, shQuote(args), env = "LD_LIBRARY_PATH=")
   if (!identical(status, 0L)) {
     kerasdist_abort(sprintf("pip could not install kerasdist into %s (status %d); see pip's output above.",
                             env_python, status), type = "RuntimeError", call = sys.call())
@@ -68,14 +71,15 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
 
 python_package_source <- function(source) {
   if (is.null(source)) {
-    wheels <- Sys.glob(file.path(bundled_python_file(), "kerasdist-*.whl"))
-    if (length(wheels) == 0) {
+    bundled <- bundled_python_file("source")
+    if (!file.exists(file.path(bundled, "pyproject.toml"))) {
       kerasdist_abort(paste0(
-        "This installation of the kerasdist R package carries no Python wheel (it is added by ",
-        "`make demo` or tools/setup.sh): pass source = \"path/to/kerasdist checkout\"."
+        "This installation of the kerasdist R package carries no Python package (its installer ",
+        "copies it from the source's python/ folder): reinstall it from a kerasdist source ",
+        "(a clone, or the tarball of `make dist`), or pass source = \"path/to/kerasdist checkout\"."
       ), call = sys.call(-1))
     }
-    return(normalizePath(wheels[[length(wheels)]]))
+    return(normalizePath(bundled))
   }
   if (!is.character(source) || length(source) != 1 || !file.exists(source)) {
     kerasdist_abort(sprintf("source must be a kerasdist wheel or source checkout, got %s.",
@@ -84,7 +88,8 @@ python_package_source <- function(source) {
   normalizePath(source)
 }
 
-# Files tools/setup.sh puts in inst/python: the kerasdist wheel and tools/constraints.txt.
+# What the package's configure script bundles in inst/python: the Python sources (source/) and
+# tools/constraints.txt.
 bundled_python_file <- function(...) {
   file.path(system.file("python", package = "kerasdist", mustWork = FALSE), ...)
 }

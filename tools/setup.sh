@@ -58,21 +58,13 @@ install_r_dependencies() {
   Rscript tools/install_r_packages.R
 }
 
-# The R package carries kerasdist's Python wheel and pinned versions, for install_kerasdist().
-stage_python_wheel() {
-  if [ ! -f "$STAMPS/wheel" ] || [ -n "$(find python pyproject.toml tools/constraints.txt -newer "$STAMPS/wheel" | head -n 1)" ]; then
-    rm -rf inst/python && mkdir -p inst/python
-    .venv/bin/pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w inst/python . >/dev/null
-    cp tools/constraints.txt inst/python/
-    touch "$STAMPS/wheel"
-  fi
-}
-
 r_sources_changed() {
   [ ! -f "$STAMPS/r-package" ] && return 0
-  [ -n "$(find DESCRIPTION NAMESPACE R man inst -newer "$STAMPS/r-package" 2>/dev/null | head -n 1)" ]
+  [ -n "$(find DESCRIPTION NAMESPACE R man inst configure python pyproject.toml tools/constraints.txt \
+    -newer "$STAMPS/r-package" -not -path '*/__pycache__*' 2>/dev/null | head -n 1)" ]
 }
 
+# Its configure script bundles kerasdist's Python sources and pinned versions, for install_kerasdist().
 install_r_package() {
   if r_sources_changed; then
     echo "setup: installing the kerasdist R package"
@@ -84,5 +76,4 @@ install_r_package() {
 install_debian_packages
 install_r_dependencies
 install_python_env
-stage_python_wheel
 install_r_package

@@ -16,8 +16,8 @@ ruff_status=${PIPESTATUS[0]}
 # The R side runs beside pytest: the suites together keep about one of the two cores busy
 # (much of their time is spent waiting on launched processes), so side by side they end sooner.
 (
+  tools/r_build.sh "$CHECK_DIR" &&
   cd "$CHECK_DIR" &&
-  R CMD build .. >build.log 2>&1 || { cat build.log; exit 1; }
   R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz >check.log 2>&1
 ) >"$CHECK_DIR/r.log" 2>&1 &
 r_pid=$!

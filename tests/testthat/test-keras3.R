@@ -161,10 +161,14 @@ test_that("install_kerasdist() refuses bad arguments before creating anything", 
   expect_false(dir.exists(env))
 })
 
-test_that("the R package carries kerasdist's wheel and pinned versions for install_kerasdist()", {
+test_that("the R package carries kerasdist's Python package and pinned versions for install_kerasdist()", {
   skip_if_no_kerasdist()
-  wheels <- Sys.glob(file.path(system.file("python", package = "kerasdist"), "kerasdist-*.whl"))
-  expect_length(wheels, 1)
+  source <- system.file("python", "source", package = "kerasdist")
+  expect_true(file.exists(file.path(source, "pyproject.toml")))
+  expect_true(file.exists(file.path(source, "python", "kerasdist", "__init__.py")))
+  expect_true(file.exists(file.path(source, "python", "kerasdist_cli", "__init__.py")))
+  about <- readLines(file.path(source, "python", "kerasdist", "about.py"))
+  expect_true(any(grepl(sprintf('__version__ = "%s"', utils::packageVersion("kerasdist")), about, fixed = TRUE)))
   pins <- readLines(system.file("python", "constraints.txt", package = "kerasdist"))
   expect_true(any(grepl("^tensorflow-cpu==2\\.21", pins)))
 })
