@@ -36,6 +36,8 @@ bench: setup
 dist: setup
 	@tools/dist.sh dist
 
-# Regenerate NAMESPACE and man/ from the roxygen comments in R/.
+# Regenerate NAMESPACE and man/ from the roxygen comments in R/, then build the documentation site
+# into site/ (guides, Python and R references, records; tools/docs_site.py): open site/index.html.
 docs: setup
 	@Rscript -e 'roxygen2::roxygenise()'
+	@$(PYTHON) tools/docs_site.py site

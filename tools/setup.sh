@@ -10,7 +10,8 @@ DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev r-cran-testthat r-c
   r-cran-roxygen2 r-cran-callr r-cran-withr r-cran-jsonlite pandoc r-cran-rcpp r-cran-rcpptoml r-cran-here
   r-cran-png r-cran-rappdirs r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
   r-cran-rlang r-cran-magrittr r-cran-processx r-cran-yaml r-cran-whisker r-cran-tidyselect
-  r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports"
+  r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports
+  chromium"  # chromium: the documentation site is checked in a real browser (tests/python/test_docs_site.py)
 # The Slurm cluster tests (tests/python/test_slurm.py, tools/slurm_cluster.py) need root, so these
 # are installed only when the set-up runs as root (as CI does); elsewhere those tests skip.
 SLURM_PACKAGES="slurm-wlm munge iproute2 util-linux"

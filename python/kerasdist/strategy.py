@@ -136,7 +136,9 @@ def select_strategy(
     `describe_strategy()` on the result tells which signal decided.
 
     Args:
-        kind, devices, tf_config, cluster_resolver, environ, gpus, tpu: as in `plan_strategy`.
+        kind: as in `plan_strategy`.
+        **signals: `devices`, `tf_config`, `cluster_resolver`, `environ`, `gpus`, `tpu`: as in
+            `plan_strategy`.
         cross_device_ops: for "mirrored": "nccl", "hierarchical_copy", "reduce_to_one_device",
             a `tf.distribute.CrossDeviceOps` object, or None for TensorFlow's choice.
         communication: for "multi_worker": "auto", "ring" or "nccl".

@@ -123,7 +123,8 @@ def make_dataset_split(x: Any, y: Any = None, *, validation_split: float, **kwar
     ```
 
     Args:
-        x, y: in-memory data (arrays, data frames, lists or dicts of arrays).
+        x: in-memory data (arrays, data frames, lists or dicts of arrays).
+        y: targets, as `x` (or None when `x` holds them).
         validation_split: fraction in (0, 1) of the samples kept out for validation.
         **kwargs: the other `make_dataset` arguments; they shape the training dataset, and the
             validation dataset has its batch size (and `drop_remainder`).

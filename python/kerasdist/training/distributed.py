@@ -93,8 +93,9 @@ def distributed_fit(
     Args:
         build_fn: function with no arguments returning a compiled, built Keras model; called
             inside the strategy's scope.
-        x, y: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
+        x: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
             unbatched elements, file patterns).
+        y: the targets, as `make_dataset` takes them (None when `x` holds them).
         epochs: total number of epochs, counting those done by earlier (interrupted) runs.
         checkpoint_dir: directory of checkpoints, created if missing; or an object-store URL
             (`s3://bucket/run`, `gs://bucket/run`): see `CheckpointManager`.
@@ -115,9 +116,11 @@ def distributed_fit(
             checkpoints are added by distributed_fit itself.
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
         verbose: passed to `fit`.
-        mixed_precision, jit_compile, gradient_accumulation_steps: speed options (see
-            `kerasdist.training.speed`), recorded in every checkpoint; a resumed run with other values
-            is refused, naming the setting.
+        mixed_precision: a speed option (see `kerasdist.training.speed`), as the next two;
+            recorded in every checkpoint; a resumed run with other values is refused, naming the
+            setting.
+        jit_compile: a speed option: XLA compilation of the step.
+        gradient_accumulation_steps: a speed option: batches whose gradients are averaged into one update.
         steps_per_execution: training steps per call into the graph (Keras's `compile` option;
             callbacks' batch hooks then run once per call). An integer must divide the steps of
             an epoch, and `every_steps` must be a multiple of it; above 1 it needs a strategy of
