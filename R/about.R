@@ -7,10 +7,8 @@
 #' @returns The text, invisibly.
 #' @family setup
 #' @seealso Python: `kerasdist.kerasdist_info()`; `python -m kerasdist info`.
-#' @examples
-#' \dontrun{
-#' kerasdist_info()
-#' }
+#' @examplesIf !is.null(kerasdist_python())
+#' cat(kerasdist_info())
 #' @export
 kerasdist_info <- function(kind = "auto") {
   text <- call_python(kerasdist_module()$kerasdist_info, kind)

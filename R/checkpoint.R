@@ -113,10 +113,14 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
-#' @examples
-#' \dontrun{
-#' latest_checkpoint("checkpoints")$epoch
-#' }
+#' @examplesIf !is.null(kerasdist_python())
+#' dir <- file.path(tempdir(), "example-ckpt")
+#' x <- matrix(seq_len(64) / 64, ncol = 4)
+#' distributed_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam", loss = "mse")
+#' }, x, rowSums(x), epochs = 2, checkpoint_dir = dir, batch_size = 8, strategy = "default", verbose = 0)
+#' latest_checkpoint(dir)$epoch   # 2: both epochs done
 #' @export
 latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
   info <- call_python(kerasdist_module()$latest_checkpoint, checkpoint_dir, storage_options = storage_options)
@@ -135,10 +139,14 @@ latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
 #'   damaged ones too.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.list_checkpoints()`.
-#' @examples
-#' \dontrun{
-#' list_checkpoints("checkpoints")$epoch
-#' }
+#' @examplesIf !is.null(kerasdist_python())
+#' dir <- file.path(tempdir(), "example-ckpt")
+#' x <- matrix(seq_len(64) / 64, ncol = 4)
+#' distributed_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam", loss = "mse")
+#' }, x, rowSums(x), epochs = 2, checkpoint_dir = dir, batch_size = 8, strategy = "default", verbose = 0)
+#' list_checkpoints(dir)[, c("global_step", "epoch", "restart")]
 #' @export
 list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
   infos <- lapply(call_python(kerasdist_module()$list_checkpoints, checkpoint_dir, storage_options = storage_options,
@@ -168,11 +176,15 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
 #'   does not exist.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.checkpoint_table()`; the shell: `kerasdist checkpoints DIR`.
-#' @examples
-#' \dontrun{
-#' table <- checkpoint_table("checkpoints")
-#' table[!table$valid, c("path", "problem")]
-#' }
+#' @examplesIf !is.null(kerasdist_python())
+#' dir <- file.path(tempdir(), "example-ckpt")
+#' x <- matrix(seq_len(64) / 64, ncol = 4)
+#' distributed_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam", loss = "mse")
+#' }, x, rowSums(x), epochs = 2, checkpoint_dir = dir, batch_size = 8, strategy = "default", verbose = 0)
+#' table <- checkpoint_table(dir)
+#' table[!table$valid, c("path", "problem")]   # none damaged
 #' @export
 checkpoint_table <- function(checkpoint_dir, storage_options = NULL) {
   rows <- call_python(kerasdist_module()$checkpoint_table, checkpoint_dir, storage_options = storage_options)
@@ -225,11 +237,15 @@ rows_to_data_frame <- function(rows, columns) {
 #'   `$save(model, epoch = 1L, step_in_epoch = 0L)`, `$prune(keep)`.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.CheckpointManager`.
-#' @examples
-#' \dontrun{
-#' manager <- checkpoint_manager("checkpoints")
+#' @examplesIf !is.null(kerasdist_python())
+#' dir <- file.path(tempdir(), "example-ckpt")
+#' x <- matrix(seq_len(64) / 64, ncol = 4)
+#' distributed_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam", loss = "mse")
+#' }, x, rowSums(x), epochs = 2, checkpoint_dir = dir, batch_size = 8, strategy = "default", verbose = 0)
+#' manager <- checkpoint_manager(dir)
 #' manager$latest()$epoch
-#' }
 #' @export
 checkpoint_manager <- function(checkpoint_dir, create = TRUE, storage_options = NULL) {
   call_python(kerasdist_module()$CheckpointManager, checkpoint_dir, create = create,

@@ -8,10 +8,8 @@
 #'   `num_workers`, `num_ps`, `is_chief`.
 #' @family strategy
 #' @seealso Python: `kerasdist.parse_tf_config()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}')
-#' }
 #' @export
 parse_tf_config <- function(tf_config) {
   py_record_to_r(call_python(kerasdist_module()$parse_tf_config, as_py_tf_config(tf_config)), "is_chief")

@@ -173,10 +173,8 @@ call_dataset_function <- function(fun, args, call) {
 #' @returns A list of class `kerasdist_dataset_info`.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' plan_dataset(matrix(runif(300), ncol = 3), batch_size = 16)$steps_per_epoch
-#' }
 #' @export
 plan_dataset <- function(x, y = NULL, ...) {
   args <- dataset_arguments(x, y, ..., call = sys.call())
@@ -194,11 +192,9 @@ plan_dataset <- function(x, y = NULL, ...) {
 #' @returns A list of class `kerasdist_dataset_info`.
 #' @family data
 #' @seealso Python: `kerasdist.dataset_info()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' ds <- make_dataset(matrix(runif(300), ncol = 3), batch_size = 16)
 #' dataset_info(ds)$steps_per_epoch
-#' }
 #' @export
 dataset_info <- function(dataset) {
   info <- call_python(kerasdist_module()$dataset_info, dataset)
@@ -223,10 +219,8 @@ dataset_info <- function(dataset) {
 #'   `"default"`), `num_samples`, `steps_per_epoch`, `drop_remainder`.
 #' @family data
 #' @seealso Python: `kerasdist.batch_size_info()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' batch_size_info(per_replica_batch_size = 16, num_replicas = 2)
-#' }
 #' @export
 batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, strategy = NULL,
                             num_replicas = NULL, num_samples = NULL, drop_remainder = FALSE,
@@ -254,10 +248,8 @@ batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, st
 #' @returns An integer vector, a permutation of `seq_len(n)`.
 #' @family data
 #' @seealso Python: `kerasdist.epoch_order()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' epoch_order(10, seed = 1, epoch = 0)
-#' }
 #' @export
 epoch_order <- function(n, seed = 0L, epoch = 0L) {
   order <- call_python(kerasdist_module()$epoch_order, n = n, seed = seed, epoch = epoch)

@@ -18,12 +18,10 @@
 #'   values in \[0, 1\], and `y`, an integer vector of labels 0-9. Rows are samples.
 #' @family data
 #' @seealso Python: `kerasdist.load_digits()`; [make_dataset()], [distributed_fit()].
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' digits <- load_digits()
 #' dim(digits$x)   # 1797 8 8 1
 #' table(digits$y)
-#' }
 #' @export
 load_digits <- function(flatten = FALSE) {
   data <- call_python(kerasdist_module()$load_digits, flatten = flatten)

@@ -115,12 +115,10 @@ distributed_predict <- function(model, x, batch_size = NULL, per_replica_batch_s
 #' @returns A scalar tensor.
 #' @family evaluation
 #' @seealso Python: `kerasdist.scaled_loss()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' tf <- reticulate::import("tensorflow")
 #' scaled_loss(tf$constant(c(1, 2, 3, 6)))  # 3: one replica, the mean
 #' scaled_loss(c(1, 2, 3, 6), global_batch_size = 8)  # 1.5
-#' }
 #' @export
 scaled_loss <- function(per_example_loss, global_batch_size = NULL, sample_weight = NULL, model = NULL) {
   call_python(

@@ -28,8 +28,7 @@
 #'   `with(strategy$scope(), { ... })`.
 #' @family strategy
 #' @seealso Python: `kerasdist.select_strategy()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' library(keras3)
 #' strategy <- select_strategy()
 #' strategy                      # the kind, why, replicas, devices, workers, chief
@@ -38,7 +37,6 @@
 #'     layer_dense(1) |>
 #'     compile(optimizer = "adam", loss = "mse")
 #' })
-#' }
 #' @export
 select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NULL,
                             communication = "auto", tf_config = NULL,
@@ -68,10 +66,8 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
 #'   `devices`, `tpu` and `cluster` (see [parse_tf_config()]).
 #' @family strategy
 #' @seealso Python: `kerasdist.plan_strategy()`.
-#' @examples
-#' \dontrun{
-#' plan_strategy(gpus = c("/gpu:0", "/gpu:1"))
-#' }
+#' @examplesIf !is.null(kerasdist_python())
+#' plan_strategy(gpus = c("/gpu:0", "/gpu:1"))   # what two GPUs would give
 #' @export
 plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
                           cluster_resolver = NULL, environ = NULL, gpus = NULL,
@@ -101,10 +97,8 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
 #' @returns A list of class `kerasdist_strategy_description`.
 #' @family strategy
 #' @seealso Python: `kerasdist.describe_strategy()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' describe_strategy(select_strategy())
-#' }
 #' @export
 describe_strategy <- function(strategy = NULL) {
   description <- call_python(kerasdist_module()$describe_strategy, strategy)
@@ -129,10 +123,8 @@ describe_strategy <- function(strategy = NULL) {
 #'   cluster), `is_chief` and `task` (e.g. `"worker:1"`).
 #' @family strategy
 #' @seealso Python: `kerasdist.run_context()`.
-#' @examples
-#' \dontrun{
+#' @examplesIf !is.null(kerasdist_python())
 #' if (run_context()$is_chief) message("this process writes the checkpoints")
-#' }
 #' @export
 run_context <- function(strategy = NULL) {
   context <- call_python(kerasdist_module()$run_context, strategy)
