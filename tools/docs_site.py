@@ -130,8 +130,9 @@ def rewrite_links(text: str, staging: Path) -> str:
     return LINK.sub(rewrite, text)
 
 
-def mkdocs_config(r_pages: list[str]) -> dict:
-    return {
+def mkdocs_config(r_pages: list[str] | None) -> dict:
+    """The site's mkdocs configuration; `r_pages` None for a site of the guides alone."""
+    config = {
         "site_name": "kerasdist",
         "site_description": "Distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R",
         "docs_dir": "pages",
@@ -154,20 +155,27 @@ def mkdocs_config(r_pages: list[str]) -> dict:
             {"Records": [{"Reliability": "reliability.md"}, {"Benchmarks": "benchmarks.md"},
                          {"Architecture": "architecture.md"}]},
         ],
-        "not_in_nav": "\n".join(f"/reference/r/{name}.md" for name in r_pages),
+        "not_in_nav": "\n".join(f"/reference/r/{name}.md" for name in r_pages or []),
     }
+    if r_pages is None:
+        config["nav"] = [entry for entry in config["nav"] if "Reference" not in entry]
+        config["plugins"] = ["search"]
+    return config
 
 
-def build(out: Path, docs: Path = ROOT / "docs") -> None:
-    """The site into `out`, from the guides in `docs` (the repository's docs/ by default)."""
+def build(out: Path, docs: Path = ROOT / "docs", references: bool = True) -> None:
+    """The site into `out`, from the guides in `docs` (the repository's docs/ by default); without
+    the Python and R references when `references` is False."""
     work = Path(tempfile.mkdtemp(prefix="kerasdist-site-"))
     try:
         staging = work / "pages"
         staging.mkdir()
         stage_guides(staging, docs)
-        (staging / "reference").mkdir()
-        (staging / "reference" / "python.md").write_text(python_reference())
-        r_pages = r_reference(staging)
+        r_pages = None
+        if references:
+            (staging / "reference").mkdir()
+            (staging / "reference" / "python.md").write_text(python_reference())
+            r_pages = r_reference(staging)
         (work / "mkdocs.yml").write_text(json.dumps(mkdocs_config(r_pages), indent=1))  # JSON is YAML
         # not --quiet: with it, mkdocs 1.6.1 no longer counts warnings in strict mode
         command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(work / "mkdocs.yml"),

@@ -41,14 +41,13 @@ collectives, which a restore on the chief alone then mismatches. `warm_saving_sk
 cache under the key that is read, outside the scope; tests/python/test_multi_worker.py fails once
 upstream reads the key it writes.
 
-tf.data instantiates a dataset's functions again for every new iterator (Keras makes one per `fit`
-call, and one or two per epoch of a finite dataset), and it instantiates them as multi-device
-functions, which runs Grappler's whole optimizer over each one every time: 4 to 20 ms per function
-on the 2-core development machine, however small the function (captured_function.cc). A function
-marked `experimental_ints_on_device` is instantiated on the pipeline's own device without it, in
-about 1 ms. `map_on_cpu` and `flat_map_on_cpu` build kerasdist's own pipeline steps so; on the
-CPU, where those pipelines run, the mark changes nothing else (integers live in host memory either
-way). Functions that return int32 tensors are left unmarked (see `map_on_cpu`).
+tf.data instantiates a dataset's functions again for every new iterator, as multi-device functions
+that Grappler optimizes each time, however small (captured_function.cc); a function marked
+`experimental_ints_on_device` is instantiated on the pipeline's own device without Grappler (why:
+see bench/README.md, "tf.data optimized every pipeline function again"). `map_on_cpu` and
+`flat_map_on_cpu` build kerasdist's own pipeline steps so; on the CPU, where those pipelines run,
+the mark changes nothing else (integers live in host memory either way). Functions that return
+int32 tensors are left unmarked (see `map_on_cpu`).
 tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
 marked function with an int32 result stops failing.
 

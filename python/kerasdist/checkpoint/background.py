@@ -19,8 +19,8 @@ What the writer guarantees:
 - The thread is not a daemon: an interpreter that exits normally finishes the write first.
 - While training runs, the writer takes only CPU time training leaves idle (Linux's SCHED_IDLE
   class: a training step keeps every core busy in lockstep, so a writer competing as an equal
-  stretches each step it overlaps by about the write's own CPU time; bench/
-  bench_save_contention.py). It is raised back to normal priority once anything waits for it
+  stretches each step it overlaps by about the write's own CPU time; bench/README.md,
+  "Checkpoints"). It is raised back to normal priority once anything waits for it
   (the next save, the end of `fit`, a preemption), or once half the time between the last two
   saves has passed: where training leaves no core idle (one core, or every core busy), a writer
   kept idle would barely run, and the next save would wait for the whole write.

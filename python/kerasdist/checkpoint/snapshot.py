@@ -387,10 +387,10 @@ class SaveMemory:
     values and the checkpoint file built from them (about twice the checkpoint's size, held
     until `release`).
 
-    Why: memory a process frees goes back to the kernel, and on the VMs measured here (virtio
-    balloon, free-page reporting) touching it again a couple of seconds later cost about ten times
-    as much CPU as touching memory in use (63 MB: about 150 ms against 10-15; bench/README.md).
-    A save made into fresh memory paid that on every copy, one epoch after the last.
+    Why: memory a process frees goes back to the kernel, and on VMs that reclaim it (virtio
+    balloon) touching it again costs many times the CPU of touching memory in use, which a save
+    into fresh memory would pay on every copy (figures: bench/README.md, "Memory the VM has handed
+    back").
 
     One save at a time: a snapshot taken with it, and the files its `files()` returns, are valid
     until the next snapshot is taken with it (a stale snapshot's `files()` raises)."""

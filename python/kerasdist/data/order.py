@@ -39,11 +39,10 @@ def epoch_permutation(n, seed, epoch):
 def stateless_permutation(size, seeds):
     """A permutation of range(size) drawn from the two int64 `seeds`, statelessly.
 
-    stateless_shuffle rather than index_shuffle: the same kind of pure function, about 25 times
-    cheaper to run (0.1 ms against 2.8 ms for 20480 indices) and cheaper to instantiate each time
-    a new iterator is made. Its default algorithm is Philox on the CPU, where tf.data runs (and
-    where epoch_order pins it); naming alg="philox" gives the same permutation but added about
-    6 ms to every new iterator, measured."""
+    stateless_shuffle rather than index_shuffle: the same kind of pure function, much cheaper to
+    run and to instantiate for each new iterator. Its default algorithm is Philox on the CPU, where
+    tf.data runs (and where epoch_order pins it); `alg` is not named, as naming it made each new
+    iterator slower for the same permutation (figures: bench/README.md, "Previous run of record")."""
     import tensorflow as tf
 
     index = tf.range(tf.cast(size, tf.int64), dtype=tf.int64)

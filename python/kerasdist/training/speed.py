@@ -156,9 +156,9 @@ def with_build_settings(build_fn: Any, settings: TrainingSettings) -> Any:
 # value continues exactly (the rest of an interrupted epoch runs with a value that divides it).
 
 # "auto": an execution should take at least _EXECUTION_S of estimated compute, so the per-call
-# hand-off (about 1 to 5 ms measured on 2 loaded CPU cores; bench/bench_data.py) stays small beside
-# it. The estimate counts 6 flops per parameter and sample (dense layers); a convolution does more
-# per parameter, so its calls last longer than estimated, which only delays a SIGTERM save a little.
+# hand-off stays small beside it (figures: bench/README.md, "Input pipeline and wrapper figures").
+# The estimate counts 6 flops per parameter and sample (dense layers); a convolution does more per
+# parameter, so its calls last longer than estimated, which only delays a SIGTERM save a little.
 _EXECUTION_S = 0.05
 _FLOPS = 1e10  # a conservative guess at a CPU's throughput; faster devices only raise the choice
 _MAX_STEPS_PER_EXECUTION = 1000

@@ -1,10 +1,10 @@
 """Writing a file durably, and large files without the page cache: the local store's writes.
 
-Checkpoint files of tens of MB are written with O_DIRECT, as DeepSpeed's FastPersist does: a
-checkpoint is not read back soon, and filling the page cache with it cost 60-160 ms of CPU per
-63 MB on this project's VMs (bench/README.md), against about 16 ms for O_DIRECT through one
-reused buffer. The CPU is what a background save takes from training on a small machine. Where a
-filesystem refuses O_DIRECT (tmpfs, some network filesystems) the buffered write is used.
+Checkpoint files of tens of MB are written with O_DIRECT through one reused buffer, as DeepSpeed's
+FastPersist does: a checkpoint is not read back soon, and filling the page cache with it costs
+several times the CPU, which a background save takes from training on a small machine (figures:
+bench/README.md, "Memory the VM has handed back"). Where a filesystem refuses O_DIRECT (tmpfs, some
+network filesystems) the buffered write is used.
 """
 
 from __future__ import annotations

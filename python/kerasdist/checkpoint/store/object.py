@@ -45,13 +45,13 @@ OBJECT_SCHEMES = {
     "memory": ("fsspec", "pip install fsspec"),
 }
 _BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
-# gcsfs's default filesystem asks each bucket's type over gRPC before a call. Where that probe
-# cannot get through (an emulator, a proxy that passes only HTTPS) every call first waits out its
-# 60 s, as a failed probe is not remembered. So gs:// URLs get gcsfs's JSON-API filesystem unless
-# this variable, gcsfs's switch for that probe, is set (zonal buckets need it true).
+# gcsfs's default filesystem asks each bucket's type over gRPC before a call; where that probe
+# cannot get through (an emulator, a proxy that passes only HTTPS) every call waits for it to time
+# out. So gs:// URLs get gcsfs's JSON-API filesystem unless this variable, gcsfs's switch for that
+# probe, is set (zonal buckets need it true). Figures: RELIABILITY.md, "Object storage".
 GCS_BUCKET_TYPE_PROBE = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
-# How long the check that a bucket answers waits: on a dead endpoint s3fs retries for about 7 s
-# and gcsfs for about a minute (6 tries a request, no setting), and a start should not hang on that.
+# How long the check that a bucket answers waits: on a dead endpoint the clients' own retries run
+# for seconds (s3fs) to over a minute (gcsfs, no setting), and a start should not hang on that.
 REACHABLE_WITHIN_SECONDS = 10.0
 
 
