@@ -34,6 +34,7 @@ BENCHMARKS=(
   "speed|bench_speed.py|--repeats 3 --epochs 3 --samples 8192"
   "r_python|bench_r_python.py|"
   "advisor|bench_advisor.py|"
+  "cli|bench_cli.py|--repeats 10"
 )
 
 names=()

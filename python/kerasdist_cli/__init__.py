@@ -300,20 +300,34 @@ def _add_checkpoints(commands) -> None:
 
 
 def version() -> str:
-    """kerasdist's version, from the installed package's metadata (no import of kerasdist)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed_version
+    """kerasdist's version, read from its about.py without importing the package (which imports
+    TensorFlow); faster than the installed package's metadata, which means scanning site-packages."""
+    import importlib.util
+    import re
+    from pathlib import Path
 
-    try:
-        return installed_version("kerasdist")
-    except PackageNotFoundError:
-        return "unknown (kerasdist is not installed, only on the path)"
+    spec = importlib.util.find_spec("kerasdist")
+    about = Path(spec.origin).with_name("about.py") if spec and spec.origin else None
+    found = re.search(r'^__version__ = "([^"]+)"', about.read_text(), re.M) if about and about.is_file() else None
+    return found.group(1) if found else "unknown (kerasdist is not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked: reading the package metadata takes longer than
+    everything else --help does."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object):
+        super().__init__(option_strings, dest, nargs=0, help="show kerasdist's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"kerasdist {version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kerasdist", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"kerasdist {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_info(commands)
     _add_launch(commands)
