@@ -164,7 +164,7 @@ simulate_devices <- function(n) {
   n <- as_py_int(n)
   if (is.null(.kerasdist$module) && is_count(n) && !keras_imported()) {
     # keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so
-    # the split must happen inside kerasdist's own import (see python/kerasdist/_startup.py).
+    # the split must happen inside kerasdist's own import (see python/kerasdist/startup.py).
     activate_python()
     python_environ()$update(list(KERASDIST_SIMULATE_DEVICES = as.character(n)))
   }

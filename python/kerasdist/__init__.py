@@ -1,10 +1,10 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
-from kerasdist import _startup
+from kerasdist import startup
 from kerasdist.preemption import signals as _preemption_signals
 
 _preemption_signals.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
-_startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
+startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
 from kerasdist import compat
 from kerasdist.about import __version__ as __version__
@@ -60,7 +60,7 @@ from kerasdist.training import (
     run_server,
 )
 
-_startup.apply_requested_devices()
+startup.apply_requested_devices()
 # Keras 3's multi-worker fit, for strategies users make too (a no-op unless one is in use), and a
 # multi-worker strategy made too late says why.
 compat.apply_multi_worker_fixes()

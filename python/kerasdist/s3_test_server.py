@@ -8,7 +8,7 @@ next to the Python executable) or the PATH; without it `weed_binary()` is None.
 The server requires credentials (an S3 identities file with one access key), listens only on
 127.0.0.1 on free ports, keeps its data in a temporary directory and is stopped, that directory
 removed, by `S3TestServer.stop()` (also when the process that started it exits; see
-`kerasdist._test_server`).
+`kerasdist.server_process`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from kerasdist._test_server import ServerProcess, executable, free_ports
+    from kerasdist.server_process import ServerProcess, executable, free_ports
 else:  # run as a script in another network namespace (`_s3`): kerasdist's package is not imported
-    from _test_server import ServerProcess, executable, free_ports
+    from server_process import ServerProcess, executable, free_ports
 
 ACCESS_KEY = "kerasdist-test"
 _READY_BUCKET = "kerasdist-ready"  # where the readiness probe writes (kept across restarts)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kerasdist
-from kerasdist import _startup
+from kerasdist import startup
 from kerasdist.step_guard import guard_train_function
 
 NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard")
@@ -36,7 +36,7 @@ def test_import_is_quiet_and_verbose_brings_the_start_up_lines_back():
 
 
 def test_only_the_start_up_lines_are_dropped(capsys):
-    _startup._pass_on(
+    startup._pass_on(
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
         "I0000 00:00:1795429931.868770    4876 port.cc:153] oneDNN custom operations are on. You may see\n"
         "E0000 00:00:1795429931.868770    4876 cuda.cc:10] a real error\n"

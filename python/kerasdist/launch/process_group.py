@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from kerasdist._startup import is_start_up_noise
 from kerasdist.launch.ports import accepts_connections, port_clash
 from kerasdist.launch.result import TIMEOUT_EXIT_CODE, TaskFailure
+from kerasdist.startup import is_start_up_noise
 
 _POLL_SECONDS = 0.05
 
