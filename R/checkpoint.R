@@ -188,10 +188,6 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
 #' @export
 checkpoint_table <- function(checkpoint_dir, storage_options = NULL) {
   rows <- call_python(kerasdist_module()$checkpoint_table, checkpoint_dir, storage_options = storage_options)
-  rows <- lapply(rows, function(row) {
-    if (!is.null(row$saved_at)) row$saved_at <- sub("\\+00:00$", "", row$saved_at)
-    row
-  })
   rows_to_data_frame(rows, CHECKPOINT_COLUMNS)
 }
 
@@ -208,7 +204,9 @@ rows_to_data_frame <- function(rows, columns) {
     values <- lapply(rows, function(row) if (is.null(row[[name]])) NA else row[[name]])
     if (inherits(missing, "POSIXct")) {
       return(as.POSIXct(vapply(values, function(v) {
-        if (is.character(v)) as.numeric(as.POSIXct(v, format = "%Y-%m-%dT%H:%M:%S", tz = "UTC")) else as.numeric(v)
+        # seconds since 1970 (list_checkpoints) or ISO 8601 in UTC (checkpoint_table)
+        if (is.character(v)) as.numeric(as.POSIXct(sub("[+]00:00$", "", v), format = "%Y-%m-%dT%H:%M:%S", tz = "UTC"))
+        else as.numeric(v)
       }, numeric(1)), origin = "1970-01-01", tz = "UTC"))
     }
     vapply(values, function(v) as.vector(v, typeof(missing)), missing, USE.NAMES = FALSE)

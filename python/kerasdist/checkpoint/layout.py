@@ -25,3 +25,10 @@ SAVED_AGAIN_MARK = ".s"
 def entry_name(step: int) -> str:
     """The entry of the checkpoint of training step `step`: `ckpt-<step>`."""
     return f"{CHECKPOINT_PREFIX}{step}"
+
+
+def step_of(name: str) -> int | None:
+    """The training step an entry's name says (`ckpt-<step>`, any mark after it), or None."""
+    digits = name[len(CHECKPOINT_PREFIX):] if name.startswith(CHECKPOINT_PREFIX) else ""
+    count = len(digits) - len(digits.lstrip("0123456789"))
+    return int(digits[:count]) if count else None

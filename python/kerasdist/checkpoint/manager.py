@@ -10,7 +10,6 @@ writes goes through its store (`store/`): a local directory or an object-store U
 from __future__ import annotations
 
 import os
-import re
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +21,7 @@ import keras
 
 from kerasdist import compat
 from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
-from kerasdist.checkpoint.layout import CHECKPOINT_PREFIX, MODEL_FILE, REPLACED_MARK, RNG_FILE
+from kerasdist.checkpoint.layout import MODEL_FILE, REPLACED_MARK, RNG_FILE, step_of
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.checkpoint.record import (
     CheckpointInfo,
@@ -317,8 +316,7 @@ def _row_of(info: CheckpointInfo, restart: bool) -> dict[str, Any]:
 
 
 def _damaged_row(path: str, problem: str) -> dict[str, Any]:
-    step = re.match(re.escape(CHECKPOINT_PREFIX) + r"(\d+)", path.rstrip("/").rsplit("/", 1)[-1])
-    return {"path": path, "global_step": int(step.group(1)) if step else None, "epoch": None,
+    return {"path": path, "global_step": step_of(path.rstrip("/").rsplit("/", 1)[-1]), "epoch": None,
             "step_in_epoch": None, "saved_at": None, "size": None, "writer": None, "valid": False,
             "problem": problem, "restart": False}
 
