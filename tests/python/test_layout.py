@@ -78,6 +78,11 @@ def test_no_private_name_is_imported_from_another_module():
     taken = [f"{path.relative_to(PACKAGE.parent)}:{line} {module}.{name}"
              for path in MODULES for module, name, line in _imports(path)
              if name and name.startswith("_") and not name.startswith("__") and f"{module}.{name}" not in NAMES]
+    # a private module is private too: what other modules import from it needs a public home
+    taken += [f"{path.relative_to(PACKAGE.parent)}:{line} {_owner(module, name)}"
+              for path in MODULES for module, name, line in _imports(path)
+              if _owner(module, name).rpartition(".")[2].startswith("_")
+              and not _owner(module, name).rpartition(".")[2].startswith("__")]
     assert taken == []
 
 
