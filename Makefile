@@ -37,7 +37,10 @@ dist: setup
 	@tools/dist.sh dist
 
 # Regenerate NAMESPACE and man/ from the roxygen comments in R/, then build the documentation site
-# into site/ (guides, Python and R references, records; tools/docs_site.py): open site/index.html.
+# into site/ (guides, the vignettes run as articles, Python and R references, records;
+# tools/docs_site.py): open site/index.html. Setup runs again after roxygen to install the R
+# package the vignettes run on as it now is.
 docs: setup
 	@Rscript -e 'roxygen2::roxygenise()'
-	@$(PYTHON) tools/docs_site.py site
+	@tools/setup.sh
+	@$(PYTHON) tools/docs_site.py site --articles run

@@ -1,10 +1,14 @@
-"""The documentation site (`make docs`; `make test` builds it too): the guides in docs/, the
-reliability, benchmark and architecture records, the Python reference (mkdocstrings, from the
-docstrings) and the R reference (the package's Rd help pages, rendered by R's own Rd2HTML).
-Built with `mkdocs build --strict`: a broken link, or a public name without a reference entry,
-fails the build.
+"""The documentation site (`make docs`; `make test` builds it too): the guides in docs/, the R
+vignettes as articles (knitted to Markdown by knitr), the reliability, benchmark and architecture
+records with the latest benchmark plot, the Python reference (mkdocstrings, from the docstrings)
+and the R reference (the package's Rd help pages, rendered by R's own Rd2HTML). Built with
+`mkdocs build --strict`: a broken link, or a public name without a reference entry, fails the
+build.
 
-Usage: python tools/docs_site.py OUT_DIR
+Usage: python tools/docs_site.py OUT_DIR [--articles run|show]
+  run (the default, `make docs`): the vignettes' code runs, its output and plots are on the page
+  (it trains; it needs the kerasdist R package installed and its Python, as R CMD build does);
+  show (`make test`, whose R CMD build runs the vignettes already): the code without its output.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Files outside docs/ that the guides link to, and their pages on the site.
 ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "bench/README.md": "benchmarks.md",
-              "ARCHITECTURE.md": "architecture.md"}
+              "bench/results/summary.md": "bench-latest.md", "ARCHITECTURE.md": "architecture.md"}
 GUIDES = ["install", "strategies", "training", "checkpoints", "data", "custom-loops", "evaluation",
           "multi-worker", "clusters", "parameter-servers", "cli"]
 LINK = re.compile(r"\]\(\.\./(?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
@@ -112,6 +116,39 @@ def stage_guides(staging: Path, docs: Path) -> None:
     shutil.copytree(docs / "images", staging / "images")
     for source, page in ROOT_PAGES.items():
         (staging / page).write_text((ROOT / source).read_text())
+    shutil.copy(ROOT / "bench" / "results" / "summary.png", staging / "summary.png")
+
+
+R_KNIT = r"""
+args <- commandArgs(TRUE)
+if (args[[3]] == "show") {
+  # every chunk shown, none run (a hook on eval runs for every chunk, whatever the vignette sets)
+  knitr::opts_hooks$set(eval = function(options) { options$eval <- FALSE; options })
+}
+setwd(args[[2]])
+for (rmd in list.files(args[[1]], pattern = "[.]Rmd$", full.names = TRUE)) {
+  name <- sub("[.]Rmd$", "", basename(rmd))
+  knitr::opts_chunk$set(fig.path = paste0("figures/", name, "-"))
+  knitr::knit(rmd, output = paste0(name, ".md"), quiet = TRUE, envir = new.env())
+}
+"""
+SHOWN_ONLY = ("!!! note\n    This copy shows the vignette's code without running it; `make docs` builds the "
+              "site with its output, and in R `vignette(\"{name}\")` shows it.\n\n")
+
+
+def stage_articles(staging: Path, mode: str) -> list[str]:
+    """The R vignettes knitted into articles/ (`mode` "run" or "show", see the usage); their pages."""
+    folder = staging / "articles"
+    folder.mkdir()
+    subprocess.run(["Rscript", "-e", R_KNIT, str(ROOT / "vignettes"), str(folder), mode], check=True)
+    pages = sorted(path.name for path in folder.glob("*.md"))
+    for page in pages:
+        text = (folder / page).read_text()
+        if mode == "show":
+            end = text.index("\n---\n", 4) + 5  # after the front matter
+            text = text[:end] + "\n" + SHOWN_ONLY.format(name=page[:-3]) + text[end:]
+        (folder / page).write_text(text)
+    return [f"articles/{page}" for page in pages]
 
 
 def rewrite_links(text: str, staging: Path) -> str:
@@ -130,7 +167,7 @@ def rewrite_links(text: str, staging: Path) -> str:
     return LINK.sub(rewrite, text)
 
 
-def mkdocs_config(r_pages: list[str] | None) -> dict:
+def mkdocs_config(r_pages: list[str] | None, articles: list[str]) -> dict:
     """The site's mkdocs configuration; `r_pages` None for a site of the guides alone."""
     config = {
         "site_name": "kerasdist",
@@ -151,32 +188,37 @@ def mkdocs_config(r_pages: list[str] | None) -> dict:
         "nav": [
             {"Home": "index.md"},
             {"Guides": [f"{name}.md" for name in GUIDES]},
+            {"R articles": articles},
             {"Reference": [{"Python": "reference/python.md"}, {"R": "reference/r/index.md"}]},
             {"Records": [{"Reliability": "reliability.md"}, {"Benchmarks": "benchmarks.md"},
-                         {"Architecture": "architecture.md"}]},
+                         {"Latest benchmark run": "bench-latest.md"}, {"Architecture": "architecture.md"}]},
         ],
         "not_in_nav": "\n".join(f"/reference/r/{name}.md" for name in r_pages or []),
     }
     if r_pages is None:
         config["nav"] = [entry for entry in config["nav"] if "Reference" not in entry]
+    if not articles:
+        config["nav"] = [entry for entry in config["nav"] if "R articles" not in entry]
         config["plugins"] = ["search"]
     return config
 
 
-def build(out: Path, docs: Path = ROOT / "docs", references: bool = True) -> None:
+def build(out: Path, docs: Path = ROOT / "docs", references: bool = True, articles: str | None = "run") -> None:
     """The site into `out`, from the guides in `docs` (the repository's docs/ by default); without
-    the Python and R references when `references` is False."""
+    the Python and R references when `references` is False; the vignettes as articles, run or only
+    shown (`articles` "run" or "show"), or none (None)."""
     work = Path(tempfile.mkdtemp(prefix="kerasdist-site-"))
     try:
         staging = work / "pages"
         staging.mkdir()
         stage_guides(staging, docs)
         r_pages = None
+        article_pages = stage_articles(staging, articles) if articles else []
         if references:
             (staging / "reference").mkdir()
             (staging / "reference" / "python.md").write_text(python_reference())
             r_pages = r_reference(staging)
-        (work / "mkdocs.yml").write_text(json.dumps(mkdocs_config(r_pages), indent=1))  # JSON is YAML
+        (work / "mkdocs.yml").write_text(json.dumps(mkdocs_config(r_pages, article_pages), indent=1))  # JSON is YAML
         # not --quiet: with it, mkdocs 1.6.1 no longer counts warnings in strict mode
         command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(work / "mkdocs.yml"),
                    "-d", str(out.resolve())]
@@ -189,7 +231,8 @@ def build(out: Path, docs: Path = ROOT / "docs", references: bool = True) -> Non
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 4) or (len(sys.argv) == 4 and (sys.argv[2] != "--articles"
+                                                               or sys.argv[3] not in ("run", "show"))):
         raise SystemExit(__doc__)
-    build(Path(sys.argv[1]))
+    build(Path(sys.argv[1]), articles=sys.argv[3] if len(sys.argv) == 4 else "run")
     print(f"docs: the site is in {sys.argv[1]} (open {sys.argv[1]}/index.html)")

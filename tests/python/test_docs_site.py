@@ -25,7 +25,7 @@ CHECK_DIR = ROOT / ".check"  # make test's artifacts
 def site(tmp_path_factory) -> Path:
     out = CHECK_DIR / "site" if CHECK_DIR.is_dir() else tmp_path_factory.mktemp("site")
     shutil.rmtree(out, ignore_errors=True)
-    docs_site.build(out)
+    docs_site.build(out, articles="show")  # R CMD build runs the vignettes in make test
     return out
 
 
@@ -59,10 +59,10 @@ def test_every_exported_r_function_has_a_reference_page(site):
 def test_a_broken_link_fails_the_build(tmp_path, capfd):
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
-    docs_site.build(tmp_path / "guides", docs, references=False)  # the guides alone build
+    docs_site.build(tmp_path / "guides", docs, references=False, articles=None)  # the guides alone build
     (docs / "training.md").write_text((docs / "training.md").read_text() + "\nSee [nowhere](no-such-page.md).\n")
     with pytest.raises(subprocess.CalledProcessError):
-        docs_site.build(tmp_path / "site", docs, references=False)
+        docs_site.build(tmp_path / "site", docs, references=False, articles=None)
     assert "'training.md' contains a link 'no-such-page.md', but the target is not found" in capfd.readouterr().err
 
 
@@ -77,3 +77,18 @@ def test_the_home_page_and_a_reference_page_of_each_language_render_in_chromium(
     r = rendered_text(site / "reference" / "r" / "distributed_fit.html")
     assert "Train a model under a distribution strategy, surviving restarts, in one call" in r
     assert "distributed_fit( build_fn, x, y = NULL" in r and "Usage" in r and "Arguments" in r
+
+
+def test_the_vignettes_are_articles_on_the_site(site):
+    vignettes = sorted(path.stem for path in (ROOT / "vignettes").glob("*.Rmd"))
+    assert sorted(path.stem for path in (site / "articles").glob("*.html")) == vignettes
+    article = rendered_text(site / "articles" / "fault-tolerance.html")
+    assert "Fault tolerance: checkpoints, a kill and a resume" in article
+    assert "make_or_restore_model" in article and "shows the vignette's code without running it" in article
+    assert "R articles" in rendered_text(site / "index.html")
+
+
+def test_the_latest_benchmark_run_and_its_plot_are_on_the_site(site):
+    page = (site / "bench-latest.html").read_text()
+    assert '<img alt="figures" src="summary.png"' in page and (site / "summary.png").stat().st_size > 10_000
+    assert "Benchmark results" in page and "| benchmark |" not in page  # the table rendered
