@@ -50,7 +50,8 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 
 #' A Keras callback that writes crash-safe checkpoints
 #'
-#' Saves at the end of every epoch and/or every `every_steps` steps, writing to
+#' Saves at the end of every epoch and/or every `every_steps` steps and/or
+#' `every_seconds` seconds after the last save, writing to
 #' a temporary name, fsyncing, writing the completion record last and renaming,
 #' so a crash never leaves a torn checkpoint that gets picked. Keeps the `keep`
 #' newest (and the best by `monitor` with `keep_best`), never deleting the
@@ -66,6 +67,10 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @inheritParams make_or_restore_model
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps; `NULL` for epoch ends only.
+#' @param every_seconds Also checkpoint at the first step end this many seconds
+#'   after the last save (time-based, e.g. `600` for every 10 minutes); `NULL`:
+#'   no time-based saves. The chief alone decides and writes. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (at least 1).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.
 #' @param monitor Epoch metric for `keep_best`, e.g. `"loss"` or `"val_loss"`.
@@ -87,12 +92,13 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @export
 checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
                                 keep_best = FALSE, monitor = "loss", mode = "min",
-                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL) {
+                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL,
+                                every_seconds = NULL) {
   call_python(
     kerasdist_module()$checkpoint_callback, checkpoint_dir,
     every_epoch = every_epoch, every_steps = every_steps, keep = keep,
     keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
-    async_save = async_save, storage_options = storage_options
+    async_save = async_save, storage_options = storage_options, every_seconds = every_seconds
   )
 }
 

@@ -91,6 +91,8 @@ kerasdist_module <- function() {
     on.exit(.kerasdist$importing <- FALSE)
     .kerasdist$module <- reticulate::import("kerasdist")
     .kerasdist$bridge <- reticulate::import("kerasdist._bridge")
+    # R ends without finalizing Python: Python's exit handlers (run logs, temporary folders) run here
+    reg.finalizer(.kerasdist, function(env) try(env$bridge$at_r_exit(), silent = TRUE), onexit = TRUE)
   }
   .kerasdist$module
 }

@@ -33,6 +33,10 @@
 #' @param steps_per_epoch Batches per epoch when `data` cannot tell.
 #' @param every_steps Also checkpoint every this many steps; `NULL`: epoch
 #'   ends only.
+#' @param every_seconds Also checkpoint at the first step end this many seconds
+#'   after the last save (time-based, e.g. `600` for every 10 minutes); `NULL`:
+#'   no time-based saves. The chief alone decides and writes. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep.
 #' @param callbacks A Keras callback or a list of them.
 #' @param verbose 0, 1, 2 or `"auto"`.
@@ -75,7 +79,8 @@
 custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NULL, optimizer = NULL,
                        strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
                        callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                       gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
+                       gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
+                       every_seconds = NULL) {
   history <- call_python(  # an R step_fn is refused there, before anything runs
     kerasdist_module()$custom_fit, model, data, step_fn = step_fn, epochs = epochs,
     checkpoint_dir = checkpoint_dir,
@@ -83,7 +88,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
     every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
     verbose = verbose, mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
-    storage_options = storage_options
+    storage_options = storage_options, every_seconds = every_seconds
   )
   invisible(as_training_history(history))
 }

@@ -47,6 +47,10 @@
 #'   in order) or a batched `tf.data.Dataset`.
 #' @param every_steps Also checkpoint every this many steps (mid-epoch); `NULL`
 #'   for epoch ends only.
+#' @param every_seconds Also checkpoint at the first step end this many seconds
+#'   after the last save (time-based, e.g. `600` for every 10 minutes); `NULL`:
+#'   no time-based saves. The chief alone decides and writes. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep.
 #' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping,
 #'   CSVLogger, your own, R ones included); checkpoints are added by
@@ -112,7 +116,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             validation_data = NULL, every_steps = NULL, keep = 3L,
                             callbacks = NULL, dataset_args = NULL, verbose = "auto",
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                            gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL) {
+                            gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
+                            every_seconds = NULL) {
   if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
     validation_data <- lapply(validation_data, as_py_data)
   }
@@ -128,7 +133,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
-    storage_options = storage_options
+    storage_options = storage_options, every_seconds = every_seconds
   )
   invisible(as_training_history(history))
 }

@@ -57,7 +57,7 @@ def build_model(features: int, steps_per_execution: int = 1) -> keras.Model:
 
 def auto_steps_per_execution(features: int, steps: int, batch: int) -> int:
     """What distributed_fit(steps_per_execution="auto") gives this model on one replica."""
-    from kerasdist.strategy import run_context
+    from kerasdist.context import run_context
     from kerasdist.training.speed import choose_steps_per_execution
 
     return choose_steps_per_execution("auto", build_model(features), run_context(), steps, batch)[0]

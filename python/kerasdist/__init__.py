@@ -23,6 +23,7 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.cluster import ClusterInfo, parse_tf_config
+from kerasdist.context import RunContext, run_context
 from kerasdist.data import (
     BatchSizeInfo,
     DatasetInfo,
@@ -37,16 +38,16 @@ from kerasdist.data import (
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
 from kerasdist.evaluation import distributed_evaluate, distributed_predict
+from kerasdist.goodput import GoodputReport, goodput, plot_goodput
 from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
+from kerasdist.monitoring import chief_path
 from kerasdist.preemption import PREEMPTED_EXIT_CODE, PreemptedExit
 from kerasdist.strategy import (
-    RunContext,
     StrategyDescription,
     StrategyPlan,
     describe_strategy,
     plan_strategy,
-    run_context,
     select_strategy,
     simulate_devices,
 )
@@ -99,6 +100,12 @@ __all__ = [
     "list_checkpoints",
     "make_or_restore_model",
     "resume_fit",
+    # what failures cost
+    "GoodputReport",
+    "goodput",
+    "plot_goodput",
+    # monitoring from several workers
+    "chief_path",
     # input pipelines
     "BatchSizeInfo",
     "DatasetInfo",

@@ -20,3 +20,13 @@ def call_capturing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         result = fn(*args, **kwargs)
     messages = [str(w.message) for w in caught if issubclass(w.category, ours)]
     return result, messages
+
+
+def at_r_exit() -> None:
+    """What Python's exit handlers would do, for R, which ends without finalizing Python: the run
+    logs' exit events, the other workers' temporary folders removed."""
+    from kerasdist.checkpoint.run_log import close_logs
+    from kerasdist.monitoring import remove_worker_folder
+
+    close_logs()
+    remove_worker_folder()

@@ -96,6 +96,19 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
     return ClusterInfo()
 
 
+def cluster_of_resolver(resolver: Any) -> ClusterInfo:
+    """The cluster a TensorFlow cluster resolver describes (a coordinator-side one: this process is the chief)."""
+    spec = resolver.cluster_spec().as_dict()
+    if not spec:
+        return ClusterInfo()
+    cluster = {k: list(v.values()) if isinstance(v, dict) else list(v) for k, v in spec.items()}
+    task = {"type": resolver.task_type, "index": resolver.task_id or 0}
+    if task["type"] is None:  # a coordinator-side resolver: this process is the chief
+        task = {"type": "chief", "index": 0}
+        cluster.setdefault("chief", ["localhost:0"])
+    return parse_tf_config({"cluster": cluster, "task": task})
+
+
 def slurm_cluster(env: Mapping[str, str], port_base: int = SLURM_PORT_BASE) -> dict[str, list[str]]:
     """The worker addresses of a Slurm job step, laid out as TensorFlow's SlurmClusterResolver
     does (hosts sorted, task k of a node on port_base + k), parsed with TensorFlow's own helpers.

@@ -39,9 +39,9 @@ def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
         ValueError: under more than one replica, naming each place and what to use instead.
     """
     if strategy is None:
-        from kerasdist.strategy import run_context
+        from kerasdist.context import context_of
 
-        strategy = run_context().strategy
+        strategy = context_of().strategy
     found = [where for where, value in _step_functions(model) if is_r_function(value)]
     replicas = int(strategy.num_replicas_in_sync)
     if found and replicas > 1:

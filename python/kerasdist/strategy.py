@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from kerasdist.cluster import ClusterInfo, cluster_from_environment, parse_tf_config
+from kerasdist.cluster import (
+    ClusterInfo,
+    cluster_from_environment,
+    cluster_of_resolver,
+    parse_tf_config,
+)
+from kerasdist.context import context_of, plan_of, remember_plan
 from kerasdist.validation import integer
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the package supports 3.10
@@ -26,10 +31,6 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 TPU_ENV_VARS = ("TPU_NAME", "COLAB_TPU_ADDR")  # a TPU's name or address
 # Set on a Cloud TPU VM to the chip type ("v4-8"): the TPU is this machine's own, not an address.
 TPU_VM_ENV_VAR = "TPU_ACCELERATOR_TYPE"
-
-# Strategies kerasdist built, with the plan that chose them (weak: a dropped strategy is freed).
-_PLANS: weakref.WeakKeyDictionary[Any, StrategyPlan] = weakref.WeakKeyDictionary()
-
 
 @dataclass(frozen=True)
 class StrategyPlan:
@@ -156,13 +157,12 @@ def select_strategy(
     _check_devices_exist(plan.devices)
     key = _reuse_key(plan, cross_device_ops, communication, cluster_resolver)
     if key in _CREATED:
-        _PLANS[_CREATED[key]] = plan  # the same strategy, described by this request's reason
+        remember_plan(_CREATED[key], plan)  # the same strategy, described by this request's reason
         return _CREATED[key]
     strategy = _build(plan, cross_device_ops, communication, cluster_resolver)
     if plan.kind == "multi_worker":
         _join_cluster(strategy, plan.cluster)
-    _PLANS[strategy] = plan
-    _CONTEXTS.pop(strategy, None)  # decided anew from this plan (the default strategy is reused)
+    remember_plan(strategy, plan)  # its context is decided anew from this plan (the default strategy is reused)
     if key is not None:
         _CREATED[key] = strategy
     return strategy
@@ -184,91 +184,6 @@ def _reuse_key(plan: StrategyPlan, cross_device_ops: Any, communication: str,
             cross_device_ops, communication)
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """Where this process is, decided once per strategy by `run_context` and passed down, so the
-    data pipeline, checkpoints and parameter-server training read it instead of re-deriving it.
-
-    Attributes:
-        strategy: the `tf.distribute.Strategy` training runs under.
-        kind: its kind ("default", "mirrored", "multi_worker", "parameter_server", ...).
-        num_replicas: replicas in sync (all workers together).
-        num_workers: tasks that run training steps and read data: workers, plus the chief except
-            under parameter servers, where the chief only coordinates (`ClusterInfo.num_workers`).
-        task_type: "chief", "worker", ... or None outside a cluster.
-        task_index: the index within `task_type`, or None.
-        is_chief: whether this process writes checkpoints and logs.
-    """
-
-    strategy: Any
-    kind: str
-    num_replicas: int
-    num_workers: int = 1
-    task_type: str | None = None
-    task_index: int | None = None
-    is_chief: bool = True
-
-    @property
-    def task(self) -> str | None:
-        """"worker:0", "chief:0", ... or None outside a cluster."""
-        return f"{self.task_type}:{self.task_index}" if self.task_type else None
-
-    @property
-    def is_parameter_server(self) -> bool:
-        return self.kind == "parameter_server"
-
-
-# Contexts decided so far, one per strategy (weak: a dropped strategy is freed).
-_CONTEXTS: weakref.WeakKeyDictionary[Any, RunContext] = weakref.WeakKeyDictionary()
-
-
-def run_context(strategy: Any = None) -> RunContext:
-    """The run context of `strategy` (default: the strategy whose scope is active, the default
-    strategy outside any scope); a `RunContext` is returned as it is.
-
-    The one place kerasdist asks TensorFlow for the active strategy and works out the replicas,
-    the workers, this task and whether it is the chief.
-    """
-    import tensorflow as tf
-
-    if isinstance(strategy, RunContext):
-        return strategy
-    if strategy is None:
-        strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise ValueError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}.")
-    context = _CONTEXTS.get(strategy)
-    if context is None:
-        plan = _PLANS.get(strategy)
-        if plan is None:
-            _adopt(strategy)
-        cluster = plan.cluster if plan else _cluster_of(strategy)
-        context = RunContext(
-            strategy=strategy,
-            kind=plan.kind if plan else _kind_of(strategy),
-            num_replicas=int(strategy.num_replicas_in_sync),
-            num_workers=cluster.num_workers,
-            task_type=cluster.task_type,
-            task_index=cluster.task_index,
-            is_chief=cluster.is_chief,
-        )
-        _CONTEXTS[strategy] = context
-    return context
-
-
-def _adopt(strategy: Any) -> None:
-    """What `select_strategy` does after making a strategy, for one the user made: a
-    multi-worker one took SIGTERM for TensorFlow's coordination agent while it formed the cluster,
-    so the handler Python has on record gets it back (`preemption.signals`). The Keras fixes are
-    in place since `import kerasdist` (`compat`)."""
-    from kerasdist.compat import is_multi_worker
-
-    if is_multi_worker(strategy):
-        from kerasdist.preemption.signals import take_back_after_cluster_start
-
-        take_back_after_cluster_start(signalled_meanwhile=False)
-
-
 def describe_strategy(strategy: Any = None) -> StrategyDescription:
     """Describe a strategy: kind, the signal that chose it, replicas, devices, workers, chief.
 
@@ -276,8 +191,8 @@ def describe_strategy(strategy: Any = None) -> StrategyDescription:
         strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; default the
             strategy whose scope is active (the default strategy outside any scope).
     """
-    context = run_context(strategy)
-    plan = _PLANS.get(context.strategy)
+    context = context_of(strategy)
+    plan = plan_of(context.strategy)
     return StrategyDescription(
         kind=context.kind,
         reason=plan.reason if plan else "created outside kerasdist",
@@ -370,30 +285,10 @@ def _cluster_info(
     tf_config: str | Mapping[str, Any] | None, resolver: Any, env: Mapping[str, str]
 ) -> ClusterInfo:
     if resolver is not None:
-        return _cluster_of_resolver(resolver)
+        return cluster_of_resolver(resolver)
     if tf_config is not None:
         return parse_tf_config(tf_config)
     return cluster_from_environment(env)
-
-
-def _cluster_of_resolver(resolver: Any) -> ClusterInfo:
-    spec = resolver.cluster_spec().as_dict()
-    if not spec:
-        return ClusterInfo()
-    cluster = {k: list(v.values()) if isinstance(v, dict) else list(v) for k, v in spec.items()}
-    task = {"type": resolver.task_type, "index": resolver.task_id or 0}
-    if task["type"] is None:  # a coordinator-side resolver: this process is the chief
-        task = {"type": "chief", "index": 0}
-        cluster.setdefault("chief", ["localhost:0"])
-    return parse_tf_config({"cluster": cluster, "task": task})
-
-
-def _cluster_of(strategy: Any) -> ClusterInfo:
-    resolver = getattr(strategy, "cluster_resolver", None)
-    try:
-        return _cluster_of_resolver(resolver) if resolver is not None else ClusterInfo()
-    except (ValueError, AttributeError, NotImplementedError):
-        return ClusterInfo()
 
 
 def _devices_for(kind: str, devices: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...]:
@@ -466,21 +361,6 @@ def _detect_tpu(env: Mapping[str, str]) -> str | None:
     if env.get(TPU_VM_ENV_VAR) or os.path.exists("/dev/accel0"):
         return "local"
     return None
-
-
-def _kind_of(strategy: Any) -> str:
-    import tensorflow as tf
-
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # CollectiveAllReduceStrategy
-        return "multi_worker"
-    name = type(strategy).__name__
-    for pattern, kind in (
-        ("MultiWorker", "multi_worker"), ("ParameterServer", "parameter_server"),
-        ("TPU", "tpu"), ("OneDevice", "one_device"), ("Mirrored", "mirrored"),
-    ):
-        if pattern in name:
-            return kind
-    return "default"
 
 
 def _worker_devices(strategy: Any) -> tuple[str, ...]:

@@ -42,6 +42,16 @@ def optional_integer(name: str, value: Any, minimum: int | None = None, *, hint:
     return int(value)
 
 
+def optional_seconds(name: str, value: Any) -> float | None:
+    """None, or `value` as a positive, finite number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be None or a positive number of seconds, got {value!r}.")
+    return float(value)
+
+
 def fraction(name: str, value: Any) -> float:
     """`value` as a float strictly between 0 and 1 (a share of the data, e.g. validation_split)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \

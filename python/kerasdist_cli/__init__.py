@@ -14,13 +14,15 @@ import sys
 DESCRIPTION = """\
 kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R.
 The Python API is `import kerasdist`; these commands show what this machine would run, start a
-cluster of processes here, run the demo, time the strategies and list checkpoints."""
+cluster of processes here, run the demo, time the strategies, list checkpoints and say what a
+run's failures cost (goodput)."""
 
 EXAMPLES = """\
 examples:
   kerasdist info --devices 2                   the strategy "auto" picks here, and why
   kerasdist launch -n 2 -- train.py            train.py as a 2-worker cluster on this machine
   kerasdist checkpoints runs/demo/checkpoints  what a restart would resume from
+  kerasdist goodput runs/demo/checkpoints      where the run's time went, failures included
   kerasdist demo                               train, kill, resume and plot on 2 CPU replicas
 
 `kerasdist COMMAND --help` says more about each."""
@@ -302,6 +304,40 @@ def _add_checkpoints(commands) -> None:
     checkpoints.set_defaults(run=_checkpoints)
 
 
+def _goodput(args: argparse.Namespace) -> int:
+    import json
+
+    from kerasdist.goodput import goodput, plot_goodput
+
+    report = goodput(args.checkpoint_dir)
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report)
+    if args.plot:
+        plot_goodput(report, args.plot)
+        if not args.json:
+            print(f"timeline: {args.plot}")
+    return 0
+
+
+def _add_goodput(commands) -> None:
+    command = commands.add_parser(
+        "goodput", help="where a run's time went: training, start-up, restores, saves, redone work, downtime",
+        description="Read the run log the chief writes beside the checkpoints (CHECKPOINT_DIR/runs/, a\n"
+                    "directory or an s3://, gs:// or file:// URL) and split the wall time from the first\n"
+                    "start of the run to its end into productive training, start-up, restore, checkpoint\n"
+                    "blocking, redone work (steps trained again after a failure), evaluation, other and\n"
+                    "downtime (no process running, e.g. a requeue waiting); goodput = productive / wall.\n"
+                    "With failures and saves, also the checkpoint interval that loses least time\n"
+                    "(Young/Daly: sqrt(2 x save cost x mean time between failures)).",
+        epilog="examples:\n  kerasdist goodput runs/demo/checkpoints\n"
+               "  kerasdist goodput s3://bucket/run --json --plot timeline.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory or URL")
+    command.add_argument("--json", action="store_true", help="print the report as JSON")
+    command.add_argument("--plot", metavar="PNG", help="also draw the run's timeline, failures marked, into PNG")
+    command.set_defaults(run=_goodput)
+
+
 def version() -> str:
     """kerasdist's version, read from its about.py without importing the package (which imports
     TensorFlow); faster than the installed package's metadata, which means scanning site-packages."""
@@ -335,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(commands)
     _add_launch(commands)
     _add_checkpoints(commands)
+    _add_goodput(commands)
     _add_demo(commands)
     _add_bench(commands)
     return parser

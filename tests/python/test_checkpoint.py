@@ -181,7 +181,7 @@ def test_order_is_by_recorded_epoch_not_name_or_time(tmp_path):
 
 
 def test_resumed_fit_reaches_total_and_keeps_earlier_checkpoints(ckpt_dir):
-    earlier = {p.name: (ckpt_dir / p.name / "state.json").read_text() for p in ckpt_dir.iterdir()}
+    earlier = {p.name: (ckpt_dir / p.name / "state.json").read_text() for p in ckpt_dir.glob("ckpt-*")}
     model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     history = kerasdist.resume_fit(model, dataset(), 4, kerasdist.checkpoint_callback(ckpt_dir, keep=10), verbose=0)
     assert history.epoch == [0, 1, 2, 3]
@@ -326,7 +326,7 @@ def test_crash_between_the_two_renames_of_a_resave_keeps_the_only_checkpoint(tmp
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
     kerasdist.resume_fit(model, dataset(), 2, kerasdist.checkpoint_callback(tmp_path, keep=1), verbose=0)
     assert [(c.epoch, c.global_step) for c in kerasdist.list_checkpoints(tmp_path)] == [(2, 2 * BATCHES_PER_EPOCH)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ckpt-{2 * BATCHES_PER_EPOCH}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ckpt-{2 * BATCHES_PER_EPOCH}", "runs"]  # runs: the run log
 
 
 def test_a_completed_resave_replaces_the_checkpoint_of_that_step(tmp_path):

@@ -63,7 +63,7 @@ def test_checkpoints_lists_valid_and_damaged_ones_and_where_a_restart_resumes(tm
     checkpoint_dir = tmp_path / "run"
     kerasdist.distributed_fit(build_model, X, X.sum(1), epochs=3, checkpoint_dir=checkpoint_dir, strategy="default",
                               batch_size=4, every_steps=2, keep=10, verbose=0)
-    names = sorted((p.name for p in checkpoint_dir.iterdir()), key=lambda name: int(name.split("-")[1]))
+    names = sorted((p.name for p in checkpoint_dir.glob("ckpt-*")), key=lambda name: int(name.split("-")[1]))
     assert names == [f"ckpt-{step}" for step in (2, 4, 6, 8, 10, 12)]
     newest = checkpoint_dir / "ckpt-12" / "model.keras"
     os.truncate(newest, newest.stat().st_size // 2)  # a disk that filled up

@@ -45,6 +45,8 @@ def test_default_step_equals_fit_on_one_device(tmp_path):
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
     assert kerasdist.latest_checkpoint(tmp_path).settings == {
         "mixed_precision": False, "jit_compile": False, "gradient_accumulation_steps": None}
+    attempt = kerasdist.goodput(tmp_path).attempts[-1]  # custom_fit keeps the run log
+    assert attempt.status == "completed" and attempt.saves == 2 and attempt.last_step == 2 * len(batches)
 
 
 def test_history_spans_earlier_runs_and_settings_mismatch_is_refused(tmp_path):

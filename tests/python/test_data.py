@@ -347,7 +347,7 @@ def test_sharding_reads_the_worker_count_from_the_run_context(files):
     dealt out, so records are (DATA), and the length is left to tf.data (a share is cut later)."""
     import dataclasses
 
-    from kerasdist.strategy import run_context
+    from kerasdist.context import run_context
 
     four_workers = dataclasses.replace(run_context(), kind="multi_worker", num_workers=4)
     ds = kerasdist.make_dataset(str(files / "*.csv"), label_column="label", batch_size=5, epochs=1,
@@ -378,7 +378,7 @@ def test_short_one_epoch_dataset_under_several_replicas_warns():
     warns; longer epochs, one replica and the stream form do not."""
     import warnings
 
-    from kerasdist.strategy import RunContext
+    from kerasdist.context import RunContext
 
     two = RunContext(strategy=tf.distribute.get_strategy(), kind="mirrored", num_replicas=2)
     x = np.zeros((16, 1), "float32")

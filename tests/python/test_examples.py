@@ -61,6 +61,6 @@ def test_custom_loop_example_trains_checkpoints_and_scores_the_restored_model(tm
     accuracy = float(next(line for line in lines if line.startswith("custom_fit: test accuracy ")).split()[-1])
     assert accuracy > 0.85, result.stdout
     names = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
-    assert names == ["ckpt-80", "ckpt-90", "ckpt-96"]  # keep=3; 24 batches an epoch, every 10
+    assert names == ["ckpt-80", "ckpt-90", "ckpt-96", "runs"]  # keep=3; 24 batches an epoch, every 10; the run log
     assert "latest checkpoint: ckpt-96, epoch 4, global step 96" in lines
     assert "restored from ckpt-96: test loss " in result.stdout

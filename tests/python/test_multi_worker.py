@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
 import kerasdist
 from conftest import run_python
@@ -60,6 +61,15 @@ def test_upstream_multi_worker_fit_still_needs_the_shim(tmp_path, capfd):
     assert re.search(r"Attempt to convert a value \(PerReplica|Invalid reduction dimension", out), out[-3000:]
 
 
+def scalar_tags(log_dir: Path) -> set[str]:
+    """The tags of every scalar summary under `log_dir`."""
+    tags = set()
+    for events in log_dir.rglob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(events)):
+            tags.update(value.tag for value in tf.compat.v1.Event.FromString(record.numpy()).summary.value)
+    return tags
+
+
 def a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt, *options: str) -> None:
     """A 2-epoch launch after a 1-epoch one: both workers restore the chief's epoch-1 checkpoint
     and end with the same weights."""
@@ -73,11 +83,25 @@ def a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt, *
 
 
 def test_only_the_chief_writes_and_both_workers_restore_the_same_state(tmp_path, capfd):
-    ckpt = tmp_path / "ckpt"
-    assert launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "1").ok, capfd.readouterr().out[-3000:]
-    capfd.readouterr()
+    ckpt, monitor = tmp_path / "ckpt", tmp_path / "monitor"
+    assert launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "1", "--monitor", str(monitor)).ok, \
+        capfd.readouterr().out[-3000:]
+    out = capfd.readouterr().out
+    # monitoring, written once: run_context() outside the scope knows its place; the CSV, the
+    # TensorBoard logs and chief_path's file are the chief's; the other worker's went to a
+    # temporary folder, gone once it exited
+    outside = [json_lines(out, "outside_scope", f"worker {i}") for i in (0, 1)]
+    assert outside == [[[True, 2, "worker:0"]], [[False, 2, "worker:1"]]]
+    notes = [json_lines(out, "notes", f"worker {i}")[0] for i in (0, 1)]
+    assert notes[0] == str(monitor / "notes.txt") and (monitor / "notes.txt").read_text() == "worker:0"
+    assert not notes[1].startswith(str(monitor)) and not Path(notes[1]).parent.exists()
+    assert len((monitor / "log.csv").read_text().splitlines()) == 2  # the header and the one epoch
+    assert len(list((monitor / "tb" / "train").glob("events.out.tfevents.*"))) == 1  # one writer
+    figures = {"kerasdist/goodput", "kerasdist/step_seconds", "kerasdist/save_blocked_seconds"}
+    assert figures <= scalar_tags(monitor / "tb")
     names = sorted(p.name for p in ckpt.iterdir())
-    assert names == [f"ckpt-{STEPS_PER_EPOCH}"]  # one writer: no temporaries, no second copy
+    assert names == [f"ckpt-{STEPS_PER_EPOCH}", "runs"]  # one writer: no temporaries, no second copy
+    assert len(list((ckpt / "runs").glob("*.jsonl"))) == 1  # the run log: the chief's only
     assert kerasdist.latest_checkpoint(ckpt).writer == "worker:0"
     a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt)
     assert kerasdist.latest_checkpoint(ckpt).global_step == 2 * STEPS_PER_EPOCH
@@ -92,7 +116,7 @@ def test_hosts_that_share_no_disk_resume_from_the_chiefs_checkpoint(tmp_path, ca
     assert launch(tmp_path, "--checkpoint-dir", str(ckpt), "--per-worker-dir", "--epochs", "1").ok, \
         capfd.readouterr().out[-3000:]
     capfd.readouterr()
-    assert [p.name for p in (ckpt / "worker-0").iterdir()] == [f"ckpt-{STEPS_PER_EPOCH}"]
+    assert sorted(p.name for p in (ckpt / "worker-0").iterdir()) == [f"ckpt-{STEPS_PER_EPOCH}", "runs"]
     assert not (ckpt / "worker-1").exists() or not any((ckpt / "worker-1").iterdir())
     a_second_epoch_restores_both_workers_from_the_first(tmp_path, capfd, ckpt, "--per-worker-dir")
     assert kerasdist.latest_checkpoint(ckpt / "worker-0").global_step == 2 * STEPS_PER_EPOCH

@@ -55,7 +55,10 @@ def test_resume_fit_checkpoints_on_the_chief_and_resumes_after_it_is_killed(tmp_
     assert report["epoch"] == [0, 1, 2] and report["step"] == 3 * STEPS
     loss = report["history"]["loss"]
     assert loss[2] < loss[0] / 5, loss
-    assert sorted(p.name for p in ckpt.iterdir()) == [f"ckpt-{n * STEPS}" for n in (1, 2, 3)]
+    assert sorted(p.name for p in ckpt.iterdir()) == [*(f"ckpt-{n * STEPS}" for n in (1, 2, 3)), "runs"]
+    report = kerasdist.goodput(ckpt)  # ps_fit keeps the run log too: the chief's two starts
+    assert [a.status for a in report.attempts] == ["killed or crashed", "completed"]
+    assert report.attempts[1].restored_step == 2 * STEPS and report.attempts[1].first_step_at is not None
     latest = kerasdist.latest_checkpoint(ckpt)
     assert (latest.epoch, latest.step_in_epoch, latest.global_step) == (3, 0, 3 * STEPS)
     assert [round(h["loss"], 6) for h in latest.history] == [round(v, 6) for v in loss]

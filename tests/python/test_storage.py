@@ -131,7 +131,7 @@ def test_both_stores_offer_the_whole_store_protocol(tmp_path):
 
 def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
     fit(f"file://{tmp_path}/run", 1)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}", "runs"]
     assert kerasdist.latest_checkpoint(tmp_path / "run").path == str(tmp_path / "run" / f"ckpt-{BATCHES_PER_EPOCH}")
     with pytest.raises(ValueError, match="is not a local file:// URL"):
         kerasdist.list_checkpoints("file://otherhost/run")
@@ -438,6 +438,12 @@ def test_the_checkpoints_command_reads_a_bucket_configured_the_ecosystems_way(st
     assert [(row["path"], row["valid"], row["restart"]) for row in rows] == [
         (f"{url}/ckpt-{BATCHES_PER_EPOCH}", True, True), (f"{url}/ckpt-{2 * BATCHES_PER_EPOCH}", False, False)]
     assert rows[1]["problem"].endswith("state.json is missing (the save never completed)")
+    with kerasdist_env(store.environment()):  # the run log is in the bucket, beside the checkpoints
+        assert main(["goodput", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [a["status"] for a in report["attempts"]] == ["completed"]
+    assert report["attempts"][0]["saves"] == 2 and report["seconds"]["productive"] > 0
+    assert sorted(name.rsplit(".", 1)[-1] for name in fs.ls(f"{root}/runs")) == ["jsonl", "step"]  # not a checkpoint
 
 
 class kerasdist_env:  # noqa: N801 (a context manager used like a function)

@@ -229,7 +229,7 @@ def test_select_strategy_reuses_its_mirrored_strategy_because_two_collide_upstre
 
 
 def test_run_context_is_decided_once_per_strategy_and_passed_through():
-    from kerasdist.strategy import RunContext, run_context
+    from kerasdist.context import RunContext, context_of, run_context
 
     strategy = kerasdist.select_strategy("default", environ={}, tpu=False)
     context = run_context(strategy)
@@ -237,14 +237,16 @@ def test_run_context_is_decided_once_per_strategy_and_passed_through():
     assert (context.kind, context.num_replicas, context.num_workers) == ("default", 1, 1)
     assert (context.task, context.is_chief, context.is_parameter_server) == (None, True, False)
     assert run_context(strategy) is context and run_context(context) is context
-    assert run_context() is context  # outside any scope: the default strategy, whose context this is
+    assert context_of() is context  # kerasdist's own calls, outside any scope: the default strategy's
+    assert run_context() == context  # users' outside any scope: its place in the (here absent) cluster
     with pytest.raises(ValueError, match="strategy must be a tf.distribute.Strategy, got str"):
         run_context("mirrored")
 
 
 def test_only_the_run_context_asks_tensorflow_for_the_active_strategy():
+    """context.py (context_of) asks; strategy.py only to build kind="default"."""
     from pathlib import Path
 
     package = Path(kerasdist.__file__).parent
     askers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "get_strategy()" in p.read_text())
-    assert askers == ["strategy.py"]  # run_context, and building kind="default"
+    assert askers == ["context.py", "strategy.py"]

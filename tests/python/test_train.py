@@ -230,7 +230,7 @@ def test_steps_per_execution_preempted_then_resumed_with_another_value_is_bitwis
 def test_steps_per_execution_is_1_under_several_replicas_where_upstream_keras_fails():
     """'auto' is 1 under 2 replicas and an integer is refused, because Keras 3.15's multi-step
     loop fails there (keras-team/keras#19246). Fails once upstream works: then allow it."""
-    from kerasdist.strategy import RunContext
+    from kerasdist.context import RunContext
     from kerasdist.training.speed import choose_steps_per_execution
 
     two = RunContext(strategy=None, kind="mirrored", num_replicas=2)

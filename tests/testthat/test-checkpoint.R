@@ -194,6 +194,22 @@ test_that("resume_fit refuses a steps_per_execution that does not divide the epo
   expect_null(latest_checkpoint(dir))
 })
 
+test_that("every_seconds saves by time from R; a bad value is a readable condition naming it", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  x <- matrix(seq_len(96) / 96, ncol = 3)
+  slow <- keras3::callback_lambda(on_train_batch_begin = function(batch, logs) if (batch == 3) Sys.sleep(1.2))
+  distributed_fit(build_model, x, rowSums(x), epochs = 1, checkpoint_dir = dir, strategy = "default",
+                  batch_size = 4, every_seconds = 1, keep = 20, callbacks = list(slow), verbose = 0)
+  steps <- checkpoint_table(dir)$global_step
+  expect_true(4L %in% steps)   # the step after the slow batch: a second had passed
+  expect_identical(max(steps), 8L)
+  expect_error(checkpoint_callback(dir, every_seconds = 0), "every_seconds must be None or a positive number",
+               class = "kerasdist_ValueError")
+  expect_error(distributed_fit(build_model, x, rowSums(x), epochs = 1, checkpoint_dir = tempfile(),
+                               every_seconds = "600"), "every_seconds must be", class = "kerasdist_ValueError")
+})
+
 test_that("checkpoint_callback keeps the newest checkpoints and the best by monitor", {
   skip_if_no_kerasdist()
   set_random_seed(3)
@@ -417,6 +433,9 @@ for (kind in names(store_kinds)) {
       options <- server$storage_options()
       fit_on(url, 1L, options)
       expect_identical(latest_checkpoint(url, storage_options = options)$epoch, 1L)
+      report <- goodput(url, storage_options = options)  # the run log, in the bucket too
+      expect_identical(attr(report, "attempts")$status, "completed")
+      expect_true(report$seconds[report$part == "productive"] > 0)
       missing <- paste0(server$scheme, "://kerasdist-missing-bucket/run")
       err <- expect_error(fit_on(missing, 2L, options), class = "kerasdist_ValueError")
       expect_match(conditionMessage(err), paste0("checkpoint_dir '", missing, "': the bucket 'kerasdist-missing-bucket' does not exist"),

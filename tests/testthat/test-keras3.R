@@ -30,6 +30,28 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   expect_identical(readBin(file.path(dir, "history.png"), "raw", 4L), as.raw(c(0x89, 0x50, 0x4e, 0x47)))
   console <- c(killed$console, rerun$console)
   expect_false(any(grepl("Traceback|oneDNN|absl::InitializeLog|cpu_feature_guard", console)), info = paste(console, collapse = "\n"))
+
+  # what the kill cost, from the run log: killed at step 6 after the step-4 checkpoint
+  report <- goodput(file.path(dir, "ckpt"))
+  expect_s3_class(report, "kerasdist_goodput")
+  expect_identical(report$part, c("productive", "startup", "restore", "checkpoint_blocking", "redone",
+                                  "evaluation", "other", "downtime"))
+  expect_equal(sum(report$seconds), attr(report, "wall_seconds"), tolerance = 1e-3)
+  attempts <- attr(report, "attempts")
+  expect_identical(attempts$status, c("killed or crashed", "completed"))
+  expect_identical(attempts$last_step, c(6L, 30L))
+  expect_identical(attempts$restored_step, c(0L, 4L))
+  expect_s3_class(attempts$started, "POSIXct")
+  expect_identical(attr(report, "redone_steps"), 2L)
+  expect_identical(attr(report, "failures"), 1L)
+  expect_true(attr(report, "goodput") > 0 && attr(report, "goodput") < 1)
+  expect_equal(attr(report, "suggested_interval_seconds"),
+               sqrt(2 * attr(report, "save_cost_seconds") * attr(report, "mean_time_between_failures")))
+  expect_output(print(report), "2 attempt\\(s\\), 1 failure\\(s\\)")
+  png <- file.path(dir, "timeline.png")
+  expect_identical(plot_goodput(report, png), png)
+  expect_identical(readBin(png, "raw", 4L), as.raw(c(0x89, 0x50, 0x4e, 0x47)))
+  expect_error(plot_goodput(data.frame(), png), "what goodput\\(\\) returned", class = "kerasdist_ValueError")
 })
 
 test_that("the fits return keras3 training histories covering earlier runs; resume_fit pipes", {

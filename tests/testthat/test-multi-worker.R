@@ -12,7 +12,18 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
   checkpoints <- list_checkpoints(checkpoint_dir)
   expect_identical(checkpoints$epoch, 1:2)
   expect_identical(unique(checkpoints$writer), "worker:0")
-  expect_length(list.files(checkpoint_dir, all.files = TRUE, no.. = TRUE), 2)
+  expect_length(list.files(checkpoint_dir, pattern = "^ckpt-", all.files = TRUE, no.. = TRUE), 2)
+  expect_length(list.files(file.path(checkpoint_dir, "runs"), pattern = "[.]jsonl$"), 1)  # the chief's run log only
+  expect_identical(attr(goodput(checkpoint_dir), "attempts")$status, "completed")
+  # run_context() outside the scope knows its place; chief_path and the CSV logger write once
+  outside <- lapply(0:1, function(i) readLines(file.path(dir, sprintf("weights-worker-%d-outside.txt", i))))
+  expect_identical(outside[[1]][1:3], c("worker:0", "TRUE", "2"))
+  expect_identical(outside[[2]][1:3], c("worker:1", "FALSE", "2"))
+  expect_identical(outside[[1]][4], file.path(dir, "notes.txt"))
+  expect_identical(readLines(file.path(dir, "notes.txt")), "worker:0")
+  expect_false(startsWith(outside[[2]][4], dir))
+  expect_false(dir.exists(dirname(outside[[2]][4])))  # the other worker's folder: removed at exit
+  expect_length(readLines(file.path(dir, "log.csv")), 3)  # the header and 2 epochs, written once
 })
 
 test_that("a strategy the R user made with TensorFlow's API trains with keras3's fit() and distributed_fit()", {

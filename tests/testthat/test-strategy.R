@@ -21,6 +21,14 @@ test_that("run_context says where this process runs, as in Python", {
   expect_output(print(context), "default: 1 replica(s), 1 worker(s), one process, chief", fixed = TRUE)
 })
 
+test_that("chief_path is the path itself on the chief (the 2-worker case is in test-multi-worker.R)", {
+  skip_if_no_kerasdist()
+  path <- file.path(tempdir(), "logs")
+  expect_identical(chief_path(path), path)
+  expect_identical(chief_path(path, context = run_context()), path)
+  expect_error(chief_path(""), "path must be a file or directory path", class = "kerasdist_ValueError")
+})
+
 test_that("describe_strategy refuses something that is not a strategy", {
   skip_if_no_kerasdist()
   expect_error(describe_strategy("mirrored"), "strategy must be a tf.distribute.Strategy, got str",

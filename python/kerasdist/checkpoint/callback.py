@@ -12,12 +12,13 @@ from typing import Any
 import keras
 
 from kerasdist.checkpoint.background import BackgroundWriter
-from kerasdist.checkpoint.manager import CheckpointManager, as_manager
+from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
+from kerasdist.checkpoint.run_log import RunLog, run_log_for
 from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
 from kerasdist.preemption import PreemptedExit, SigtermHold
-from kerasdist.validation import boolean, choice, integer, optional_integer
+from kerasdist.validation import boolean, choice, integer, optional_integer, optional_seconds
 
 
 def checkpoint_callback(
@@ -32,12 +33,14 @@ def checkpoint_callback(
     handle_sigterm: bool = True,
     async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    every_seconds: float | None = None,
 ) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
-    Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches),
-    atomically; keeps the `keep` newest (plus the best by `monitor` when `keep_best`), never
-    deleting the newest valid one. Under multi-worker strategies only the chief writes. On SIGTERM
+    Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches)
+    and/or at the first step end `every_seconds` after the last save, atomically; keeps the
+    `keep` newest (plus the best by `monitor` when `keep_best`), never deleting the newest valid
+    one. Under multi-worker strategies only the chief writes. On SIGTERM
     it saves at the next step boundary, stops training and raises `PreemptedExit` (exit status
     `PREEMPTED_EXIT_CODE`, 75), which names the checkpoint saved. Under a multi-worker strategy a
     SIGTERM to any worker stops every worker after one agreed step (`preemption/agreement.py`):
@@ -63,22 +66,27 @@ def checkpoint_callback(
         async_save: write checkpoints in a background thread (default True); False writes each
             one on the training thread before training goes on.
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
+        every_seconds: also save at the first step end this many seconds after the last save (or
+            the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed
+            like step saves. The chief alone decides and writes, so workers never wait on it.
+            `kerasdist.goodput()` suggests a value from a run's failures and save cost.
     """
     return CheckpointCallback(
         checkpoint_dir, every_epoch=every_epoch, every_steps=every_steps, keep=keep,
         keep_best=keep_best, monitor=monitor, mode=mode, handle_sigterm=handle_sigterm,
-        async_save=async_save,
-        storage_options=storage_options,
+        async_save=async_save, storage_options=storage_options, every_seconds=every_seconds,
     )
 
 
 def check_callback_args(every_epoch: Any, every_steps: Any, keep: Any, mode: Any, monitor: Any,
-                        async_save: Any = True) -> None:
+                        async_save: Any = True, every_seconds: Any = None) -> None:
     boolean("async_save", async_save)
     boolean("every_epoch", every_epoch)
     optional_integer("every_steps", every_steps, 1)
-    if not every_epoch and every_steps is None:
-        raise ValueError("every_epoch is False and every_steps is None: the callback would never save.")
+    optional_seconds("every_seconds", every_seconds)
+    if not every_epoch and every_steps is None and every_seconds is None:
+        raise ValueError("every_epoch is False and every_steps and every_seconds are None: the callback would "
+                         "never save.")
     integer("keep", keep, 1, hint="the newest checkpoint is always kept")
     choice("mode", mode, ("min", "max"))
     if not isinstance(monitor, str) or not monitor:
@@ -92,12 +100,14 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def __init__(self, checkpoint_dir, *, every_epoch=True, every_steps=None, keep=3,
                  keep_best=False, monitor="loss", mode="min", handle_sigterm=True, async_save=True,
-                 storage_options=None, run: RunRecord | None = None):
+                 storage_options=None, run: RunRecord | None = None, every_seconds=None):
         super().__init__()
-        check_callback_args(every_epoch, every_steps, keep, mode, monitor, async_save)
+        check_callback_args(every_epoch, every_steps, keep, mode, monitor, async_save, every_seconds)
         self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=storage_options)
         self.every_epoch = every_epoch
         self.every_steps = every_steps
+        self.every_seconds = None if every_seconds is None else float(every_seconds)
+        self._last_save_at = time.monotonic()
         self.keep = keep
         self.keep_best = keep_best
         self.monitor = monitor
@@ -122,6 +132,12 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._logs: dict | None = None
         self._is_chief = True
         self._task: str | None = None
+        self._log: RunLog | None = None  # the chief's run log (run_log.py)
+        self._first_step_logged = False
+        self._eval_started: float | None = None
+        # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
+        self.tensorboard_dir: str | None = None
+        self._epoch_started = (0.0, 0)  # time, saves so far
         self.run = run if run is not None else RunRecord()
 
     # -- what trainers ask and tell --------------------------------------------------------
@@ -162,13 +178,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._writer.wait()
 
     def on_train_begin(self, logs=None):
+        from kerasdist.context import context_of
         from kerasdist.preemption.agreement import agreement_for
-        from kerasdist.strategy import run_context
 
         self.wait()  # a save a fit that raised left behind
         self._writer.restart_clock()
+        self._last_save_at = time.monotonic()
 
-        context = run_context(self.model.distribute_strategy)
+        context = context_of(self.model.distribute_strategy)
         self._is_chief, self._task = context.is_chief, context.task
         start = self.manager.resume_point(self.model)
         self._history = list(start.history) if start is not None else []
@@ -176,6 +193,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._first_epoch = None
         if self._is_chief:
             self.manager.remove_temporary()
+            self._open_log(context)
         agreement = agreement_for(context.strategy) if self.handle_sigterm else None
         self._agreement = agreement.serve(self) if agreement is not None else None
         self._install_sigterm_handler()
@@ -186,6 +204,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
+        self._epoch_started = (time.perf_counter(), len(self.blocked_seconds))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_begin = batch
@@ -199,6 +218,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batch_begin = None
         self._step += last - begin + 1
         self._batches_seen = last + 1
+        if self._log is not None and not self._first_step_logged:
+            self._first_step_logged = True
+            self._log.event("first_step", step=optimizer_step(self.model))
         if self._agreement is not None:
             self._logs = logs
             self._agreement.check()  # on the agreed step: save_agreed_step, stop_preempted
@@ -208,7 +230,10 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._save(self._epoch, self._step, logs)
             self.model.stop_training = True
             return
-        if self.every_steps and not self._last_batch() and optimizer_step(self.model) % self.every_steps == 0:
+        if self._last_batch():
+            return  # the epoch end saves
+        if (self.every_steps and optimizer_step(self.model) % self.every_steps == 0) or (
+                self.every_seconds is not None and time.monotonic() - self._last_save_at >= self.every_seconds):
             self._save(self._epoch, self._step, logs)
 
     def save_agreed_step(self) -> None:
@@ -232,6 +257,16 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history.append(plain(logs or {}))
         if self.every_epoch or self._preempted:
             self._save(epoch + 1, 0, logs)
+        if self._log is not None and self.tensorboard_dir is not None:
+            self._write_run_figures(epoch)
+
+    def on_test_begin(self, logs=None):
+        self._eval_started = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        if self._log is not None and self._eval_started is not None:
+            self._log.event("eval", seconds=round(time.perf_counter() - self._eval_started, 4))
+        self._eval_started = None
 
     def on_train_end(self, logs=None):
         try:
@@ -239,12 +274,49 @@ class CheckpointCallback(keras.callbacks.Callback):
         finally:
             self._memory.release()  # nothing is written any more
             self._restore_sigterm_handler()
+            self._close_log()
         if self._preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
                                 saved.global_step if saved else optimizer_step(self.model))
 
     # -- helpers ----------------------------------------------------------------------------
+    def _open_log(self, context: Any) -> None:
+        """The chief's run log: the restores since the last fit, then this fit's start."""
+        self._log = run_log_for(self.manager.store, context)
+        managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
+        for manager in managers.values():
+            for finished, seconds, info in manager.restores:
+                self._log.event("restored", at=finished, seconds=round(seconds, 4),
+                                checkpoint=self.manager.store.entry_of(info.path) if info else None,
+                                step=info.global_step if info else 0)
+            manager.restores.clear()
+        self._first_step_logged = False
+        self._log.event("train_begin", step=optimizer_step(self.model))
+        model = self.model
+        self._log.follow_steps(lambda: optimizer_step(model))
+
+    def _write_run_figures(self, epoch: int) -> None:
+        """Step time, blocked save time and goodput so far, as TensorBoard scalars (chief only)."""
+        from kerasdist.goodput import goodput
+        from kerasdist.monitoring import write_run_figures
+
+        started, saves_before = self._epoch_started
+        figures = {"step_seconds": (time.perf_counter() - started) / max(self._batches_seen, 1),
+                   "save_blocked_seconds": sum(self.blocked_seconds[saves_before:])}
+        try:
+            figures["goodput"] = goodput(self.manager.store).goodput
+        except (OSError, ValueError):
+            pass  # the run log unreadable: the other figures still go
+        write_run_figures(self.tensorboard_dir, epoch, figures)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.stop_following()
+            self._log.event("train_end", step=optimizer_step(self.model),
+                            status="preempted" if self._preempted else "completed")
+            self._log = None
+
     def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:
         """Save on the chief: in the background; on the training thread (after the save in
         flight) when `async_save` is off, when preempted or when `final` (the process exits next).
@@ -252,28 +324,35 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self._is_chief:
             return
         started = time.perf_counter()
+        self._last_save_at = time.monotonic()
         progress = Progress.of(epoch, step, self._history, logs, self._task, self.run)
         try:
             if self.async_save and not (final or self._preempted):
                 self._save_in_background(progress)
             else:
                 self.wait()
-                self._saved(self.manager.save(self.model, progress))
+                self._saved(*_timed(lambda: self.manager.save(self.model, progress)))
         finally:
             self.blocked_seconds.append(time.perf_counter() - started)
+            if self._log is not None:
+                self._log.event("save", step=optimizer_step(self.model), blocked=round(self.blocked_seconds[-1], 4))
 
     def _save_in_background(self, progress: Progress) -> None:
         self.wait()  # at most one in flight; its error is raised here
         self.manager.create()  # an unwritable directory fails here, on the training thread
         taken = take_snapshot(self.model, self._memory)
         self._writer.submit(
-            lambda: self._saved(self.manager.commit(taken, progress)),
+            lambda: self._saved(*_timed(lambda: self.manager.commit(taken, progress))),
             f"checkpoint ckpt-{taken.global_step} in {self.manager.directory}",
         )
 
-    def _saved(self, info: CheckpointInfo) -> None:
-        """After a checkpoint is committed (in the writer's thread for background saves): note it,
-        then prune."""
+    def _saved(self, info: CheckpointInfo, seconds: float) -> None:
+        """After a checkpoint is committed (in the writer's thread for background saves, having
+        taken `seconds`): note it, then prune."""
+        log = self._log
+        if log is not None:
+            log.event("committed", step=info.global_step, checkpoint=self.manager.store.entry_of(info.path),
+                      write=round(seconds, 4), bytes=info.size)
         self.saved.append(info)
         if self.keep_best and info.step_in_epoch == 0 and self._better(info, self._best):
             self._best = info
@@ -303,6 +382,20 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._preempted = True
 
 
+def _timed(call: Any) -> tuple[Any, float]:
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
+
+
+def refuse_backup_and_restore(callback: Any, index: int) -> None:
+    """Keras's BackupAndRestore would restore its own copy over the checkpoint kerasdist resumed."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        raise ValueError(
+            f"callbacks[{index}] is a Keras BackupAndRestore: kerasdist's checkpoints already back up and "
+            "restore (on every worker, from the chief's); remove it."
+        )
+
+
 def check_trainer_callbacks(callbacks: Any, trainer: str) -> list[Any]:
     """The user's callbacks for `trainer` ("distributed_fit", "custom_fit"), which adds its own
     checkpoint callback: one callback or a list of Keras callbacks, none of them a kerasdist one."""
@@ -318,6 +411,7 @@ def check_trainer_callbacks(callbacks: Any, trainer: str) -> list[Any]:
                 f"callbacks[{index}] is a kerasdist checkpoint callback: {trainer} adds its own; set "
                 "checkpoint_dir, every_steps and keep instead."
             )
+        refuse_backup_and_restore(callback, index)
         if not isinstance(callback, keras.callbacks.Callback):
             raise ValueError(
                 f"callbacks[{index}] must be a Keras callback (keras.callbacks.Callback), got "

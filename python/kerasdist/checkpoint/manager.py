@@ -10,6 +10,7 @@ writes goes through its store (`store/`): a local directory or an object-store U
 from __future__ import annotations
 
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -64,6 +65,8 @@ class CheckpointManager:
         # entry -> (fingerprint, info, or why it cannot be used)
         self._seen: dict[str, tuple[Any, CheckpointInfo | str]] = {}
         self._restored: tuple[weakref.ref[Any], CheckpointInfo] | None = None
+        # each read of the files to restore (finished at, seconds, what): the run log's restores
+        self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
         if create:
             self.create()
 
@@ -134,6 +137,7 @@ class CheckpointManager:
     def restore(self, model: Any) -> CheckpointInfo | None:
         """Load the newest valid checkpoint (weights, optimizer and random-generator states)
         into a built `model`; returns it, or None when there is none."""
+        started = time.perf_counter()
         self.create()
         latest = self.latest()
         if latest is not None:
@@ -143,11 +147,13 @@ class CheckpointManager:
             with self.store.local_files(entry) as local:
                 model.load_weights(local / MODEL_FILE)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
+        self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest)
         return latest
 
     def load_model(self, custom_objects: Any = None, safe_mode: bool = True) -> Any:
         """The whole model (config, weights, optimizer) of the newest valid checkpoint."""
+        started = time.perf_counter()
         self.create()
         latest = self.latest()
         if latest is None:
@@ -158,6 +164,7 @@ class CheckpointManager:
         with self.store.local_files(self.store.entry_of(latest.path)) as local:
             model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
             restore_seed_states(model, local / RNG_FILE, latest.path)
+        self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest)
         return model
 
@@ -361,11 +368,11 @@ def make_or_restore_model(
     Returns:
         The Keras model.
     """
-    from kerasdist.strategy import run_context
+    from kerasdist.context import context_of
 
     if build_fn is not None and not callable(build_fn):
         raise ValueError(f"build_fn must be a function returning a Keras model, got {type(build_fn).__name__}.")
-    context = run_context(strategy)
+    context = context_of(strategy)
     manager = as_manager(checkpoint_dir, storage_options=storage_options)
     multi_worker = compat.is_multi_worker(context.strategy)
     compat.warm_saving_skipsets()  # outside the scope: Keras's loading makes variables otherwise

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kerasdist.strategy import run_context
+from kerasdist.context import context_of
 from kerasdist.validation import integer
 
 DEFAULT_BATCH_SIZE = 32
@@ -85,7 +85,7 @@ def batch_size_info(
     Returns:
         A `BatchSizeInfo`.
     """
-    replicas = run_context(strategy).num_replicas if num_replicas is None else integer("num_replicas", num_replicas, 1)
+    replicas = context_of(strategy).num_replicas if num_replicas is None else integer("num_replicas", num_replicas, 1)
     if batch_size is not None and per_replica_batch_size is not None:
         raise ValueError(
             f"Give batch_size or per_replica_batch_size, not both (got {batch_size!r} and "

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kerasdist.context import context_of
 from kerasdist.data import order
 from kerasdist.data.info import BatchSizeInfo, DatasetInfo, attach_info, batch_size_info
 from kerasdist.data.options import DatasetOptions
 from kerasdist.data.pipelines import PipelinePlan, training_pipeline, validation_pipeline
 from kerasdist.data.sources import Source, read_source
-from kerasdist.strategy import run_context
 
 # One-epoch datasets of at most this many batches under several replicas may lose their first
 # pass to tf.distribute's prefetch (measured: 4 on 2 CPU replicas; see kerasdist.data's docstring).
@@ -47,7 +47,7 @@ class PlannedDataset:
         if source is None:
             source = read_source(x, y, options.sample_weight, options.file_format, options.label_column,
                                  options.features, options.check_finite)
-        context = run_context(options.strategy)
+        context = context_of(options.strategy)
         n_val = _validation_rows(source, options.validation_split)
         sizing = batch_size_info(
             options.batch_size, options.per_replica_batch_size, num_replicas=context.num_replicas,

@@ -9,7 +9,7 @@ and hands it back to the one before when its time ends.
 2. While a multi-worker strategy forms the cluster: TensorFlow's coordination agent (C++). A
    SIGTERM is noted in the cluster's store; once the cluster formed, every worker reads it, they
    agree, and all exit 75 (`signals.take_back_after_cluster_start`). A strategy the user made
-   gets SIGTERM taken back at kerasdist's first call on it (`strategy.run_context`).
+   gets SIGTERM taken back at kerasdist's first call on it (`strategy.context_of`).
 3. During a fit: the checkpoint callback, through a `signals.SigtermHold`, with its own handler, or
    under multi-worker with TensorFlow's `PreemptionCheckpointHandler` (`agreement`). A SIGTERM
    saves at the next (agreed) step, stops, and raises `PreemptedExit` (75, the checkpoint named).

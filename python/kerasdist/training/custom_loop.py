@@ -26,9 +26,10 @@ from kerasdist.checkpoint import (
     manager_of,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
+from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
+from kerasdist.monitoring import chief_writes_only, tensorboard_dir_of
 from kerasdist.step_guard import is_r_function
-from kerasdist.strategy import run_context
 from kerasdist.training.resume_point import (
     check_total_epochs,
     epoch_steps,
@@ -88,6 +89,7 @@ def custom_fit(
     gradient_accumulation_steps: int | None = None,
     async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    every_seconds: float | None = None,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
 
@@ -149,6 +151,9 @@ def custom_fit(
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
+        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
+        every_seconds: also checkpoint at the first step end this many seconds after the last
+            save (time-based; see `checkpoint_callback`).
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
@@ -159,7 +164,7 @@ def custom_fit(
     """
     check_total_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save)
+    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
     callbacks = _check_callbacks(callbacks)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = 1 if verbose == "auto" else verbose
@@ -172,7 +177,8 @@ def custom_fit(
         check_resumed_settings_of(checkpoint_dir, settings)
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)
-        context = run_context(model.distribute_strategy)
+        context = context_of(model.distribute_strategy)
+        callbacks = chief_writes_only(callbacks, context)
         check_jit(settings, context)
         check_model_precision(model, settings)
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
@@ -184,7 +190,9 @@ def custom_fit(
         if point is not None:
             check_resumed_settings(point.settings, settings, point.path)
         run = run_record_of(data, settings.record())
-        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run)
+        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run,
+                                        every_seconds=every_seconds)
+        checkpoint.tensorboard_dir = tensorboard_dir_of(callbacks) if context.is_chief else None
         start = resume_point(checkpoint, model, run)
         epoch, skip = start.epoch, start.skip
         pipeline = _Pipeline(data, context.strategy, steps_per_epoch)

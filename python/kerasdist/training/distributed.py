@@ -24,9 +24,10 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     make_or_restore_model,
 )
+from kerasdist.context import context_of
 from kerasdist.data import make_dataset, planned_dataset, replace_epochs
 from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import KINDS, run_context, select_strategy
+from kerasdist.strategy import KINDS, select_strategy
 from kerasdist.training.resume import resume_fit
 from kerasdist.training.resume_point import EpochRange, check_total_epochs
 from kerasdist.training.speed import (
@@ -73,6 +74,7 @@ def distributed_fit(
     steps_per_execution: int | str = "auto",
     async_save: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    every_seconds: float | None = None,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -136,6 +138,8 @@ def distributed_fit(
             (see `checkpoint_callback`).
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
             passed to its fsspec filesystem; None: environment variables and credentials files.
+        every_seconds: also checkpoint at the first step end this many seconds after the last
+            save (time-based, e.g. 600 for every 10 minutes; see `checkpoint_callback`).
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -159,13 +163,13 @@ def distributed_fit(
     callbacks = _check_callbacks(callbacks)
     extra = _check_dataset_args(dataset_args)
     boolean("shuffle", shuffle)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save)
+    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
     checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
     check_resumed_settings_of(checkpoints, settings)
 
-    context = run_context(select_strategy(strategy) if isinstance(strategy, str) else strategy)
+    context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
                   per_replica_batch_size=per_replica_batch_size, strategy=context, seed=seed,
                   shuffle=shuffle, **extra)
@@ -191,7 +195,7 @@ def distributed_fit(
         check_step_functions(model, context.strategy)
         run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
         checkpoint = CheckpointCallback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save,
-                                        run=run)
+                                        run=run, every_seconds=every_seconds)
         chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
                                                every_steps, callbacks)
         set_steps_per_execution(model, chosen)

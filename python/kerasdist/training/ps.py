@@ -34,8 +34,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerasdist.context import context_of
 from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import run_context
 from kerasdist.validation import integer
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -180,7 +180,7 @@ def _loop(model, coordinator, callback_list, train_step, train_iterator, test_st
 def _ps_strategy_of(model: Any) -> Any:
     if not isinstance(model, keras.Model):
         raise ValueError(f"model must be a Keras model, got {type(model).__name__}.")
-    context = run_context(getattr(model, "distribute_strategy", None))
+    context = context_of(getattr(model, "distribute_strategy", None))
     if not context.is_parameter_server:
         raise ValueError(
             "model is not under a parameter-server strategy (its distribute_strategy is "

@@ -17,9 +17,11 @@ from kerasdist.checkpoint import (
     as_manager,
     manager_of,
 )
+from kerasdist.checkpoint.callback import refuse_backup_and_restore
+from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
+from kerasdist.monitoring import chief_writes_only, tensorboard_dir_of
 from kerasdist.step_guard import check_step_functions
-from kerasdist.strategy import run_context
 from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.training.resume_point import (
     EpochData,
@@ -82,8 +84,13 @@ def resume_fit(
         A `History` whose `history` and `epoch` cover all epochs, earlier runs included.
     """
     check_total_epochs(epochs)
+    callbacks = list(callbacks or [])
+    for index, callback in enumerate(callbacks):
+        refuse_backup_and_restore(callback, index)
     checkpoint = _checkpoint_of(model, checkpoint)
-    context = run_context(model.distribute_strategy)
+    context = context_of(model.distribute_strategy)
+    callbacks = chief_writes_only(callbacks, context)
+    checkpoint.tensorboard_dir = tensorboard_dir_of(callbacks) if context.is_chief else None
     check_step_functions(model, context.strategy)
     if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
@@ -143,13 +150,14 @@ def _epochs_of_planned(data: Any) -> Any:
 def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, validation_data,
                    validation_steps, verbose) -> keras.callbacks.History:
     """resume_fit under a parameter-server strategy: ps_fit, resumed at the checkpoint's epoch."""
-    if checkpoint.every_steps is not None:
-        raise ValueError(
-            "checkpoint: every_steps is not supported with parameter-server training (steps run "
-            "asynchronously on the workers, so there is no consistent state between epoch ends); "
-            "use checkpoint_callback(..., every_steps=None) and a smaller steps_per_epoch to save "
-            "more often."
-        )
+    for name in ("every_steps", "every_seconds"):
+        if getattr(checkpoint, name) is not None:
+            raise ValueError(
+                f"checkpoint: {name} is not supported with parameter-server training (steps run "
+                "asynchronously on the workers, so there is no consistent state between epoch ends); "
+                f"use checkpoint_callback(..., {name}=None) and a smaller steps_per_epoch to save "
+                "more often."
+            )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
     epoch, skip = start.epoch, start.skip

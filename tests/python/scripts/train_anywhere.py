@@ -3,6 +3,7 @@
 usage: train_anywhere.py CHECKPOINT_DIR OUT.npz [--strategy auto|default|mirrored] [--devices N]
                          [--batch-size 32] [--epochs 2] [--every-steps 1]
                          [--kill-at-step S] [--kill-task TASK] [--kill-signal KILL|TERM]
+                         [--pause-before-kill SECONDS]
                          [--api distributed_fit|resume_fit]
 distributed_fit on 320 samples (a Dense model, global batch 32: 10 steps an epoch), a checkpoint
 every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; under the launcher
@@ -10,7 +11,7 @@ every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; un
 run through make_or_restore_model + make_dataset + resume_fit.
 Prints "step G" after every optimizer step (flushed).
 `--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (its
-background write done; on the
+background write done; `--pause-before-kill` seconds later, so the run log's heartbeat has step S; on the
 launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given); comma lists
 (`--kill-at-step 3,9 --kill-task worker:0,worker:1`) kill on attempt k at the k-th step and task. The chief
 (or the only process) writes its final weights to OUT.npz, any other worker to OUT-<task>.npz.
@@ -20,6 +21,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -28,7 +30,7 @@ import numpy as np  # noqa: E402
 
 import kerasdist  # noqa: E402
 from kerasdist.checkpoint import background  # noqa: E402
-from kerasdist.strategy import run_context  # noqa: E402
+from kerasdist.context import run_context  # noqa: E402
 from kerasdist.training.resume_point import EpochRange  # noqa: E402
 
 SEED = 2026
@@ -43,15 +45,16 @@ def build_model():
 
 
 class PrintAndKill(keras.callbacks.Callback):
-    def __init__(self, kill_at: int | None, sig: int):
+    def __init__(self, kill_at: int | None, sig: int, pause: float = 0.0):
         super().__init__()
-        self.kill_at, self.sig = kill_at, sig
+        self.kill_at, self.sig, self.pause = kill_at, sig, pause
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
         print(f"step {step}", flush=True)
         if self.kill_at is not None and step >= self.kill_at:
             self.kill_at = None
+            time.sleep(self.pause)
             background.wait_for_all()  # "once step S is checkpointed": its background write done
             os.kill(os.getpid(), self.sig)
 
@@ -68,6 +71,7 @@ def main():
     parser.add_argument("--kill-at-step")
     parser.add_argument("--kill-task")
     parser.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM"])
+    parser.add_argument("--pause-before-kill", type=float, default=0.0)
     parser.add_argument("--api", default="distributed_fit", choices=["distributed_fit", "resume_fit"])
     args = parser.parse_args()
     if args.devices > 1:
@@ -86,7 +90,7 @@ def main():
     steps = [int(s) for s in args.kill_at_step.split(",")] if args.kill_at_step else []
     tasks = args.kill_task.split(",") if args.kill_task else [None] * len(steps)
     kill = steps[attempt] if attempt < len(steps) and tasks[attempt] in (None, context.task) else None
-    callbacks = [PrintAndKill(kill, getattr(signal, f"SIG{args.kill_signal}"))]
+    callbacks = [PrintAndKill(kill, getattr(signal, f"SIG{args.kill_signal}"), args.pause_before_kill)]
     if args.api == "distributed_fit":
         model = kerasdist.distributed_fit(
             build_model, x, y, epochs=args.epochs, checkpoint_dir=args.checkpoint_dir, strategy=strategy,

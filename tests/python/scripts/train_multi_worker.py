@@ -2,11 +2,14 @@
 
 usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
                              [--epochs E] [--die-at-step S] [--per-worker-dir] [--load-only]
+                             [--monitor DIR]
 Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
 patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
 worker 1 kills itself with SIGKILL after that step on the launcher's first attempt. With
 --per-worker-dir each worker uses DIR/worker-<index>, as hosts that share no disk would; with
---load-only the model is loaded from the checkpoint (no build_fn).
+--load-only the model is loaded from the checkpoint (no build_fn). With --monitor, a CSVLogger
+(DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes DIR/notes.txt through
+chief_path and prints run_context() as seen outside the strategy's scope.
 """
 
 import argparse
@@ -60,6 +63,7 @@ def main():
     parser.add_argument("--die-at-step", type=int)
     parser.add_argument("--per-worker-dir", action="store_true")
     parser.add_argument("--load-only", action="store_true")
+    parser.add_argument("--monitor")
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
@@ -78,6 +82,16 @@ def main():
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
         if args.die_at_step and first_attempt and description.task == "worker:1":
             callbacks.append(DieAtStep(args.die_at_step))
+        if args.monitor:
+            callbacks += [keras.callbacks.CSVLogger(os.path.join(args.monitor, "log.csv")),
+                          keras.callbacks.TensorBoard(os.path.join(args.monitor, "tb"))]
+            notes = kerasdist.chief_path(os.path.join(args.monitor, "notes.txt"))
+            os.makedirs(os.path.dirname(notes), exist_ok=True)
+            with open(notes, "w") as file:
+                file.write(description.task)
+            outside = kerasdist.run_context()
+            print(json.dumps({"outside_scope": [outside.is_chief, outside.num_workers, outside.task],
+                              "notes": notes}), flush=True)
         checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=100)
         history = kerasdist.resume_fit(model, data(), args.epochs, checkpoint, callbacks=callbacks, verbose=0)
     else:

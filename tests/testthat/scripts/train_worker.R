@@ -29,8 +29,13 @@ dataset <- tf$data$Dataset$from_tensor_slices(reticulate::tuple(
 with(strategy$scope(), {
   model <- make_or_restore_model(checkpoint_dir, build_model)
 })
-history <- resume_fit(model, dataset, 2L, checkpoint_callback(checkpoint_dir), verbose = 0L)
+outside <- run_context()  # outside the scope: this process's place in the cluster
+notes <- chief_path(file.path(dirname(out_prefix), "notes.txt"))
+writeLines(description$task, notes)
+history <- resume_fit(model, dataset, 2L, checkpoint_callback(checkpoint_dir), verbose = 0L,
+                      callbacks = list(callback_csv_logger(file.path(dirname(out_prefix), "log.csv"))))
 weights <- unlist(lapply(get_weights(model), as.numeric))
 task <- gsub(":", "-", description$task)
 writeLines(format(weights, digits = 17), paste0(out_prefix, "-", task, ".txt"))
 cat(sprintf("%s trained %d epochs, chief: %s\n", description$task, length(history$metrics$loss), description$is_chief))
+writeLines(c(outside$task, outside$is_chief, outside$num_workers, notes), paste0(out_prefix, "-", task, "-outside.txt"))

@@ -21,6 +21,7 @@ from kerasdist.checkpoint.layout import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
     REPLACED_MARK,
+    RUNS_FOLDER,
     TEMP_PREFIX,
     entry_name,
 )
@@ -136,6 +137,23 @@ class LocalStore:
             shutil.rmtree(temp, ignore_errors=True)
             removed.append(str(temp))
         return removed
+
+    # -- the run log -----------------------------------------------------------------------
+    def write_run_file(self, name: str, data: bytes) -> None:
+        """Replace `runs/<name>` by a rename; not fsynced: the log is no checkpoint, and a host
+        crash that loses its last lines loses no training."""
+        folder = self.directory / RUNS_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        temp = folder / f".{name}.{os.getpid()}.tmp"
+        temp.write_bytes(data)
+        os.replace(temp, folder / name)
+
+    def run_files(self) -> dict[str, bytes]:
+        folder = self.directory / RUNS_FOLDER
+        if not folder.is_dir():
+            return {}
+        return {path.name: path.read_bytes() for path in sorted(folder.iterdir())
+                if path.is_file() and not path.name.startswith(".")}
 
 
 def _rename_into_place(temp: Path, final: Path) -> None:

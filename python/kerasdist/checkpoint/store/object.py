@@ -26,6 +26,7 @@ from kerasdist.checkpoint.checksums import Content, checksum_of_stream
 from kerasdist.checkpoint.layout import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
+    RUNS_FOLDER,
     SAVED_AGAIN_MARK,
     TEMP_PREFIX,
     entry_name,
@@ -267,6 +268,18 @@ class ObjectStore:
                 self.remove(name)
                 removed.append(self.path_of(name))
         return removed
+
+    # -- the run log -----------------------------------------------------------------------
+    def write_run_file(self, name: str, data: bytes) -> None:
+        """Upload `runs/<name>` (an upload replaces an object whole)."""
+        self.fs.pipe_file(f"{self.root}/{RUNS_FOLDER}/{name}", data)
+
+    def run_files(self) -> dict[str, bytes]:
+        files = {}
+        for item in self._listing(f"{self.root}/{RUNS_FOLDER}"):
+            if item.get("type") == "file":
+                files[item["name"].rsplit("/", 1)[-1]] = self.fs.cat_file(item["name"])
+        return dict(sorted(files.items()))
 
 
 def _filesystem_class(scheme: str) -> type:

@@ -74,6 +74,12 @@ class Store(Protocol):
     def remove_temporary(self) -> list[str]:
         """Delete what interrupted saves left; returns the paths removed."""
 
+    def write_run_file(self, name: str, data: bytes) -> None:
+        """Replace one file of the run log (`runs/<name>`, see `run_log.py`) whole, atomically."""
+
+    def run_files(self) -> dict[str, bytes]:
+        """The run log's files (`runs/`), name -> contents, sorted by name."""
+
 
 def marker_last(files: Mapping[str, Content]) -> Iterator[str]:
     """The names of `files` in the order a commit writes them: the commit marker last."""

@@ -1,0 +1,91 @@
+#' Where a run's time went: goodput, and what failures cost
+#'
+#' Reads the run log the chief of every kerasdist trainer writes beside the
+#' checkpoints (`runs/` in the checkpoint directory or bucket) and splits the
+#' wall time from the run's first start to its end: productive training,
+#' start-up (R, Python, TensorFlow, the cluster, the model, the first step),
+#' restore, checkpoint blocking (training waiting in saves), redone work (steps
+#' trained again because a failure came after the last checkpoint), evaluation,
+#' other (after training) and downtime (no process running, e.g. a requeued
+#' job waiting in the queue). Goodput is productive time over wall time.
+#'
+#' @inheritParams make_or_restore_model
+#' @returns A data frame with one row per part (`part`, `seconds`, `share` of
+#'   the wall time), of class `kerasdist_goodput` (its print shows the whole
+#'   report), with attributes `goodput`, `goodput_excluding_downtime`,
+#'   `wall_seconds`, `redone_steps`, `failures`, `save_cost_seconds`,
+#'   `mean_time_between_failures`, `suggested_interval_seconds` (the
+#'   checkpoint interval that loses least by Young/Daly, `sqrt(2 x save cost x
+#'   mean time between failures)`, `NA` without failures) and `attempts` (a
+#'   data frame: one row per start of the chief's process, with its `status`:
+#'   `"completed"`, `"preempted"` or `"killed or crashed"`). An error if the
+#'   directory holds no run log.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.goodput()`; the shell: `kerasdist goodput DIR`.
+#' @examplesIf !is.null(kerasdist_python())
+#' dir <- file.path(tempdir(), "example-goodput")
+#' x <- matrix(seq_len(64) / 64, ncol = 4)
+#' distributed_fit(function() {
+#'   keras3::keras_model_sequential(input_shape = 4) |> keras3::layer_dense(1) |>
+#'     keras3::compile(optimizer = "adam", loss = "mse")
+#' }, x, rowSums(x), epochs = 2, checkpoint_dir = dir, batch_size = 8, strategy = "default", verbose = 0)
+#' report <- goodput(dir)
+#' report
+#' attr(report, "goodput")
+#' @export
+goodput <- function(checkpoint_dir, storage_options = NULL) {
+  report <- call_python(kerasdist_module()$goodput, checkpoint_dir, storage_options = storage_options)
+  frame <- rows_to_data_frame(report$rows(), list(part = NA_character_, seconds = NA_real_, share = NA_real_))
+  attempts <- lapply(report$attempts, function(a) {
+    list(name = a$name, started = a$started, ended = a$ended, status = a$status,
+         restored_step = a$restored_step, last_step = a$last_step, saves = a$saves)
+  })
+  number <- function(value) if (is.null(value)) NA_real_ else as.numeric(value)
+  structure(
+    frame,
+    class = c("kerasdist_goodput", "data.frame"),
+    goodput = report$goodput,
+    goodput_excluding_downtime = report$goodput_excluding_downtime,
+    wall_seconds = report$wall_seconds,
+    redone_steps = as.integer(report$redone_steps),
+    failures = as.integer(report$failures),
+    save_cost_seconds = number(report$save_cost_seconds),
+    mean_time_between_failures = number(report$mean_time_between_failures),
+    suggested_interval_seconds = number(report$suggested_interval_seconds),
+    attempts = rows_to_data_frame(attempts, list(
+      name = NA_character_, started = as.POSIXct(NA, tz = "UTC"), ended = as.POSIXct(NA, tz = "UTC"),
+      status = NA_character_, restored_step = NA_integer_, last_step = NA_integer_, saves = NA_integer_
+    )),
+    report = report
+  )
+}
+
+#' @export
+print.kerasdist_goodput <- function(x, ...) {
+  cat(reticulate::py_str(attr(x, "report")), "\n", sep = "")
+  invisible(x)
+}
+
+#' Draw a run's timeline, failures marked
+#'
+#' One bar per start of the chief's process, its parts coloured (start-up,
+#' restore, productive, checkpoint blocking, evaluation, redone), each failure
+#' marked, the gaps between bars the downtime; the title gives the goodput.
+#'
+#' @param report What [goodput()] returned.
+#' @param path Where to write the PNG.
+#' @returns `path`, invisibly.
+#' @family checkpoint
+#' @seealso Python: `kerasdist.plot_goodput()`; the shell: `kerasdist goodput DIR --plot PNG`.
+#' @examples
+#' \dontrun{
+#' plot_goodput(goodput("checkpoints"), "timeline.png")
+#' }
+#' @export
+plot_goodput <- function(report, path) {
+  if (!inherits(report, "kerasdist_goodput")) {
+    kerasdist_abort("report must be what goodput() returned (a kerasdist_goodput data frame).", call = sys.call())
+  }
+  call_python(kerasdist_module()$plot_goodput, attr(report, "report"), path.expand(path))
+  invisible(path)
+}

@@ -1,0 +1,285 @@
+"""What failures cost: `goodput()` reads the run log a checkpoint directory holds (`checkpoint/run_log.py`)
+and splits the wall time of every process start of the run into productive training and what was lost.
+
+Each attempt (a start of the chief's process) runs from its process start to its last sign of life
+(its exit, its end of training, or the last step its heartbeat wrote). Within it:
+- start-up: from the process start to the first training step, less the restore (Python and
+  TensorFlow, the cluster forming, the model and dataset built, the first step's tracing);
+- restore: reading the checkpoint it resumed from;
+- checkpoint blocking: the seconds the training thread waited in saves;
+- evaluation: validation during fit;
+- redone: training whose steps the next attempt trained again, because they came after the last
+  checkpoint the attempt committed (its steps past the next attempt's restored step, at the
+  attempt's own pace);
+- productive: the rest of the time between the first step and the end of training;
+- other: after training ended (evaluation or prediction after fit, shutting down).
+Between attempts, downtime: no process of the run was running (a requeue waiting in the
+scheduler's queue, a person restarting it). Goodput is productive time over the wall time from
+the first start to the last end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX
+from kerasdist.checkpoint.store import open_store
+
+PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "other", "downtime")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the chief's process, as its run log tells it.
+
+    Attributes:
+        name: the log's name (`<start time>-<host>-<pid>`).
+        started, ended: Unix times of the process start and of its last sign of life.
+        status: "completed", "preempted" (saved and exited 75), or "killed or crashed" (the log
+            just stops: SIGKILL, a lost host, an error).
+        restored_step: the step it resumed from (0: from scratch); last_step: the last step it
+            trained (as far as its log knows, to about one heartbeat).
+        saves: checkpoints it committed; seconds: this attempt's share of each part.
+    """
+
+    name: str
+    started: float
+    ended: float
+    status: str
+    restored_step: int
+    first_step_at: float | None
+    last_step: int
+    saves: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    """`goodput()`'s answer.
+
+    Attributes:
+        checkpoint_dir: where the log was read.
+        wall_seconds: from the first process start to the last sign of life.
+        seconds: wall time split into `PARTS` (productive, startup, restore, checkpoint_blocking,
+            redone, evaluation, other, downtime); they add up to `wall_seconds`.
+        goodput: productive / wall; goodput_excluding_downtime: productive / (wall - downtime).
+        redone_steps: steps trained twice.
+        failures: attempts that ended without completing (killed, crashed or preempted) and were
+            followed by another.
+        save_cost_seconds: mean seconds a save blocked training; None without saves.
+        mean_time_between_failures: running seconds (wall - downtime) per failure; None without.
+        suggested_interval_seconds: the checkpoint interval that loses least time by Young/Daly,
+            sqrt(2 x save cost x mean time between failures); None without failures or saves.
+        mean_save_interval_seconds: seconds of training between this run's saves; None without.
+        attempts: each attempt, oldest first.
+    """
+
+    checkpoint_dir: str
+    wall_seconds: float
+    seconds: dict[str, float]
+    goodput: float
+    goodput_excluding_downtime: float
+    redone_steps: int
+    failures: int
+    save_cost_seconds: float | None
+    mean_time_between_failures: float | None
+    suggested_interval_seconds: float | None
+    mean_save_interval_seconds: float | None
+    attempts: list[Attempt]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per part: part, seconds, share of the wall time."""
+        wall = self.wall_seconds or 1.0
+        return [{"part": part, "seconds": round(self.seconds[part], 3), "share": round(self.seconds[part] / wall, 4)}
+                for part in PARTS]
+
+    def __str__(self) -> str:
+        lines = [f"{self.checkpoint_dir}: {len(self.attempts)} attempt(s), {self.failures} failure(s), "
+                 f"wall {self.wall_seconds:.1f} s, goodput {self.goodput:.1%} "
+                 f"({self.goodput_excluding_downtime:.1%} without downtime)"]
+        lines += [f"  {row['part']:<20} {row['seconds']:>10.1f} s  {row['share']:>6.1%}" for row in self.rows()]
+        lines.append(f"  redone steps: {self.redone_steps}")
+        if self.suggested_interval_seconds is not None:
+            now = (f"; this run saved every {_seconds(self.mean_save_interval_seconds)}"
+                   if self.mean_save_interval_seconds is not None else "")
+            lines.append(f"  checkpoint interval that loses least (Young/Daly, save cost "
+                         f"{self.save_cost_seconds:.2f} s, a failure every "
+                         f"{_seconds(self.mean_time_between_failures)}): "
+                         f"{_seconds(self.suggested_interval_seconds)}{now}")
+        else:
+            lines.append("  checkpoint interval: no failure (or no save) observed, nothing to suggest")
+        return "\n".join(lines)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+def goodput(checkpoint_dir: str | os.PathLike[str], *,
+            storage_options: Mapping[str, Any] | None = None) -> GoodputReport:
+    """What the run in `checkpoint_dir` spent its time on, from the run log the chief writes there
+    (every trainer writes it: `distributed_fit`, `resume_fit`, `custom_fit`, `ps_fit`).
+
+    Args:
+        checkpoint_dir: the run's checkpoint directory or URL (`s3://...`, `gs://...`).
+        storage_options: options for an object store's filesystem, as for checkpoints.
+
+    Returns:
+        a `GoodputReport`: the wall time split into parts (see the module docstring), goodput,
+        redone steps, failures and the Young/Daly checkpoint interval; `print()` shows it.
+
+    Raises:
+        ValueError: `checkpoint_dir` holds no run log (no kerasdist training ran there).
+    """
+    store = open_store(checkpoint_dir, storage_options)
+    attempts = _read_attempts(store.run_files())
+    if not attempts:
+        raise ValueError(f"checkpoint_dir {store.location!r} holds no run log (runs/*.jsonl): no kerasdist "
+                         "trainer has run there (the chief of each writes one).")
+    return _report(store.location, attempts)
+
+
+def _read_attempts(files: Mapping[str, bytes]) -> list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]:
+    attempts = []
+    for name, data in files.items():
+        if not name.endswith(RUN_LOG_SUFFIX):
+            continue
+        attempt = name[: -len(RUN_LOG_SUFFIX)]
+        events = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+        step_file = files.get(attempt + RUN_STEP_SUFFIX)
+        heartbeat = json.loads(step_file) if step_file else None
+        if events:
+            attempts.append((attempt, events, heartbeat))
+    return sorted(attempts, key=lambda item: item[1][0]["t"])
+
+
+def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]) -> GoodputReport:
+    restored_steps = [_restored_step(events) for _, events, _ in logs]
+    attempts = []
+    for index, (name, events, heartbeat) in enumerate(logs):
+        next_restored = restored_steps[index + 1] if index + 1 < len(logs) else None
+        attempts.append(_attempt(name, events, heartbeat, restored_steps[index], next_restored))
+    seconds = {part: sum(a.seconds.get(part, 0.0) for a in attempts) for part in PARTS}
+    pairs = zip(attempts, attempts[1:], strict=False)
+    seconds["downtime"] = sum(max(0.0, later.started - earlier.ended) for earlier, later in pairs)
+    wall = attempts[-1].ended - attempts[0].started
+    seconds["other"] += wall - sum(seconds.values())  # overlap or rounding: other absorbs it
+    failures = sum(1 for a in attempts[:-1] if a.status != "completed")
+    running = wall - seconds["downtime"]
+    blocked = [float(e["blocked"]) for _, events, _ in logs for e in events if e["event"] == "save"]
+    save_cost = sum(blocked) / len(blocked) if blocked else None
+    mtbf = running / failures if failures else None
+    trained = seconds["productive"] + seconds["redone"] + seconds["checkpoint_blocking"]
+    return GoodputReport(
+        checkpoint_dir=location,
+        wall_seconds=wall,
+        seconds=seconds,
+        goodput=seconds["productive"] / wall if wall > 0 else 0.0,
+        goodput_excluding_downtime=seconds["productive"] / running if running > 0 else 0.0,
+        redone_steps=sum(_redone_steps_of(a.last_step, restored)
+                         for a, restored in zip(attempts, [*restored_steps[1:], None], strict=True)),
+        failures=failures,
+        save_cost_seconds=save_cost,
+        mean_time_between_failures=mtbf,
+        suggested_interval_seconds=math.sqrt(2 * save_cost * mtbf) if save_cost and mtbf else None,
+        mean_save_interval_seconds=trained / len(blocked) if blocked else None,
+        attempts=attempts,
+    )
+
+
+def _restored_step(events: list[dict[str, Any]]) -> int:
+    restored = [e for e in events if e["event"] == "restored"]
+    if restored:
+        return int(restored[0].get("step") or 0)
+    begins = [e for e in events if e["event"] == "train_begin"]
+    return int(begins[0]["step"]) if begins else 0
+
+
+def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] | None,
+             restored_step: int, next_restored: int | None) -> Attempt:
+    started = float(events[0]["t"])
+    ended = max([float(e["t"]) for e in events] + ([float(heartbeat["t"])] if heartbeat else []))
+    steps = [int(e["step"]) for e in events if "step" in e and e["event"] != "restored"]
+    last_step = max(steps + ([int(heartbeat["step"])] if heartbeat else []), default=restored_step)
+    first_step_at = next((float(e["t"]) for e in events if e["event"] == "first_step"), None)
+    ends = [e for e in events if e["event"] == "train_end"]
+    status = ends[-1]["status"] if ends and events[-1]["event"] in ("train_end", "exit") else "killed or crashed"
+    part = dict.fromkeys(PARTS, 0.0)
+    part["restore"] = sum(float(e["seconds"]) for e in events if e["event"] == "restored")
+    part["checkpoint_blocking"] = sum(float(e["blocked"]) for e in events if e["event"] == "save")
+    part["evaluation"] = sum(float(e["seconds"]) for e in events if e["event"] == "eval")
+    training = _training_seconds(events, ended)
+    if first_step_at is None:
+        part["startup"] = ended - started - part["restore"]
+    else:
+        part["startup"] = max(0.0, first_step_at - started - part["restore"])
+    stepping = max(0.0, training - part["checkpoint_blocking"] - part["evaluation"])
+    trained_steps = last_step - restored_step
+    redone = _redone_steps_of(last_step, next_restored)
+    part["redone"] = min(stepping, stepping * redone / trained_steps) if trained_steps > 0 else 0.0
+    part["productive"] = stepping - part["redone"]
+    part["other"] = (ended - started) - sum(part.values())
+    return Attempt(name=name, started=started, ended=ended, status=status, restored_step=restored_step,
+                   first_step_at=first_step_at, last_step=last_step,
+                   saves=sum(1 for e in events if e["event"] == "committed"), seconds=part)
+
+
+def _redone_steps_of(last_step: int, next_restored: int | None) -> int:
+    return max(0, last_step - next_restored) if next_restored is not None else 0
+
+
+def _training_seconds(events: list[dict[str, Any]], ended: float) -> float:
+    """Seconds between each first step and its end of training (or the attempt's end)."""
+    total, since = 0.0, None
+    for event in events:
+        if event["event"] == "first_step":
+            since = float(event["t"])
+        elif event["event"] == "train_end" and since is not None:
+            total += float(event["t"]) - since
+            since = None
+    return total + (ended - since if since is not None else 0.0)
+
+
+def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
+    """Draw the run's timeline into a PNG: one bar per attempt, its parts coloured, each
+    failure marked, downtime as the gaps (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"startup": "#bbbbbb", "restore": "#f0a030", "productive": "#4caf50", "redone": "#e53935",
+               "checkpoint_blocking": "#7e57c2", "evaluation": "#42a5f5", "other": "#eeeeee"}
+    origin = report.attempts[0].started
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.5 * len(report.attempts)))
+    labelled: set[str] = set()
+    for row, attempt in enumerate(report.attempts):
+        left = attempt.started - origin
+        for part in ("startup", "restore", "productive", "checkpoint_blocking", "evaluation", "redone", "other"):
+            width = attempt.seconds.get(part, 0.0)
+            if width > 0:
+                ax.barh(row, width, left=left, color=colours[part], edgecolor="none",
+                        label=None if part in labelled else part.replace("_", " "))
+                labelled.add(part)
+                left += width
+        if attempt.status != "completed":
+            ax.plot(attempt.ended - origin, row, marker="X", color="black", markersize=10)
+            ax.annotate(attempt.status, (attempt.ended - origin, row), textcoords="offset points",
+                        xytext=(6, 6), fontsize=8)
+    ax.set_yticks(range(len(report.attempts)), [f"attempt {i + 1}" for i in range(len(report.attempts))])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first start")
+    ax.set_title(f"goodput {report.goodput:.1%} ({report.goodput_excluding_downtime:.1%} without downtime), "
+                 f"{report.failures} failure(s), {report.redone_steps} steps redone")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,209 @@
+"""The run log (checkpoint/run_log.py), goodput() and `kerasdist goodput` on runs whose losses are
+known, and time-based checkpoints (every_seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kerasdist
+import kerasdist_cli
+from kerasdist.checkpoint.run_log import RunLogWarning, process_started_at
+from kerasdist.goodput import PARTS
+
+ROOT = Path(__file__).resolve().parents[2]
+ANYWHERE = ROOT / "tests" / "python" / "scripts" / "train_anywhere.py"
+
+
+def write_log(directory: Path, name: str, events: list[dict], heartbeat: dict | None = None) -> None:
+    runs = directory / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if heartbeat:
+        (runs / f"{name}.step").write_text(json.dumps(heartbeat))
+
+
+def test_the_report_splits_a_known_log_into_its_parts(tmp_path):
+    # attempt 1: killed at step 7 (its heartbeat's last word), 3 steps after its step-4 checkpoint;
+    # 10 s of downtime; attempt 2 restores step 4 and completes at step 20.
+    write_log(tmp_path, "a1", [
+        {"event": "start", "t": 0.0}, {"event": "ready", "t": 5.0},
+        {"event": "restored", "t": 6.0, "seconds": 1.0, "checkpoint": None, "step": 0},
+        {"event": "train_begin", "t": 6.0, "step": 0}, {"event": "first_step", "t": 10.0, "step": 1},
+        {"event": "save", "t": 15.0, "step": 4, "blocked": 0.5},
+        {"event": "committed", "t": 15.2, "step": 4, "checkpoint": "ckpt-4", "write": 0.4, "bytes": 10},
+        {"event": "eval", "t": 20.0, "seconds": 1.0},
+    ], heartbeat={"t": 30.0, "step": 7})
+    write_log(tmp_path, "a2", [
+        {"event": "start", "t": 40.0},
+        {"event": "restored", "t": 46.0, "seconds": 2.0, "checkpoint": "ckpt-4", "step": 4},
+        {"event": "train_begin", "t": 46.0, "step": 4}, {"event": "first_step", "t": 50.0, "step": 5},
+        {"event": "save", "t": 60.0, "step": 12, "blocked": 1.5},
+        {"event": "train_end", "t": 70.0, "step": 20, "status": "completed"}, {"event": "exit", "t": 71.0},
+    ])
+    report = kerasdist.goodput(tmp_path)
+    assert [a.status for a in report.attempts] == ["killed or crashed", "completed"]
+    assert [a.restored_step for a in report.attempts] == [0, 4] and report.attempts[0].last_step == 7
+    assert report.redone_steps == 3 and report.failures == 1
+    assert report.wall_seconds == pytest.approx(71.0)
+    seconds = report.seconds
+    assert seconds["downtime"] == pytest.approx(10.0)
+    assert seconds["restore"] == pytest.approx(3.0)
+    assert seconds["startup"] == pytest.approx((10 - 0 - 1) + (50 - 40 - 2))
+    assert seconds["checkpoint_blocking"] == pytest.approx(2.0) and seconds["evaluation"] == pytest.approx(1.0)
+    stepping_1 = (30 - 10) - 0.5 - 1.0  # attempt 1's training between its first step and its end
+    assert seconds["redone"] == pytest.approx(stepping_1 * 3 / 7)
+    assert seconds["productive"] == pytest.approx(stepping_1 * 4 / 7 + (70 - 50) - 1.5)
+    assert seconds["other"] == pytest.approx(1.0)  # attempt 2's exit after its end of training
+    assert sum(seconds.values()) == pytest.approx(report.wall_seconds)
+    assert report.goodput == pytest.approx(seconds["productive"] / 71.0)
+    assert report.goodput_excluding_downtime == pytest.approx(seconds["productive"] / 61.0)
+    assert report.save_cost_seconds == pytest.approx(1.0)
+    assert report.mean_time_between_failures == pytest.approx(61.0)
+    assert report.suggested_interval_seconds == pytest.approx(math.sqrt(2 * 1.0 * 61.0))
+    assert [row["part"] for row in report.rows()] == list(PARTS)
+    assert "goodput" in str(report) and "Young/Daly" in str(report)
+
+
+def test_a_directory_without_a_run_log_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="holds no run log"):
+        kerasdist.goodput(tmp_path)
+    assert kerasdist_cli.main(["goodput", str(tmp_path)]) == 2
+    with pytest.raises(ValueError, match="checkpoint_dir must be"):
+        kerasdist.goodput(42)
+
+
+def test_the_process_start_time_comes_from_the_system_not_the_import():
+    started = process_started_at()
+    listed = subprocess.run(["ps", "-o", "etimes=", "-p", str(os.getpid())],
+                            capture_output=True, text=True, check=True).stdout
+    assert abs((time.time() - started) - int(listed)) <= 2.0
+
+
+def run_anywhere(ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ANYWHERE), str(ckpt), str(out), "--strategy", "default",
+                           "--every-steps", "4", *extra], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_a_killed_a_preempted_and_a_completed_run_report_their_known_losses(tmp_path, capsys):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    killed = run_anywhere(ckpt, out, "--kill-at-step", "7", "--pause-before-kill", "1.5")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    time.sleep(3.0)  # nothing runs: downtime
+    preempted = run_anywhere(ckpt, out, "--kill-at-step", "13", "--kill-signal", "TERM")
+    assert preempted.returncode == kerasdist.PREEMPTED_EXIT_CODE, preempted.stderr[-2000:]
+    completed = run_anywhere(ckpt, out)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+
+    report = kerasdist.goodput(ckpt)
+    attempts = report.attempts
+    assert [a.status for a in attempts] == ["killed or crashed", "preempted", "completed"]
+    assert attempts[0].last_step == 7 and attempts[1].restored_step == 4  # killed at k=7 after c=4
+    assert attempts[2].restored_step == attempts[1].last_step == 14  # saved where it stopped
+    assert report.redone_steps == 7 - 4 and report.failures == 2
+    assert report.seconds["downtime"] >= 3.0
+    assert all(a.seconds["startup"] > 0 and a.first_step_at is not None for a in attempts)
+    assert report.seconds["restore"] > 0 and report.seconds["productive"] > 0
+    assert sum(report.seconds.values()) == pytest.approx(report.wall_seconds)
+    assert 0 < report.goodput < report.goodput_excluding_downtime < 1
+    assert report.suggested_interval_seconds == pytest.approx(
+        math.sqrt(2 * report.save_cost_seconds * report.mean_time_between_failures))
+    steps_of_saves = [a.saves for a in attempts]
+    assert steps_of_saves[0] >= 1 and steps_of_saves[2] >= 2
+
+    png = tmp_path / "timeline.png"
+    assert kerasdist_cli.main(["goodput", str(ckpt), "--json", "--plot", str(png)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["redone_steps"] == 3 and len(printed["attempts"]) == 3
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert kerasdist_cli.main(["goodput", str(ckpt)]) == 0
+    assert "3 attempt(s), 2 failure(s)" in capsys.readouterr().out
+
+
+def small_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(320, 4)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def build_small():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+class SlowBatches(keras.callbacks.Callback):
+    """Sleeps before the given batches (0-based, of the epoch), so time-based saves come due."""
+
+    def __init__(self, batches, seconds):
+        super().__init__()
+        self.batches, self.seconds = set(batches), seconds
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch in self.batches:
+            time.sleep(self.seconds)
+
+
+def events_of(checkpoint_dir: Path) -> list[dict]:
+    logs = sorted((checkpoint_dir / "runs").glob("*.jsonl"))
+    return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+
+
+def test_every_seconds_saves_when_that_long_has_passed_and_resumes_like_step_saves(tmp_path):
+    x, y = small_data()
+    ckpt = tmp_path / "ckpt"
+    kerasdist.distributed_fit(build_small, x, y, epochs=1, checkpoint_dir=ckpt, strategy="default",
+                              batch_size=32, every_seconds=1.0, keep=20, steps_per_execution=1,
+                              callbacks=[SlowBatches([3, 8], 1.2)], verbose=0)
+    saves = [e for e in events_of(ckpt) if e["event"] == "save"]
+    steps = [e["step"] for e in saves]
+    assert {4, 9} <= set(steps) and steps[-1] == 10  # after each slow batch, and the epoch end
+    begin = next(e["t"] for e in events_of(ckpt) if e["event"] == "train_begin")
+    times = [begin] + [e["t"] - e["blocked"] for e in saves]
+    assert all(later - earlier >= 1.0 - 0.05 for earlier, later in zip(times, times[1:-1], strict=False)), times
+    table = {row["global_step"]: row for row in kerasdist.checkpoint_table(ckpt)}
+    assert table[4]["epoch"] == 0 and table[4]["step_in_epoch"] == 4  # a step checkpoint, as every_steps writes
+
+    # the mid-epoch checkpoint resumes like a step-based one: the run continues at step 10 of 20
+    for entry in ckpt.glob("ckpt-1?"):
+        shutil.rmtree(entry)
+    assert kerasdist.latest_checkpoint(ckpt).global_step == 9
+    history = kerasdist.distributed_fit(build_small, x, y, epochs=2, checkpoint_dir=ckpt, strategy="default",
+                                        batch_size=32, every_seconds=3600, steps_per_execution=1, verbose=0)
+    assert int(history.model.optimizer.iterations.numpy()) == 20
+    resumed = [e for e in events_of(ckpt) if e["event"] == "restored"][-1]
+    assert resumed["checkpoint"] == "ckpt-9" and resumed["step"] == 9
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), "600", True])
+def test_a_bad_every_seconds_is_refused_before_anything_is_written(tmp_path, value):
+    x, y = small_data()
+    with pytest.raises(ValueError, match="every_seconds must be None or a positive number of seconds"):
+        kerasdist.distributed_fit(build_small, x, y, epochs=1, checkpoint_dir=tmp_path / "c", every_seconds=value)
+    with pytest.raises(ValueError, match="every_seconds must be"):
+        kerasdist.checkpoint_callback(tmp_path / "c", every_seconds=value)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_run_log_that_cannot_be_written_warns_and_training_and_checkpoints_go_on(tmp_path):
+    x, y = small_data()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "runs").write_text("a file where the log's folder would go")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kerasdist.distributed_fit(build_small, x, y, epochs=2, checkpoint_dir=ckpt, strategy="default",
+                                  batch_size=32, verbose=0)
+    assert sum(isinstance(w.message, RunLogWarning) for w in caught) == 1
+    assert kerasdist.latest_checkpoint(ckpt).global_step == 20
