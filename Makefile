@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # a mirror, e.g. KERASDIST_R_REPOS=file:///path/to/cran-mirror make test (space-separated list).
 export KERASDIST_R_REPOS ?= https://cloud.r-project.org
 
-.PHONY: demo test setup docs bench dist
+.PHONY: demo test setup docs bench dist gpu-check
 
 setup:
 	@tools/setup.sh
@@ -31,6 +31,12 @@ test: setup
 # summary.md, summary.png. `make bench BENCH="data checkpoint"` runs only those.
 bench: setup
 	@bench/run.sh $(BENCH)
+
+# The GPU check (bench/gpu_check.py): what TensorFlow sees; with GPUs, mirrored fit over all of
+# them against one and prefetch to the device; then mixed precision / XLA, background saves and the
+# advisor. Without a GPU it says so and runs the rest. bench/results/gpu_check.json.
+gpu-check: setup
+	@$(PYTHON) bench/gpu_check.py
 
 # The artifacts people install, in dist/: the Python wheel and sdist, the R source tarball.
 dist: setup

@@ -1,6 +1,7 @@
 """Preempt the Slurm recipe at random instants on a real cluster and check every job ends equal.
 
 usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [--out FILE.json]
+       python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -11,6 +12,13 @@ step, mid-epoch, during a save, in the last steps or after fit returns. Half the
 preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every task's final
 weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
 exit statuses, requeues, equal or not) and `K/N completed and bitwise equal`.
+
+--recovery N measures recovery instead (issue #33): N jobs whose worker on host 1 is SIGKILLed
+after step 8 (the recipe restarts the step inside the allocation) and N jobs preempted after step
+14 (`scancel --full --signal=TERM`: save, exit 75, requeue), each read back from the chief's run log
+(`kerasdist.goodput`): from the failed attempt's last sign of life to the first step after it, split
+into down (detection, exit, restart or requeue), Python + TensorFlow, cluster, restore and first
+step; median and max of each over the N jobs, the requeue's wait in "down" for preemptions.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -199,9 +208,68 @@ def random_instant(rng: random.Random) -> float | str:
     return "done:"
 
 
+def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: float = STEP_SECONDS) -> dict:
+    """One job failed as `kind` ("sigkill": the worker on host 1 after step 8; "preemption": the
+    whole job after step 14); its run log's recovery (`kerasdist.goodput`)."""
+    import kerasdist
+
+    run = new_run(cluster, f"recovery-{kind}-{index}")
+    job_id = submit(cluster, run, step_seconds=step_seconds)
+    cluster.wait_started(job_id)
+    if kind == "sigkill":
+        wait_for_output(cluster, job_id, r"^step 8$")
+        for pid in cluster.host_processes(1, "train.py"):
+            if "slurmstepd" not in cmdline(pid):
+                os.kill(pid, signal.SIGKILL)
+    else:
+        wait_for_output(cluster, job_id, r"^step 14$")
+        cluster.signal_job(job_id, "TERM", full=True)
+    job = cluster.wait_final(job_id, 300)
+    report = kerasdist.goodput(run.checkpoint_dir)
+    recoveries = [a.recovery for a in report.attempts if a.recovery]
+    return {"kind": kind, "index": index, "state": job.state, "restarts": job.restarts,
+            "statuses": [a.status for a in report.attempts], "recovery": recoveries[0] if recoveries else None,
+            "redone_steps": report.redone_steps, "goodput": round(report.goodput, 4)}
+
+
+def recovery_summary(trials: list[dict]) -> dict:
+    """Median and max of each recovery part, by kind of failure."""
+    from kerasdist.goodput import RECOVERY_PARTS
+
+    summary = {}
+    for kind in ("sigkill", "preemption"):
+        measured = [t["recovery"] for t in trials if t["kind"] == kind and t["recovery"]]
+        summary[kind] = {part: {"median": round(statistics.median(r[part] for r in measured), 2),
+                                "max": round(max(r[part] for r in measured), 2)}
+                         for part in (*RECOVERY_PARTS, "total")} if measured else {}
+        summary[kind]["runs"] = len(measured)
+    return summary
+
+
+def measure_recovery(args: argparse.Namespace) -> int:
+    trials = []
+    with SlurmCluster(args.hosts) as cluster:
+        for index in range(args.recovery):
+            for kind in ("sigkill", "preemption"):
+                trial = recovery_trial(cluster, index, kind)
+                trials.append(trial)
+                print(json.dumps(trial), flush=True)
+    summary = recovery_summary(trials)
+    for kind, parts in summary.items():
+        figures = [f"{part} {value['median']:.2f} s (max {value['max']:.2f})"
+                   for part, value in parts.items() if part != "runs"]
+        print(f"{kind} ({parts['runs']} runs): " + ", ".join(figures))
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load {load}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"trials": trials, "summary": summary}, indent=1))
+    return 0 if all(t["state"] == "COMPLETED" and t["recovery"] for t in trials) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--r", action="store_true", help="train.R instead of train.py")
@@ -209,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # tear the cluster down on kill too
     signal.signal(signal.SIGINT, signal.default_int_handler)  # and on Ctrl-C, also when started in the background
+    if args.recovery:
+        return measure_recovery(args)
     rng = random.Random(args.seed)
     began = time.monotonic()
     with SlurmCluster(args.hosts) as cluster:

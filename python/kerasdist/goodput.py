@@ -16,6 +16,11 @@ Each attempt (a start of the chief's process) runs from its process start to its
 Between attempts, downtime: no process of the run was running (a requeue waiting in the
 scheduler's queue, a person restarting it). Goodput is productive time over the wall time from
 the first start to the last end.
+
+The recovery of each attempt after the first, from the previous one's last sign of life to its own
+first step, splits into: down (detection, the old process's exit, the restart: no process of ours
+running), python_and_tensorflow (the new process to `import kerasdist`), cluster (to the strategy
+formed), restore, and first_step (the model and pipeline built, the first step traced and run).
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX
 from kerasdist.checkpoint.store import open_store
 
 PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "other", "downtime")
+RECOVERY_PARTS = ("down", "python_and_tensorflow", "cluster", "restore", "first_step")
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class Attempt:
         restored_step: the step it resumed from (0: from scratch); last_step: the last step it
             trained (as far as its log knows, to about one heartbeat).
         saves: checkpoints it committed; seconds: this attempt's share of each part.
+        recovery: for an attempt after the first that reached its first step, the seconds from
+            the previous attempt's last sign of life to that step, split by `RECOVERY_PARTS` (and
+            "total"); None otherwise.
     """
 
     name: str
@@ -56,6 +66,7 @@ class Attempt:
     last_step: int
     saves: int
     seconds: dict[str, float] = field(default_factory=dict)
+    recovery: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,13 @@ class GoodputReport:
                  f"({self.goodput_excluding_downtime:.1%} without downtime)"]
         lines += [f"  {row['part']:<20} {row['seconds']:>10.1f} s  {row['share']:>6.1%}" for row in self.rows()]
         lines.append(f"  redone steps: {self.redone_steps}")
+        recoveries = [a.recovery for a in self.attempts if a.recovery]
+        if recoveries:
+            totals = sorted(r["total"] for r in recoveries)
+            parts = ", ".join(f"{part} {statistics.median(r[part] for r in recoveries):.1f} s"
+                              for part in RECOVERY_PARTS)
+            lines.append(f"  recovery (last sign of life to first step): median "
+                         f"{_seconds(statistics.median(totals))}, max {_seconds(totals[-1])}; median parts: {parts}")
         if self.suggested_interval_seconds is not None:
             now = (f"; this run saved every {_seconds(self.mean_save_interval_seconds)}"
                    if self.mean_save_interval_seconds is not None else "")
@@ -163,10 +181,13 @@ def _read_attempts(files: Mapping[str, bytes]) -> list[tuple[str, list[dict[str,
 
 def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]) -> GoodputReport:
     restored_steps = [_restored_step(events) for _, events, _ in logs]
-    attempts = []
+    attempts: list[Attempt] = []
     for index, (name, events, heartbeat) in enumerate(logs):
         next_restored = restored_steps[index + 1] if index + 1 < len(logs) else None
-        attempts.append(_attempt(name, events, heartbeat, restored_steps[index], next_restored))
+        attempt = _attempt(name, events, heartbeat, restored_steps[index], next_restored)
+        if attempts and attempt.first_step_at is not None:
+            attempt = replace(attempt, recovery=_recovery(events, attempts[-1].ended, attempt))
+        attempts.append(attempt)
     seconds = {part: sum(a.seconds.get(part, 0.0) for a in attempts) for part in PARTS}
     pairs = zip(attempts, attempts[1:], strict=False)
     seconds["downtime"] = sum(max(0.0, later.started - earlier.ended) for earlier, later in pairs)
@@ -230,6 +251,21 @@ def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] 
     return Attempt(name=name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
                    saves=sum(1 for e in events if e["event"] == "committed"), seconds=part)
+
+
+def _recovery(events: list[dict[str, Any]], previous_end: float, attempt: Attempt) -> dict[str, float]:
+    """The recovery of `attempt` after the attempt that ended at `previous_end` (see the module
+    docstring); a part whose event is missing (a log of an older kerasdist) counts in the next."""
+    at = {e["event"]: float(e["t"]) for e in reversed(events)}  # each event's first time
+    restore = attempt.seconds["restore"]
+    imported = at.get("imported", attempt.started)
+    ready = max(at.get("ready", imported), imported)
+    first_step = float(attempt.first_step_at or ready)
+    parts = {"down": attempt.started - previous_end, "python_and_tensorflow": imported - attempt.started,
+             "cluster": ready - imported, "restore": restore,
+             "first_step": max(0.0, first_step - ready - restore)}
+    parts["total"] = first_step - previous_end
+    return {name: round(value, 3) for name, value in parts.items()}
 
 
 def _redone_steps_of(last_step: int, next_restored: int | None) -> int:

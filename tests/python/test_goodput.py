@@ -20,7 +20,7 @@ import pytest
 import kerasdist
 import kerasdist_cli
 from kerasdist.checkpoint.run_log import RunLogWarning, process_started_at
-from kerasdist.goodput import PARTS
+from kerasdist.goodput import PARTS, RECOVERY_PARTS
 
 ROOT = Path(__file__).resolve().parents[2]
 ANYWHERE = ROOT / "tests" / "python" / "scripts" / "train_anywhere.py"
@@ -74,6 +74,11 @@ def test_the_report_splits_a_known_log_into_its_parts(tmp_path):
     assert report.suggested_interval_seconds == pytest.approx(math.sqrt(2 * 1.0 * 61.0))
     assert [row["part"] for row in report.rows()] == list(PARTS)
     assert "goodput" in str(report) and "Young/Daly" in str(report)
+    # the recovery: attempt 1's last heartbeat (30) to attempt 2's first step (50); the log has no
+    # imported/ready events, so start-up counts in what follows
+    assert report.attempts[0].recovery is None
+    assert report.attempts[1].recovery == {"down": 10.0, "python_and_tensorflow": 0.0, "cluster": 0.0,
+                                           "restore": 2.0, "first_step": 8.0, "total": 20.0}
 
 
 def test_a_directory_without_a_run_log_is_a_clear_error(tmp_path):
@@ -119,6 +124,11 @@ def test_a_killed_a_preempted_and_a_completed_run_report_their_known_losses(tmp_
     assert 0 < report.goodput < report.goodput_excluding_downtime < 1
     assert report.suggested_interval_seconds == pytest.approx(
         math.sqrt(2 * report.save_cost_seconds * report.mean_time_between_failures))
+    for attempt in attempts[1:]:  # every part of a recovery measured, and they add up
+        recovery = attempt.recovery
+        assert recovery["python_and_tensorflow"] > 0 and recovery["cluster"] >= 0 and recovery["restore"] > 0
+        assert sum(recovery[part] for part in RECOVERY_PARTS) == pytest.approx(recovery["total"], abs=0.01)
+    assert attempts[1].recovery["down"] >= 3.0  # the pause between the runs
     steps_of_saves = [a.saves for a in attempts]
     assert steps_of_saves[0] >= 1 and steps_of_saves[2] >= 2
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kerasdist
 from conftest import require_slurm_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -78,6 +79,11 @@ def test_preemption_at_any_instant_short_chaos(slurm_cluster, reference):
     early, middle, late = trials
     assert early.restarts >= 1 and early.statuses[0] in (75, 143), early.line()
     assert middle.restarts == 1 and middle.statuses == [75, 0], middle.line()
+    # the run log of the preempted job: saved and exited 75, requeued (downtime: the scheduler's
+    # wait), resumed where it stopped
+    report = kerasdist.goodput(slurm_cluster.shared / f"trial-{middle.index}" / "ckpt")
+    assert [a.status for a in report.attempts] == ["preempted", "completed"], str(report)
+    assert report.redone_steps == 0 and report.seconds["downtime"] > 0 and report.attempts[1].recovery["total"] > 0
     assert late.statuses[-1] == 0, late.line()
 
 
@@ -98,10 +104,12 @@ def test_scheduler_preemption_by_a_high_priority_job_requeues_and_completes_equa
 
 
 def test_time_limit_warning_signal_saves_requeues_and_completes_equal(slurm_cluster, reference):
-    """`--signal=TERM@55` with `--time=1`: the tasks get SIGTERM (slurmctld checks time limits every
-    30 s, so 5-35 s after the start; training is stretched to about 30 s so it lands in it)."""
+    """`--signal=TERM@115` with `--time=2`: the tasks get SIGTERM when slurmctld's time-limit check
+    (every 30 s, later on a loaded machine) finds less than 115 s left, 5-35 s after the start;
+    training is stretched to about 45 s so it lands in it. (With `--time=1` a check delayed by the
+    load of the whole suite once let the job run out its minute unsignalled: TIMEOUT.)"""
     run = chaos.new_run(slurm_cluster, "time-limit")
-    job_id = chaos.submit(slurm_cluster, run, options=["--time=1", "--signal=TERM@55"], step_seconds=1.0)
+    job_id = chaos.submit(slurm_cluster, run, options=["--time=2", "--signal=TERM@115"], step_seconds=1.5)
     slurm_cluster.wait_started(job_id)
     # PENDING or RUNNING again, not only restarted: from `scontrol requeue` to the batch script's end
     # the job is in REQUEUE, which `scontrol update` refuses as "already finished" (CI, under load)
@@ -131,6 +139,13 @@ def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_eq
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
     assert job.restarts == 0 and chaos.step_statuses(output) == [137, 0], output[-3000:]
     assert "restart 1 of 3" in output
+    # the chief's run log: its process ended with the step, the restarted one completed, and
+    # every part of the recovery is measured
+    report = kerasdist.goodput(run.checkpoint_dir)
+    statuses = [a.status for a in report.attempts]
+    assert len(statuses) == 2 and statuses[0] != "completed" and statuses[1] == "completed", statuses
+    recovery = report.attempts[1].recovery
+    assert 0 < recovery["total"] < 120 and recovery["python_and_tensorflow"] > 0 and recovery["restore"] > 0
 
 
 def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_back(slurm_cluster, reference):

@@ -241,7 +241,7 @@ def test_a_resave_of_a_step_never_destroys_its_only_checkpoint_before_its_record
     (only,) = kerasdist.list_checkpoints(url, storage_options=options)
     assert only.metrics == {"again": 1.0} and re.search(r"/ckpt-4\.s\d{20}$", only.path)
     fs.invalidate_cache()
-    assert [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)] == [only.path.rsplit("/", 1)[-1]]
+    assert entries_in(fs, root) == [only.path.rsplit("/", 1)[-1]]
 
 
 def test_pruning_deletes_the_record_first():
@@ -316,7 +316,8 @@ def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, r
         with pytest.warns(kerasdist.CheckpointWarning):
             fit(url, 2, storage_options=options)  # the chief removes the unfinished upload, then trains
         assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]
-        assert all(p.rsplit("/", 1)[-1] in ("model.keras", "rng.npz", "state.json") for p in fs.find(root))
+        assert all(p.rsplit("/", 1)[-1] in ("model.keras", "rng.npz", "state.json") for p in fs.find(root)
+                   if "/runs/" not in p)  # the run log aside
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +353,7 @@ def test_pruning_leaves_only_the_kept_checkpoint_and_warns_of_nothing(store):
     with warnings.catch_warnings():
         warnings.simplefilter("error", kerasdist.CheckpointWarning)
         fit(url, 3, storage_options=options, keep=1)
-    assert [name.rsplit("/", 1)[-1] for name in store.filesystem().ls(root_of(url))] == ["ckpt-12"]
+    assert entries_in(store.filesystem(), root_of(url)) == ["ckpt-12"]
 
 
 def test_a_folder_left_on_s3_is_no_checkpoint_and_is_swept_at_the_start(s3):
@@ -373,7 +374,7 @@ def test_a_folder_left_on_s3_is_no_checkpoint_and_is_swept_at_the_start(s3):
         assert [c.epoch for c in manager.checkpoints()] == [1]
     assert manager.remove_temporary() == [f"{url}/ckpt-1"]
     fs.invalidate_cache()
-    assert [name.rsplit("/", 1)[-1] for name in fs.ls(root)] == ["ckpt-4"]
+    assert entries_in(fs, root) == ["ckpt-4"]
 
 
 def start_trainer(url: str, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
@@ -444,6 +445,12 @@ def test_the_checkpoints_command_reads_a_bucket_configured_the_ecosystems_way(st
     assert [a["status"] for a in report["attempts"]] == ["completed"]
     assert report["attempts"][0]["saves"] == 2 and report["seconds"]["productive"] > 0
     assert sorted(name.rsplit(".", 1)[-1] for name in fs.ls(f"{root}/runs")) == ["jsonl", "step"]  # not a checkpoint
+
+
+def entries_in(fs, root: str) -> list[str]:
+    """The names under `root` but the run log's folder (runs/, never a checkpoint)."""
+    return [name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)
+            if name.rstrip("/").rsplit("/", 1)[-1] != "runs"]
 
 
 class kerasdist_env:  # noqa: N801 (a context manager used like a function)

@@ -11,7 +11,8 @@ and stops the log, never training or a save.
 
 Events (`t` is Unix time; every event has it):
     start (t = the process's own start time, from /proc; host, pid, task, workers, strategy),
-    ready (the strategy and its cluster formed), restored (checkpoint or null, step, seconds),
+    imported (kerasdist, and with it TensorFlow, imported), ready (the strategy and its cluster
+    formed), restored (checkpoint or null, step, seconds),
     train_begin (step), first_step (step), save (step, blocked: seconds the training thread
     waited), committed (step, checkpoint, write seconds, bytes), eval (seconds), train_end (step,
     status "completed" or "preempted"), exit (the interpreter ended by itself).
@@ -134,6 +135,7 @@ def run_log_for(store: Any, context: Any) -> RunLog:
         _LOGS[store.location] = log
         log.event("start", at=log.started, host=socket.gethostname(), pid=os.getpid(), task=context.task,
                   workers=context.num_workers, replicas=context.num_replicas, strategy=context.kind)
+        log.event("imported", at=_IMPORTED_AT)
         log.event("ready", at=context.formed_at)
         if not _LOGS_CLOSED_AT_EXIT:
             atexit.register(close_logs)
