@@ -287,9 +287,18 @@ def _size(size: int | None) -> str:
     return f"{value:.1f} {unit}"
 
 
+def _directory_command(commands, name: str, json_help: str, **texts: str) -> argparse.ArgumentParser:
+    """A command that reads a checkpoint directory or URL (`checkpoints`, `goodput`), with --json."""
+    command = commands.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
+    command.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory or URL")
+    command.add_argument("--json", action="store_true", help=json_help)
+    return command
+
+
 def _add_checkpoints(commands) -> None:
-    checkpoints = commands.add_parser(
-        "checkpoints", help="list the checkpoints of a directory or bucket, and which a restart uses",
+    checkpoints = _directory_command(
+        commands, "checkpoints", "print the rows as JSON instead of a table",
+        help="list the checkpoints of a directory or bucket, and which a restart uses",
         description="Every checkpoint in CHECKPOINT_DIR (a directory, or an s3://, gs:// or file://\n"
                     "URL), oldest first: its step, epoch and batch within the epoch, when it was\n"
                     "saved, its size, whether it is valid (files checked against their checksums)\n"
@@ -297,10 +306,7 @@ def _add_checkpoints(commands) -> None:
                     "reached with the ecosystem's configuration (AWS_* variables, credentials files).",
         epilog="examples:\n  kerasdist checkpoints runs/demo/checkpoints\n"
                "  kerasdist checkpoints s3://bucket/run --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    checkpoints.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory or URL")
-    checkpoints.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     checkpoints.set_defaults(run=_checkpoints)
 
 
@@ -319,8 +325,9 @@ def _goodput(args: argparse.Namespace) -> int:
 
 
 def _add_goodput(commands) -> None:
-    command = commands.add_parser(
-        "goodput", help="where a run's time went: training, start-up, restores, saves, redone work, downtime",
+    command = _directory_command(
+        commands, "goodput", "print the report as JSON",
+        help="where a run's time went: training, start-up, restores, saves, redone work, downtime",
         description="Read the run log the chief writes beside the checkpoints (CHECKPOINT_DIR/runs/, a\n"
                     "directory or an s3://, gs:// or file:// URL) and split the wall time from the first\n"
                     "start of the run to its end into productive training, start-up, restore, checkpoint\n"
@@ -330,10 +337,7 @@ def _add_goodput(commands) -> None:
                     "(Young/Daly: sqrt(2 x save cost x mean time between failures)).",
         epilog="examples:\n  kerasdist goodput runs/demo/checkpoints\n"
                "  kerasdist goodput s3://bucket/run --json --plot timeline.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    command.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory or URL")
-    command.add_argument("--json", action="store_true", help="print the report as JSON")
     command.add_argument("--plot", metavar="PNG", help="also draw the run's timeline, failures marked, into PNG")
     command.set_defaults(run=_goodput)
 
