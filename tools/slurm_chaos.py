@@ -2,6 +2,7 @@
 
 usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [--out FILE.json]
        python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
+       python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--preempt] [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -19,6 +20,11 @@ after step 8 (the recipe restarts the step inside the allocation) and N jobs pre
 (`kerasdist.goodput`): from the failed attempt's last sign of life to the first step after it, split
 into down (detection, exit, restart or requeue), Python + TensorFlow, cluster, restore and first
 step; median and max of each over the N jobs, the requeue's wait in "down" for preemptions.
+
+--goodput-minutes M runs one job whose training alone lasts about M minutes (--step-seconds pace,
+a checkpoint every 10 steps) and SIGKILLs its worker on host 1 every --kill-every seconds (with
+--preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
+an outside stopwatch (the job's first start to its end, as this tool saw them).
 """
 
 from __future__ import annotations
@@ -266,10 +272,53 @@ def measure_recovery(args: argparse.Namespace) -> int:
     return 0 if all(t["state"] == "COMPLETED" and t["recovery"] for t in trials) else 1
 
 
+def goodput_chaos(args: argparse.Namespace) -> int:
+    """One long job failed every `args.kill_every` seconds; its goodput against a stopwatch."""
+    import kerasdist
+
+    steps = int(args.goodput_minutes * 60 / STEP_SECONDS)
+    epochs = -(-steps // 10)  # train.py: 10 steps an epoch
+    with SlurmCluster(args.hosts) as cluster:
+        run = new_run(cluster, "goodput-chaos")
+        command = [*run.command(), "--epochs", str(epochs), "--every-steps", "10"]
+        job_id = cluster.submit(RECIPE, *command, options=["--cpus-per-task=1", f"--time={4 * args.goodput_minutes}"],
+                                env={"KERASDIST_MAX_RESTARTS": "1000"}, cwd=ROOT)
+        cluster.wait_started(job_id)
+        started, failures = time.monotonic(), []
+        while cluster.job(job_id).state not in FINAL_STATES:
+            deadline = time.monotonic() + args.kill_every
+            while time.monotonic() < deadline and cluster.job(job_id).state not in FINAL_STATES:
+                time.sleep(1)
+            state = cluster.job(job_id).state
+            if state in FINAL_STATES or state != "RUNNING":
+                continue
+            if args.preempt:
+                cluster.signal_job(job_id, "TERM", full=True)
+            else:
+                for pid in cluster.host_processes(1, "train.py"):
+                    if "slurmstepd" not in cmdline(pid):
+                        os.kill(pid, signal.SIGKILL)
+            failures.append(round(time.monotonic() - started, 1))
+            print(f"{'preempted' if args.preempt else 'SIGKILLed host 1'} at {failures[-1]} s", flush=True)
+        job = cluster.wait_final(job_id, 600)
+        stopwatch = time.monotonic() - started
+        report = kerasdist.goodput(run.checkpoint_dir)
+    print(report)
+    print(f"job {job.state}, {len(failures)} failures, outside stopwatch {stopwatch:.1f} s (first start to end), "
+          f"run log wall {report.wall_seconds:.1f} s")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"failures_at": failures, "stopwatch_seconds": stopwatch,
+                                              "state": job.state, "report": report.as_dict()}, indent=1))
+    return 0 if job.state == "COMPLETED" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
+    parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
+    parser.add_argument("--kill-every", type=float, default=180.0)
+    parser.add_argument("--preempt", action="store_true", help="with --goodput-minutes: preempt instead of SIGKILL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--r", action="store_true", help="train.R instead of train.py")
@@ -279,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # and on Ctrl-C, also when started in the background
     if args.recovery:
         return measure_recovery(args)
+    if args.goodput_minutes:
+        return goodput_chaos(args)
     rng = random.Random(args.seed)
     began = time.monotonic()
     with SlurmCluster(args.hosts) as cluster:
