@@ -15,7 +15,7 @@ Events (`t` is Unix time; every event has it):
     formed), restored (checkpoint or null, step, seconds),
     train_begin (step), first_step (step), save (step, blocked: seconds the training thread
     waited), committed (step, checkpoint, write seconds, bytes), eval (seconds), train_end (step,
-    status "completed" or "preempted"), exit (the interpreter ended by itself).
+    status "completed" or "preempted"), exit (the interpreter ended by itself; local logs only).
 """
 
 from __future__ import annotations
@@ -95,6 +95,11 @@ class RunLog:
         self._write_step()
         self._step_of = None
 
+    def forget_steps(self) -> None:
+        """Stop the heartbeat without writing."""
+        self._step_of = None
+        self._wake.set()
+
     def _beat(self) -> None:
         while not self._wake.wait(self.heartbeat_seconds):
             self._write_step()
@@ -147,8 +152,13 @@ _LOGS_CLOSED_AT_EXIT: list[bool] = []
 
 
 def close_logs() -> None:
-    """The exit event of every log of this process (at the interpreter's exit; R calls it at its own)."""
+    """The exit event of every local log of this process (at the interpreter's exit; R calls it at
+    its own). Logs in buckets only stop their heartbeat: no network at exit, where a store that is
+    gone would hold the exit up for its retries (their end of training is recorded already)."""
     while _LOGS:
         _, log = _LOGS.popitem()
-        log.stop_following()
-        log.event("exit")
+        if isinstance(log.store.directory, Path):
+            log.stop_following()
+            log.event("exit")
+        else:
+            log.forget_steps()
