@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs ruff, then pytest (in 2 processes, listing its 10 slowest tests), the Slurm cluster tests
+# Runs ruff, then pytest (in 2 processes, listing its 10 slowest tests; every test's time is in
+# .check/pytest*.xml), the Slurm cluster tests
 # and, beside them, R CMD build (which runs the vignettes, once) and R CMD check (which runs
 # testthat; --ignore-vignettes, as the build has just run them); prints each one's counts and a
 # total, and exits non-zero if anything failed or R CMD check warned.
@@ -25,7 +26,7 @@ r_pid=$!
 # The Slurm cluster tests (tests/python/test_slurm.py) run beside the rest too: most of their
 # time is spent waiting on the scheduler (requeues, node timeouts, the time-limit check).
 SLURM_TESTS=tests/python/test_slurm.py
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 --junitxml="$CHECK_DIR/pytest-slurm.xml" "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
 slurm_pid=$!
 
 # The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 2 by default, 0 for
@@ -36,7 +37,7 @@ workers=${KERASDIST_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist worksteal)
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 "${parallel[@]}" --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 --junitxml="$CHECK_DIR/pytest.xml" "${parallel[@]}" --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
 [ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
 
