@@ -2,7 +2,8 @@
 
 usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [--out FILE.json]
        python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
-       python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--preempt] [--out FILE.json]
+       python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--every-steps 30] [--preempt]
+                                   [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -21,8 +22,9 @@ after step 8 (the recipe restarts the step inside the allocation) and N jobs pre
 into down (detection, exit, restart or requeue), Python + TensorFlow, cluster, restore and first
 step; median and max of each over the N jobs, the requeue's wait in "down" for preemptions.
 
---goodput-minutes M runs one job whose training alone lasts about M minutes (--step-seconds pace,
-a checkpoint every 10 steps) and SIGKILLs its worker on host 1 every --kill-every seconds (with
+--goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step,
+a checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a
+0.1 s save and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds (with
 --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them).
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -214,6 +217,14 @@ def random_instant(rng: random.Random) -> float | str:
     return "done:"
 
 
+def kill_training(cluster: SlurmCluster, host: int, script: str = "train.py") -> list[int]:
+    """SIGKILL the recipe's training process on `host` (not the slurmstepd that runs it); its pids."""
+    victims = [pid for pid in cluster.host_processes(host, script) if "slurmstepd" not in cmdline(pid)]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    return victims
+
+
 def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: float = STEP_SECONDS) -> dict:
     """One job failed as `kind` ("sigkill": the worker on host 1 after step 8; "preemption": the
     whole job after step 14); its run log's recovery (`kerasdist.goodput`)."""
@@ -224,9 +235,7 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
     cluster.wait_started(job_id)
     if kind == "sigkill":
         wait_for_output(cluster, job_id, r"^step 8$")
-        for pid in cluster.host_processes(1, "train.py"):
-            if "slurmstepd" not in cmdline(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_training(cluster, 1)
     else:
         wait_for_output(cluster, job_id, r"^step 14$")
         cluster.signal_job(job_id, "TERM", full=True)
@@ -280,8 +289,9 @@ def goodput_chaos(args: argparse.Namespace) -> int:
     epochs = -(-steps // 10)  # train.py: 10 steps an epoch
     with SlurmCluster(args.hosts) as cluster:
         run = new_run(cluster, "goodput-chaos")
-        command = [*run.command(), "--epochs", str(epochs), "--every-steps", "10"]
-        job_id = cluster.submit(RECIPE, *command, options=["--cpus-per-task=1", f"--time={4 * args.goodput_minutes}"],
+        command = [*run.command(), "--epochs", str(epochs), "--every-steps", str(args.every_steps)]
+        time_limit = f"--time={math.ceil(4 * args.goodput_minutes)}"  # minutes, whole
+        job_id = cluster.submit(RECIPE, *command, options=["--cpus-per-task=1", time_limit],
                                 env={"KERASDIST_MAX_RESTARTS": "1000"}, cwd=ROOT)
         cluster.wait_started(job_id)
         started, failures = time.monotonic(), []
@@ -295,9 +305,7 @@ def goodput_chaos(args: argparse.Namespace) -> int:
             if args.preempt:
                 cluster.signal_job(job_id, "TERM", full=True)
             else:
-                for pid in cluster.host_processes(1, "train.py"):
-                    if "slurmstepd" not in cmdline(pid):
-                        os.kill(pid, signal.SIGKILL)
+                kill_training(cluster, 1)
             failures.append(round(time.monotonic() - started, 1))
             print(f"{'preempted' if args.preempt else 'SIGKILLed host 1'} at {failures[-1]} s", flush=True)
         job = cluster.wait_final(job_id, 600)
@@ -318,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
     parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
     parser.add_argument("--kill-every", type=float, default=180.0)
+    parser.add_argument("--every-steps", type=int, default=30,
+                        help="with --goodput-minutes: a checkpoint every N steps (30: 6 s at the 0.2 s pace)")
     parser.add_argument("--preempt", action="store_true", help="with --goodput-minutes: preempt instead of SIGKILL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hosts", type=int, default=2)

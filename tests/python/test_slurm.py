@@ -131,10 +131,7 @@ def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_eq
     job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
-    victims = [p for p in slurm_cluster.host_processes(1, "train.py") if "slurmstepd" not in chaos.cmdline(p)]
-    assert victims, "no training process on host 1"
-    for pid in victims:
-        os.kill(pid, 9)
+    assert chaos.kill_training(slurm_cluster, 1), "no training process on host 1"
     slurm_cluster.wait_final(job_id, 300)
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
     assert job.restarts == 0 and chaos.step_statuses(output) == [137, 0], output[-3000:]
