@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ruff, then pytest (in 2 processes, listing its 10 slowest tests; every test's time is in
-# .check/pytest*.xml), the Slurm cluster tests
+# .check/pytest*.xml and testthat.xml), the Slurm cluster tests
 # and, beside them, R CMD build (which runs the vignettes, once) and R CMD check (which runs
 # testthat; --ignore-vignettes, as the build has just run them); prints each one's counts and a
 # total, and exits non-zero if anything failed or R CMD check warned.
@@ -19,7 +19,7 @@ ruff_status=${PIPESTATUS[0]}
 (
   tools/r_build.sh "$CHECK_DIR" &&
   cd "$CHECK_DIR" &&
-  R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz >check.log 2>&1
+  KERASDIST_TEST_TIMES="$PWD/testthat.xml" R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz >check.log 2>&1
 ) >"$CHECK_DIR/r.log" 2>&1 &
 r_pid=$!
 
