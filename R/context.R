@@ -8,14 +8,15 @@
 #' script can ask the same question (for example, write logs only on the chief).
 #' With no strategy and no strategy's scope active, it describes this
 #' process's place in the cluster its environment describes (TF_CONFIG, Slurm,
-#' [launch()]) with the default strategy's replicas: `is_chief` is `TRUE` on
-#' one worker only, whatever scope is active.
+#' [launch()]) with the default strategy's replicas: there `is_chief` is `TRUE`
+#' on one worker only.
 #'
 #' @param strategy A strategy; `NULL`: the active one, as above.
 #' @returns A list of class `kerasdist_run_context`: `strategy`, `kind`,
 #'   `num_replicas`, `num_workers` (workers, plus the chief except under
 #'   parameter servers), `task_type` and `task_index` (`NULL` outside a
-#'   cluster), `is_chief` and `task` (e.g. `"worker:1"`).
+#'   cluster), `is_chief`, `task` (e.g. `"worker:1"`) and `formed_at` (when
+#'   kerasdist first described this strategy, in seconds since the epoch).
 #' @family strategy
 #' @seealso Python: `kerasdist.run_context()`.
 #' @examplesIf !is.null(kerasdist_python())

@@ -16,10 +16,12 @@
 #'   `wall_seconds`, `redone_steps`, `failures`, `save_cost_seconds`,
 #'   `mean_time_between_failures`, `suggested_interval_seconds` (the
 #'   checkpoint interval that loses least by Young/Daly, `sqrt(2 x save cost x
-#'   mean time between failures)`, `NA` without failures) and `attempts` (a
-#'   data frame: one row per start of the chief's process, with its `status`:
-#'   `"completed"`, `"preempted"` or `"killed or crashed"`). An error if the
-#'   directory holds no run log.
+#'   mean time between failures)`, `NA` without failures or without saves),
+#'   `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
+#'   one row per start of the chief's process, with its `status`:
+#'   `"completed"`, `"preempted"` or `"killed or crashed"`, its first step's
+#'   time and `recovery_seconds`, from the previous attempt's last sign of life
+#'   to this one's first step). An error if the directory holds no run log.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.goodput()`; the shell: `kerasdist goodput DIR`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -38,7 +40,8 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
   frame <- rows_to_data_frame(report$rows(), list(part = NA_character_, seconds = NA_real_, share = NA_real_))
   attempts <- lapply(report$attempts, function(a) {
     list(name = a$name, started = a$started, ended = a$ended, status = a$status,
-         restored_step = a$restored_step, last_step = a$last_step, saves = a$saves)
+         restored_step = a$restored_step, first_step_at = a$first_step_at, last_step = a$last_step,
+         saves = a$saves, recovery_seconds = a$recovery$total)
   })
   number <- function(value) if (is.null(value)) NA_real_ else as.numeric(value)
   structure(
@@ -52,9 +55,11 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
     save_cost_seconds = number(report$save_cost_seconds),
     mean_time_between_failures = number(report$mean_time_between_failures),
     suggested_interval_seconds = number(report$suggested_interval_seconds),
+    mean_save_interval_seconds = number(report$mean_save_interval_seconds),
     attempts = rows_to_data_frame(attempts, list(
       name = NA_character_, started = as.POSIXct(NA, tz = "UTC"), ended = as.POSIXct(NA, tz = "UTC"),
-      status = NA_character_, restored_step = NA_integer_, last_step = NA_integer_, saves = NA_integer_
+      status = NA_character_, restored_step = NA_integer_, first_step_at = as.POSIXct(NA, tz = "UTC"),
+      last_step = NA_integer_, saves = NA_integer_, recovery_seconds = NA_real_
     )),
     report = report
   )
@@ -62,6 +67,9 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
 
 #' @export
 print.kerasdist_goodput <- function(x, ...) {
+  if (is.null(attr(x, "report"))) {
+    return(NextMethod())  # a subset of the rows: a plain data frame's print
+  }
   cat(reticulate::py_str(attr(x, "report")), "\n", sep = "")
   invisible(x)
 }
@@ -85,6 +93,9 @@ print.kerasdist_goodput <- function(x, ...) {
 plot_goodput <- function(report, path) {
   if (!inherits(report, "kerasdist_goodput")) {
     kerasdist_abort("report must be what goodput() returned (a kerasdist_goodput data frame).", call = sys.call())
+  }
+  if (!is.character(path) || length(path) != 1L || is.na(path) || !nzchar(path)) {
+    kerasdist_abort("path must be one file name (the PNG to write).", call = sys.call())
   }
   call_python(kerasdist_module()$plot_goodput, attr(report, "report"), path.expand(path))
   invisible(path)

@@ -197,9 +197,9 @@ def mkdocs_config(r_pages: list[str] | None, articles: list[str]) -> dict:
     }
     if r_pages is None:
         config["nav"] = [entry for entry in config["nav"] if "Reference" not in entry]
+        config["plugins"] = ["search"]
     if not articles:
         config["nav"] = [entry for entry in config["nav"] if "R articles" not in entry]
-        config["plugins"] = ["search"]
     return config
 
 

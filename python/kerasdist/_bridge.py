@@ -10,10 +10,10 @@ from typing import Any
 def call_capturing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
     """Call fn and return (result, messages of the kerasdist warnings it raised), so R can
     re-raise them as R warnings instead of leaving them on Python's stderr."""
-    from kerasdist.checkpoint import CheckpointWarning
+    from kerasdist.checkpoint import CheckpointWarning, RunLogWarning
     from kerasdist.data import ShortEpochWarning
 
-    ours = (CheckpointWarning, ShortEpochWarning)
+    ours = (CheckpointWarning, RunLogWarning, ShortEpochWarning)
     with warnings.catch_warnings(record=True) as caught:
         for category in ours:
             warnings.simplefilter("always", category)

@@ -16,12 +16,16 @@ from kerasdist.cluster import ClusterInfo, cluster_from_environment, cluster_of_
 # Strategies kerasdist built (strategy.select_strategy), with the plan that chose them (weak: a
 # dropped strategy is freed).
 _PLANS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# When kerasdist first had each strategy formed (built, or the user's seen): a reused strategy
+# keeps its time, so a run log's "ready" is the cluster's, not the latest call's.
+_FORMED_AT: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
 def remember_plan(strategy: Any, plan: Any) -> None:
     """`strategy` was built (or reused) from `plan` (a `strategy.StrategyPlan`): its context is
     decided anew from it."""
     _PLANS[strategy] = plan
+    _FORMED_AT.setdefault(strategy, time.time())
     _CONTEXTS.pop(strategy, None)
 
 
@@ -75,8 +79,8 @@ def run_context(strategy: Any = None) -> RunContext:
 
     With a strategy (or inside a strategy's scope), that strategy's context. With neither, this
     process's place in the cluster its environment describes (TF_CONFIG, Slurm, `kerasdist
-    launch`) with the default strategy's replicas, so `run_context().is_chief` is True on one
-    worker only whatever scope is active: the test for chief-only work (logs, exports, plots).
+    launch`) with the default strategy's replicas, so outside any scope `run_context().is_chief`
+    is True on one worker only: the test for chief-only work (logs, exports, plots).
 
     Args:
         strategy: a `tf.distribute.Strategy`; None: the active one, as above.
@@ -125,6 +129,7 @@ def context_of(strategy: Any = None) -> RunContext:
             task_type=cluster.task_type,
             task_index=cluster.task_index,
             is_chief=cluster.is_chief,
+            formed_at=_FORMED_AT.setdefault(strategy, time.time()),
         )
         _CONTEXTS[strategy] = context
     return context

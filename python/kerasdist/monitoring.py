@@ -23,6 +23,7 @@ FILE_WRITERS: dict[type, str] = {
     keras.callbacks.ModelCheckpoint: "filepath",
 }
 _WORKER_FOLDER: list[str] = []  # this process's, made on first use
+_WRITERS: dict[str, Any] = {}  # the run figures' summary writers, by directory
 
 
 def chief_path(path: str | os.PathLike[str], context: RunContext | None = None) -> str:
@@ -54,6 +55,14 @@ def chief_writes_only(callbacks: list[Any], context: RunContext) -> list[Any]:
     return callbacks
 
 
+def monitored(callbacks: list[Any], context: RunContext, checkpoint: Any) -> list[Any]:
+    """A trainer's callbacks written by the chief only (`chief_writes_only`); the chief's
+    checkpoint callback is told where its TensorBoard logs go, for the run figures."""
+    callbacks = chief_writes_only(callbacks, context)
+    checkpoint.tensorboard_dir = tensorboard_dir_of(callbacks) if context.is_chief else None
+    return callbacks
+
+
 def _worker_folder(task: str | None) -> str:
     if not _WORKER_FOLDER:
         name = (task or "worker").replace(":", "-")
@@ -77,8 +86,11 @@ def write_run_figures(log_dir: str, epoch: int, figures: dict[str, float]) -> No
     """`figures` as TensorBoard scalars `kerasdist/<name>` at `epoch`, in `log_dir`/kerasdist."""
     import tensorflow as tf
 
-    writer = tf.summary.create_file_writer(os.path.join(log_dir, "kerasdist"))
+    directory = os.path.join(log_dir, "kerasdist")
+    if directory not in _WRITERS:  # one writer, one events file, for the whole run
+        _WRITERS[directory] = tf.summary.create_file_writer(directory)
+    writer = _WRITERS[directory]
     with writer.as_default():
         for name, value in figures.items():
             tf.summary.scalar(f"kerasdist/{name}", value, step=epoch)
-    writer.close()
+    writer.flush()

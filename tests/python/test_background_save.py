@@ -247,6 +247,10 @@ def test_an_error_in_a_background_save_is_raised_at_the_next_save_or_the_end_of_
     assert kept == [step for i, step in enumerate(calls, start=1) if i != fail_on]
     assert not list(tmp_path.glob(".tmp-*"))
     checkpoint.wait()  # raised once, not again
+    if fail_on == 3:  # raised by on_train_end: the run log does not call this fit completed
+        log = next((tmp_path / "runs").glob("*.jsonl")).read_text()
+        events = [json.loads(line)["event"] for line in log.splitlines()]
+        assert "train_end" not in events, events
 
 
 def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, monkeypatch):

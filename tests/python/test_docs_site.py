@@ -92,3 +92,10 @@ def test_the_latest_benchmark_run_and_its_plot_are_on_the_site(site):
     page = (site / "bench-latest.html").read_text()
     assert '<img alt="figures" src="summary.png"' in page and (site / "summary.png").stat().st_size > 10_000
     assert "Benchmark results" in page and "| benchmark |" not in page  # the table rendered
+
+
+def test_the_python_reference_is_rendered_whether_or_not_articles_are_built():
+    for articles in ([], ["articles/fault-tolerance.md"]):
+        plugins = docs_site.mkdocs_config(["select_strategy"], articles)["plugins"]
+        assert any(isinstance(p, dict) and "mkdocstrings" in p for p in plugins), articles
+    assert docs_site.mkdocs_config(None, [])["plugins"] == ["search"]  # the guides alone

@@ -19,7 +19,8 @@ import pytest
 
 import kerasdist
 import kerasdist_cli
-from kerasdist.checkpoint.run_log import RunLogWarning, process_started_at
+from kerasdist import RunLogWarning
+from kerasdist.checkpoint.run_log import process_started_at
 from kerasdist.goodput import PARTS, RECOVERY_PARTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,16 @@ def test_a_directory_without_a_run_log_is_a_clear_error(tmp_path):
     assert kerasdist_cli.main(["goodput", str(tmp_path)]) == 2
     with pytest.raises(ValueError, match="checkpoint_dir must be"):
         kerasdist.goodput(42)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "torn.jsonl").write_text('{"event": "start", "t": 1.0}\n{"event": "sa')
+    with pytest.raises(ValueError, match=r"runs/torn.jsonl is not a kerasdist run log"):
+        kerasdist.goodput(tmp_path)
+    (tmp_path / "runs" / "torn.jsonl").write_text('{"event": "start", "t": 1.0}\n')
+    report = kerasdist.goodput(tmp_path)
+    with pytest.raises(ValueError, match="report must be what goodput"):
+        kerasdist.plot_goodput(report.as_dict(), tmp_path / "timeline.png")
+    with pytest.raises(ValueError, match="path must be the PNG file"):
+        kerasdist.plot_goodput(report, None)
 
 
 def test_the_process_start_time_comes_from_the_system_not_the_import():
@@ -217,3 +228,11 @@ def test_a_run_log_that_cannot_be_written_warns_and_training_and_checkpoints_go_
                                   batch_size=32, verbose=0)
     assert sum(isinstance(w.message, RunLogWarning) for w in caught) == 1
     assert kerasdist.latest_checkpoint(ckpt).global_step == 20
+
+
+def test_ready_is_when_the_strategy_was_first_formed_not_the_latest_call():
+    strategy = kerasdist.select_strategy("mirrored", devices=["/cpu:0"])
+    formed = kerasdist.run_context(strategy).formed_at
+    time.sleep(0.2)
+    again = kerasdist.select_strategy("mirrored", devices=["/cpu:0"])  # the same strategy, reused
+    assert again is strategy and kerasdist.run_context(again).formed_at == formed

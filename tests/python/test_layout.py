@@ -74,21 +74,19 @@ def _owner(module: str, name: str | None) -> str:
     return target
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def test_no_private_name_is_imported_from_another_module():
     taken = [f"{path.relative_to(PACKAGE.parent)}:{line} {module}.{name}"
              for path in MODULES for module, name, line in _imports(path)
-             if name and name.startswith("_") and not name.startswith("__") and f"{module}.{name}" not in NAMES]
+             if name and _is_private(name) and f"{module}.{name}" not in NAMES]
     # a private module is private too: what other modules import from it needs a public home
     taken += [f"{path.relative_to(PACKAGE.parent)}:{line} {_owner(module, name)}"
               for path in MODULES for module, name, line in _imports(path)
-              if _owner(module, name).rpartition(".")[2].startswith("_")
-              and not _owner(module, name).rpartition(".")[2].startswith("__")]
+              if _is_private(_owner(module, name).rpartition(".")[2])]
     assert taken == []
-
-
-
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__")
 
 
 def test_no_private_name_is_imported_from_other_packages_outside_compat():
@@ -103,6 +101,7 @@ def test_no_private_name_is_imported_from_other_packages_outside_compat():
                 taken += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}"
                           for name in names if _is_private(name)]
     assert taken == []
+
 
 def test_imports_form_no_circle():
     graph = {module: {_owner(m, n) for m, n, _ in _imports(path)} - {module} for module, path in NAMES.items()}

@@ -210,6 +210,18 @@ test_that("every_seconds saves by time from R; a bad value is a readable conditi
                                every_seconds = "600"), "every_seconds must be", class = "kerasdist_ValueError")
 })
 
+test_that("a run log that cannot be written is an R warning, and training and checkpoints go on", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  writeLines("a file where the run log's folder would go", file.path(dir, "runs"))
+  x <- matrix(seq_len(48) / 48, ncol = 3)
+  expect_warning(
+    distributed_fit(build_model, x, rowSums(x), epochs = 2, checkpoint_dir = dir, strategy = "default",
+                    batch_size = 4, verbose = 0),
+    "the run log in .* could not be written")
+  expect_identical(latest_checkpoint(dir)$epoch, 2L)
+})
+
 test_that("checkpoint_callback keeps the newest checkpoints and the best by monitor", {
   skip_if_no_kerasdist()
   set_random_seed(3)

@@ -42,16 +42,21 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   expect_identical(attempts$last_step, c(6L, 30L))
   expect_identical(attempts$restored_step, c(0L, 4L))
   expect_s3_class(attempts$started, "POSIXct")
+  expect_true(is.na(attempts$recovery_seconds[1]) && attempts$recovery_seconds[2] > 0)
+  expect_true(all(attempts$first_step_at > attempts$started))
+  expect_true(attr(report, "mean_save_interval_seconds") > 0)
   expect_identical(attr(report, "redone_steps"), 2L)
   expect_identical(attr(report, "failures"), 1L)
   expect_true(attr(report, "goodput") > 0 && attr(report, "goodput") < 1)
   expect_equal(attr(report, "suggested_interval_seconds"),
                sqrt(2 * attr(report, "save_cost_seconds") * attr(report, "mean_time_between_failures")))
   expect_output(print(report), "2 attempt\\(s\\), 1 failure\\(s\\)")
+  expect_output(print(report[report$part == "redone", ]), "redone")  # a subset prints as a data frame
   png <- file.path(dir, "timeline.png")
   expect_identical(plot_goodput(report, png), png)
   expect_identical(readBin(png, "raw", 4L), as.raw(c(0x89, 0x50, 0x4e, 0x47)))
   expect_error(plot_goodput(data.frame(), png), "what goodput\\(\\) returned", class = "kerasdist_ValueError")
+  expect_error(plot_goodput(report, NA_character_), "path must be one file name", class = "kerasdist_ValueError")
 })
 
 test_that("the fits return keras3 training histories covering earlier runs; resume_fit pipes", {

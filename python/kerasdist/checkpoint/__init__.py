@@ -34,6 +34,7 @@ from kerasdist.checkpoint.manager import (
     save_checkpoint,
 )
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
+from kerasdist.checkpoint.run_log import RunLogWarning
 
 __all__ = [
     "BackgroundSaveError",
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointWarning",
+    "RunLogWarning",
     "RunRecord",
     "as_manager",
     "check_callback_args",

@@ -269,12 +269,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._eval_started = None
 
     def on_train_end(self, logs=None):
+        ended = False
         try:
             self.wait()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
+            ended = True
         finally:
             self._memory.release()  # nothing is written any more
             self._restore_sigterm_handler()
-            self._close_log()
+            self._close_log(ended)
         if self._preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
@@ -306,15 +308,18 @@ class CheckpointCallback(keras.callbacks.Callback):
                    "save_blocked_seconds": sum(self.blocked_seconds[saves_before:])}
         try:
             figures["goodput"] = goodput(self.manager.store).goodput
-        except (OSError, ValueError):
-            pass  # the run log unreadable: the other figures still go
+        except Exception:  # noqa: BLE001 - a log unreadable (torn, foreign): the other figures still go
+            pass
         write_run_figures(self.tensorboard_dir, epoch, figures)
 
-    def _close_log(self) -> None:
+    def _close_log(self, ended: bool) -> None:
+        """The end of training in the run log; a fit whose last save failed (`ended` False) did
+        not end: its attempt reads as crashed, by its exit event."""
         if self._log is not None:
             self._log.stop_following()
-            self._log.event("train_end", step=optimizer_step(self.model),
-                            status="preempted" if self._preempted else "completed")
+            if ended:
+                self._log.event("train_end", step=optimizer_step(self.model),
+                                status="preempted" if self._preempted else "completed")
             self._log = None
 
     def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:

@@ -82,8 +82,9 @@ class RunLog:
         """Write `step_of()` (the training step) every heartbeat until `stop_following`."""
         self._step_of = step_of
         if self._thread is None or not self._thread.is_alive():
-            self._wake.clear()
-            self._thread = threading.Thread(target=self._beat, name="kerasdist-run-log", daemon=True)
+            self._wake = threading.Event()  # its own: a thread that outlived a join still stops
+            self._thread = threading.Thread(target=self._beat, args=(self._wake,), name="kerasdist-run-log",
+                                            daemon=True)
             self._thread.start()
 
     def stop_following(self) -> None:
@@ -100,8 +101,8 @@ class RunLog:
         self._step_of = None
         self._wake.set()
 
-    def _beat(self) -> None:
-        while not self._wake.wait(self.heartbeat_seconds):
+    def _beat(self, wake: threading.Event) -> None:
+        while not wake.wait(self.heartbeat_seconds):
             self._write_step()
 
     def _write_step(self) -> None:
@@ -112,11 +113,10 @@ class RunLog:
             step = int(step_of())
         except Exception:  # noqa: BLE001 - a model being torn down: the last step written stands
             return
-        if step != self._written_step:
-            with self._lock:
-                if not self._broken:
-                    self._write(RUN_STEP_SUFFIX, json.dumps({"t": round(time.time(), 3), "step": step}))
-            self._written_step = step
+        with self._lock:
+            if step != self._written_step and not self._broken:
+                self._write(RUN_STEP_SUFFIX, json.dumps({"t": round(time.time(), 3), "step": step}))
+                self._written_step = step
 
     def _write(self, suffix: str, text: str) -> None:
         try:
@@ -128,27 +128,25 @@ class RunLog:
                 "and checkpoints go on, and goodput() will not see the rest of this run."), stacklevel=3)
 
 
-_LOGS: dict[str, RunLog] = {}
+_LOGS: list[RunLog] = []
+_EXIT_HANDLER_REGISTERED: list[bool] = []  # a list: set once without a `global` statement
 
 
 def run_log_for(store: Any, context: Any) -> RunLog:
-    """This process's log in `store`'s directory; on its first use, the start and ready events
-    (`context`: the `RunContext` training runs in)."""
-    log = next((log for log in _LOGS.values() if log.store.same_as(store)), None)
+    """This process's log in `store`'s directory; on its first use, the start, imported and ready
+    events (`context`: the `RunContext` training runs in)."""
+    log = next((log for log in _LOGS if log.store.same_as(store)), None)
     if log is None:
         log = RunLog(store, heartbeat_seconds=1.0 if isinstance(store.directory, Path) else 5.0)
-        _LOGS[store.location] = log
+        _LOGS.append(log)
         log.event("start", at=log.started, host=socket.gethostname(), pid=os.getpid(), task=context.task,
                   workers=context.num_workers, replicas=context.num_replicas, strategy=context.kind)
         log.event("imported", at=_IMPORTED_AT)
         log.event("ready", at=context.formed_at)
-        if not _LOGS_CLOSED_AT_EXIT:
+        if not _EXIT_HANDLER_REGISTERED:
             atexit.register(close_logs)
-            _LOGS_CLOSED_AT_EXIT.append(True)
+            _EXIT_HANDLER_REGISTERED.append(True)
     return log
-
-
-_LOGS_CLOSED_AT_EXIT: list[bool] = []
 
 
 def close_logs() -> None:
@@ -156,7 +154,7 @@ def close_logs() -> None:
     its own). Logs in buckets only stop their heartbeat: no network at exit, where a store that is
     gone would hold the exit up for its retries (their end of training is recorded already)."""
     while _LOGS:
-        _, log = _LOGS.popitem()
+        log = _LOGS.pop()
         if isinstance(log.store.directory, Path):
             log.stop_following()
             log.event("exit")

@@ -28,7 +28,7 @@ from kerasdist.checkpoint import (
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
-from kerasdist.monitoring import chief_writes_only, tensorboard_dir_of
+from kerasdist.monitoring import monitored
 from kerasdist.step_guard import is_r_function
 from kerasdist.training.resume_point import (
     check_total_epochs,
@@ -178,7 +178,6 @@ def custom_fit(
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)
         context = context_of(model.distribute_strategy)
-        callbacks = chief_writes_only(callbacks, context)
         check_jit(settings, context)
         check_model_precision(model, settings)
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
@@ -192,7 +191,7 @@ def custom_fit(
         run = run_record_of(data, settings.record())
         checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run,
                                         every_seconds=every_seconds)
-        checkpoint.tensorboard_dir = tensorboard_dir_of(callbacks) if context.is_chief else None
+        callbacks = monitored(callbacks, context, checkpoint)
         start = resume_point(checkpoint, model, run)
         epoch, skip = start.epoch, start.skip
         pipeline = _Pipeline(data, context.strategy, steps_per_epoch)

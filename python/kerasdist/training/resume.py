@@ -20,7 +20,7 @@ from kerasdist.checkpoint import (
 from kerasdist.checkpoint.callback import refuse_backup_and_restore
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
-from kerasdist.monitoring import chief_writes_only, tensorboard_dir_of
+from kerasdist.monitoring import monitored
 from kerasdist.step_guard import check_step_functions
 from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.training.resume_point import (
@@ -61,8 +61,8 @@ def resume_fit(
     training runs through `ps_fit`, since Keras 3 `fit` cannot: `steps_per_epoch` is then
     required, `data` (and `validation_data`) is a dataset or a function of a
     `tf.distribute.InputContext` as `ps_fit` takes, checkpoints are written at epoch ends by the
-    coordinator (`every_steps` is refused: steps run asynchronously on the workers), and a run
-    stopped mid-epoch by SIGTERM resumes with the steps that epoch had left.
+    coordinator (`every_steps` and `every_seconds` are refused: steps run asynchronously on the
+    workers), and a run stopped mid-epoch by SIGTERM resumes with the steps that epoch had left.
 
     Args:
         model: a compiled Keras model, usually from `make_or_restore_model`.
@@ -89,8 +89,7 @@ def resume_fit(
         refuse_backup_and_restore(callback, index)
     checkpoint = _checkpoint_of(model, checkpoint)
     context = context_of(model.distribute_strategy)
-    callbacks = chief_writes_only(callbacks, context)
-    checkpoint.tensorboard_dir = tensorboard_dir_of(callbacks) if context.is_chief else None
+    callbacks = monitored(callbacks, context, checkpoint)
     check_step_functions(model, context.strategy)
     if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
@@ -102,7 +101,7 @@ def resume_fit(
     start = resume_point(checkpoint, model, run_record_of(data))
     epoch, skip = start.epoch, start.skip
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
-    fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
+    fit_args = dict(callbacks=[checkpoint, *callbacks], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
     histories = []
     if epoch >= epochs:
@@ -161,7 +160,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
     epoch, skip = start.epoch, start.skip
-    fit_args = dict(callbacks=[checkpoint, *(callbacks or [])], validation_data=validation_data,
+    fit_args = dict(callbacks=[checkpoint, *callbacks], validation_data=validation_data,
                     validation_steps=validation_steps, verbose=verbose)
     histories = []
     if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
