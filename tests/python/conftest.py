@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,6 +38,30 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True, text=True, env=full_env, timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+    """`made_once(name, make)`: what `make(folder)` returned (a path), made by the first of the
+    pytest-xdist workers that asks and read back by the others, for the runs several tests compare
+    against (a reference training, the built packages). A `make` that fails is tried again by the
+    next one to ask."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+
+    def make_once(name: str, make) -> Path:
+        with open(root / f"made-once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            done = root / f"made-once-{name}.json"
+            if not done.exists():
+                folder = root / f"made-once-{name}"
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                done.write_text(json.dumps(str(make(folder))))
+            return Path(json.loads(done.read_text()))
+
+    return make_once
 
 
 def require_slurm_cluster():

@@ -361,12 +361,15 @@ def run_until_writing(command: list[str], writes: int, sig: int) -> tuple[int, s
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def reference(made_once) -> Path:
     """An uninterrupted run that saves synchronously: the background runs must end bitwise equal."""
-    workdir = tmp_path_factory.mktemp("reference")
-    code, _, tail = kill_resume.run(script(workdir / "ckpt", workdir / "reference.npz", "--sync-save"))
-    assert code == 0, tail
-    return workdir / "reference.npz"
+
+    def make(workdir: Path) -> Path:
+        code, _, tail = kill_resume.run(script(workdir / "ckpt", workdir / "reference.npz", "--sync-save"))
+        assert code == 0, tail
+        return workdir / "reference.npz"
+
+    return made_once("background-save-reference", make)
 
 
 def script(ckpt: Path, out: Path, *extra: str) -> list[str]:

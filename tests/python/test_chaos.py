@@ -39,14 +39,11 @@ def r_can_run() -> bool:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """One uninterrupted run per variant, made when first asked for."""
-    made = {}
+def references(made_once):
+    """One uninterrupted run per variant, made when first asked for (once for all workers)."""
 
     def reference(name: str) -> Path:
-        if name not in made:
-            made[name] = kill_resume.reference_run(tmp_path_factory.mktemp(name), kill_resume.VARIANTS[name])
-        return made[name]
+        return made_once(f"chaos-{name}", lambda folder: kill_resume.reference_run(folder, kill_resume.VARIANTS[name]))
 
     return reference
 

@@ -64,12 +64,15 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 600
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:
+def dist(made_once) -> Path:
     """`make dist`'s script, into a fresh directory (the R tarball without its vignettes, which
-    R CMD build runs in `make test` anyway)."""
-    out = tmp_path_factory.mktemp("dist")
-    run([ROOT / "tools" / "dist.sh", out], ROOT, {**os.environ, "KERASDIST_DIST_VIGNETTES": "0"})
-    return out
+    R CMD build runs in `make test` anyway); once for all workers."""
+
+    def make(out: Path) -> Path:
+        run([ROOT / "tools" / "dist.sh", out], ROOT, {**os.environ, "KERASDIST_DIST_VIGNETTES": "0"})
+        return out
+
+    return made_once("dist", make)
 
 
 def test_dist_builds_a_wheel_an_sdist_and_an_r_tarball_that_carry_what_they_need(dist):

@@ -56,11 +56,14 @@ def assert_close(a: Path, b: Path, tol: float = TOL) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """An uninterrupted run on the default strategy (one process, one replica)."""
-    work = tmp_path_factory.mktemp("reference")
-    assert train(work / "ckpt", work / "final.npz", *DEFAULT) == list(range(1, STEPS + 1))
-    return work / "final.npz"
+def reference(made_once) -> Path:
+    """An uninterrupted run on the default strategy (one process, one replica); once for all workers."""
+
+    def make(work: Path) -> Path:
+        assert train(work / "ckpt", work / "final.npz", *DEFAULT) == list(range(1, STEPS + 1))
+        return work / "final.npz"
+
+    return made_once("reliability-reference", make)
 
 
 def test_default_mirrored_and_two_workers_train_to_the_same_weights(reference, tmp_path, capfd):

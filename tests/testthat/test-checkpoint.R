@@ -17,11 +17,18 @@ small_dataset <- function() {
   ))$batch(4L)
 }
 
-# Two epoch-end checkpoints (epochs 1 and 2) written through the R API.
+# Two epoch-end checkpoints (epochs 1 and 2) written through the R API: trained once, then a copy
+# for each test, which may damage or extend it.
+trained <- new.env()
 trained_checkpoints <- function() {
+  if (is.null(trained$dir)) {
+    trained$dir <- file.path(tempfile("trained-"), "ckpt")
+    model <- make_or_restore_model(trained$dir, build_model)
+    resume_fit(model, small_dataset(), 2L, checkpoint_callback(trained$dir, keep = 5L), verbose = 0L)
+  }
   dir <- file.path(withr::local_tempdir(.local_envir = parent.frame()), "ckpt")
-  model <- make_or_restore_model(dir, build_model)
-  resume_fit(model, small_dataset(), 2L, checkpoint_callback(dir, keep = 5L), verbose = 0L)
+  dir.create(dir)
+  file.copy(list.files(trained$dir, full.names = TRUE, all.files = TRUE, no.. = TRUE), dir, recursive = TRUE)
   dir
 }
 
