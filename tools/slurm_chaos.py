@@ -24,7 +24,7 @@ step; median and max of each over the N jobs, the requeue's wait in "down" for p
 
 --goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step,
 a checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a
-0.1 s save and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds (with
+0.1 s save and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of running (with
 --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them).
 """
@@ -296,6 +296,10 @@ def goodput_chaos(args: argparse.Namespace) -> int:
         cluster.wait_started(job_id)
         started, failures = time.monotonic(), []
         while cluster.job(job_id).state not in FINAL_STATES:
+            # every --kill-every seconds of the job's running, not of the clock: a requeued job's
+            # wait in the queue does not count
+            while cluster.job(job_id).state not in (*FINAL_STATES, "RUNNING"):
+                time.sleep(1)
             deadline = time.monotonic() + args.kill_every
             while time.monotonic() < deadline and cluster.job(job_id).state not in FINAL_STATES:
                 time.sleep(1)
