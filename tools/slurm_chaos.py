@@ -296,10 +296,9 @@ def goodput_chaos(args: argparse.Namespace) -> int:
         cluster.wait_started(job_id)
         started, failures = time.monotonic(), []
         while cluster.job(job_id).state not in FINAL_STATES:
-            # every --kill-every seconds of the job's running, not of the clock: a requeued job's
-            # wait in the queue does not count
-            while cluster.job(job_id).state not in (*FINAL_STATES, "RUNNING"):
-                time.sleep(1)
+            # every --kill-every seconds of the job's running, not of the clock; a requeued job is
+            # released from Slurm's ~2-minute BeginTime hold, as in the tests (--recovery too)
+            cluster.wait_started(job_id, timeout=600)
             deadline = time.monotonic() + args.kill_every
             while time.monotonic() < deadline and cluster.job(job_id).state not in FINAL_STATES:
                 time.sleep(1)
@@ -307,7 +306,10 @@ def goodput_chaos(args: argparse.Namespace) -> int:
             if state in FINAL_STATES or state != "RUNNING":
                 continue
             if args.preempt:
+                restarts = cluster.job(job_id).restarts
                 cluster.signal_job(job_id, "TERM", full=True)
+                requeued = lambda job, before=restarts: job.restarts > before or job.state in FINAL_STATES  # noqa: E731
+                cluster.wait(job_id, requeued, 300)
             else:
                 kill_training(cluster, 1)
             failures.append(round(time.monotonic() - started, 1))
