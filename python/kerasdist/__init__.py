@@ -7,7 +7,7 @@ _preemption_signals.install()  # first: a cluster task preempted while TensorFlo
 startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
 from kerasdist import compat
-from kerasdist.about import __version__ as __version__
+from kerasdist.about import VERSION as __version__  # noqa: F401 - kerasdist.__version__
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 
-__version__ = "0.1.0"  # the one definition: the package, its wheel (pyproject.toml) and the CLI read it
+VERSION = "0.1.0"  # the one definition: the package (its __version__), its wheel (pyproject.toml) and the CLI read it
 
 
 def kerasdist_info(kind: str = "auto") -> str:
@@ -16,7 +16,7 @@ def kerasdist_info(kind: str = "auto") -> str:
     from kerasdist.strategy import describe_strategy, select_strategy
 
     header = (
-        f"kerasdist {__version__} | TensorFlow {tf.__version__} | Keras {keras.__version__}"
+        f"kerasdist {VERSION} | TensorFlow {tf.__version__} | Keras {keras.__version__}"
         f" | NumPy {numpy.__version__} | Python {platform.python_version()}"
     )
     return f"{header}\n{describe_strategy(select_strategy(kind))}"

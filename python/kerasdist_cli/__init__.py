@@ -351,7 +351,7 @@ def version() -> str:
 
     spec = importlib.util.find_spec("kerasdist")
     about = Path(spec.origin).with_name("about.py") if spec and spec.origin else None
-    found = re.search(r'^__version__ = "([^"]+)"', about.read_text(), re.M) if about and about.is_file() else None
+    found = re.search(r'^VERSION = "([^"]+)"', about.read_text(), re.M) if about and about.is_file() else None
     return found.group(1) if found else "unknown (kerasdist is not installed)"
 
 
