@@ -22,10 +22,10 @@ after step 8 (the recipe restarts the step inside the allocation) and N jobs pre
 into down (detection, exit, restart or requeue), Python + TensorFlow, cluster, restore and first
 step; median and max of each over the N jobs, the requeue's wait in "down" for preemptions.
 
---goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step,
-a checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a
-0.1 s save and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of running (with
---preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
+--goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step, a
+checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a 0.1 s save
+and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of
+running (with --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them).
 """
 

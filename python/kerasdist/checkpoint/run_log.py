@@ -129,7 +129,6 @@ class RunLog:
 
 
 _LOGS: list[RunLog] = []
-_EXIT_HANDLER_REGISTERED: list[bool] = []  # a list: set once without a `global` statement
 
 
 def run_log_for(store: Any, context: Any) -> RunLog:
@@ -138,14 +137,13 @@ def run_log_for(store: Any, context: Any) -> RunLog:
     log = next((log for log in _LOGS if log.store.same_as(store)), None)
     if log is None:
         log = RunLog(store, heartbeat_seconds=1.0 if isinstance(store.directory, Path) else 5.0)
+        if not _LOGS:  # the first log since the last close_logs
+            atexit.register(close_logs)
         _LOGS.append(log)
         log.event("start", at=log.started, host=socket.gethostname(), pid=os.getpid(), task=context.task,
                   workers=context.num_workers, replicas=context.num_replicas, strategy=context.kind)
         log.event("imported", at=_IMPORTED_AT)
         log.event("ready", at=context.formed_at)
-        if not _EXIT_HANDLER_REGISTERED:
-            atexit.register(close_logs)
-            _EXIT_HANDLER_REGISTERED.append(True)
     return log
 
 
