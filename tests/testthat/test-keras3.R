@@ -195,7 +195,7 @@ test_that("the R package carries kerasdist's Python package and pinned versions 
   expect_true(file.exists(file.path(source, "python", "kerasdist", "__init__.py")))
   expect_true(file.exists(file.path(source, "python", "kerasdist_cli", "__init__.py")))
   about <- readLines(file.path(source, "python", "kerasdist", "about.py"))
-  expect_true(any(grepl(sprintf('__version__ = "%s"', utils::packageVersion("kerasdist")), about, fixed = TRUE)))
+  expect_true(any(grepl(sprintf('VERSION = "%s"', utils::packageVersion("kerasdist")), about, fixed = TRUE)))
   pins <- readLines(system.file("python", "constraints.txt", package = "kerasdist"))
   expect_true(any(grepl("^tensorflow-cpu==2\\.21", pins)))
 })
