@@ -19,7 +19,7 @@
 #'   mean time between failures)`, `NA` without failures or without saves),
 #'   `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
 #'   one row per start of the chief's process, with its `status`:
-#'   `"completed"`, `"preempted"` or `"killed or crashed"`, its first step's
+#'   `"completed"`, `"preempted"`, `"peer lost"` or `"killed or crashed"`, its first step's
 #'   time and `recovery_seconds`, from the previous attempt's last sign of life
 #'   to this one's first step). An error if the directory holds no run log.
 #' @family checkpoint

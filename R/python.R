@@ -181,7 +181,9 @@ call_python <- function(fun, ..., call = sys.call(-1)) {
   args <- c(list(fun), py_args(list(...)))
   result <- tryCatch(do.call(.kerasdist$bridge$call_capturing_warnings, args), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
-    if (inherits(err, "python.builtin.SystemExit")) preempted(err, call)
+    if (inherits(err, "python.builtin.SystemExit")) {
+      if (reticulate::py_has_attr(err, "peer")) peer_lost(err, call) else preempted(err, call)
+    }
     parsed <- parse_python_error(conditionMessage(err))
     kerasdist_abort(parsed$message, parsed$type, call)
   })
@@ -215,6 +217,23 @@ preempted <- function(exit, call) {
                            if (is.null(checkpoint)) "(none)" else checkpoint),
          call = call, status = status, checkpoint = checkpoint,
          global_step = if (reticulate::py_has_attr(exit, "global_step")) exit$global_step)
+  ))
+}
+
+# A multi-worker fit whose peer was lost (its process killed, its host down) raised `PeerLostExit`
+# (a SystemExit, status 76) naming the peer. Rscript exits with 76, as Python does, so the group is
+# restarted; an interactive session (or `kerasdist.exit_on_preemption = FALSE`) gets a
+# `kerasdist_peer_lost` condition naming the peer instead. Nothing was saved: the newest
+# checkpoint is intact.
+peer_lost <- function(exit, call) {
+  status <- suppressWarnings(as.integer(exit$code))
+  if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
+  peer <- exit$peer
+  stop(structure(
+    class = c("kerasdist_peer_lost", "kerasdist_error", "error", "condition"),
+    list(message = sprintf("%s of this multi-worker cluster was lost (%s); the newest checkpoint is intact: restart the group to resume.",
+                           if (is.null(peer)) "A peer" else peer, exit$detail),
+         call = call, status = status, peer = peer)
   ))
 }
 

@@ -51,6 +51,8 @@
 #'   raising its error if it failed; a crash during the write leaves the
 #'   checkpoints saved before. `FALSE` writes each checkpoint before training
 #'   goes on.
+#' @inheritSection resume_fit Preemption
+#' @inheritSection resume_fit A lost peer
 #' @returns The training history of all epochs, earlier runs included,
 #'   invisibly: a `keras_training_history`, as keras3's `fit()` returns.
 #' @family training

@@ -82,6 +82,7 @@
 #'   checkpoints saved before. `FALSE` writes each checkpoint before training
 #'   goes on.
 #' @inheritSection resume_fit Preemption
+#' @inheritSection resume_fit A lost peer
 #' @returns The training history of all epochs, earlier runs included, as
 #'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
 #'   `plot(history)`, `as.data.frame(history)` and `print(history)` work;

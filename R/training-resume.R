@@ -32,6 +32,13 @@
 #'   = FALSE)`) `resume_fit()` stops with a condition of class
 #'   `kerasdist_preempted` whose `checkpoint` is the path (or URL) just saved and
 #'   `global_step` its step.
+#' @section A lost peer: When another worker of a multi-worker cluster
+#'   disappears mid-fit (its process killed, its host down), TensorFlow's
+#'   all-reduce fails; `resume_fit()` then stops without saving (the newest
+#'   checkpoint is intact) and, under Rscript, the process exits with status
+#'   76; interactively (or with the option above) it stops with a condition
+#'   of class `kerasdist_peer_lost` whose `peer` names the lost task (e.g.
+#'   `"worker:1"`).
 #' @returns The training history of all epochs, earlier runs included,
 #'   invisibly, as keras3's `fit()` returns it: a `keras_training_history`
 #'   (`plot(history)`, `as.data.frame(history)`, `history$metrics$loss`).

@@ -43,7 +43,12 @@ from kerasdist.goodput import GoodputReport, goodput, plot_goodput
 from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
 from kerasdist.monitoring import chief_path
-from kerasdist.preemption import PREEMPTED_EXIT_CODE, PreemptedExit
+from kerasdist.preemption import (
+    PEER_LOST_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    PeerLostExit,
+    PreemptedExit,
+)
 from kerasdist.strategy import (
     StrategyDescription,
     StrategyPlan,
@@ -90,6 +95,8 @@ __all__ = [
     # checkpoints and resuming
     "PREEMPTED_EXIT_CODE",
     "PreemptedExit",
+    "PEER_LOST_EXIT_CODE",
+    "PeerLostExit",
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",

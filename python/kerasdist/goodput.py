@@ -47,8 +47,9 @@ class Attempt:
     Attributes:
         name: the log's name (`<start time>-<host>-<pid>`).
         started, ended: Unix times of the process start and of its last sign of life.
-        status: "completed", "preempted" (saved and exited 75), or "killed or crashed" (the log
-            just stops: SIGKILL, a lost host, an error).
+        status: "completed", "preempted" (saved and exited 75), "peer lost" (another worker
+            disappeared mid-fit: exited 76, nothing saved), or "killed or crashed" (the log just
+            stops: SIGKILL, a lost host, an error).
         restored_step: the step it resumed from (0: from scratch); last_step: the last step it
             trained (as far as its log knows, to about one heartbeat).
         saves: checkpoints it committed; seconds: this attempt's share of each part.

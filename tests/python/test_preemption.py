@@ -9,12 +9,14 @@ import os
 import re
 import time
 
+import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.failure_handling import failure_handling, failure_handling_util
 
 import kerasdist
 from kerasdist import compat
 from kerasdist.preemption import agreement
+from kerasdist.preemption.exit import exit_on_lost_peer, peer_lost
 
 
 def test_upstream_handler_still_does_nothing_on_gce_cpu_vms():
@@ -39,3 +41,38 @@ def test_the_metadata_probe_is_pointed_at_a_closed_local_port_and_answers_at_onc
 def test_one_process_gets_no_agreement_and_keeps_its_own_sigterm_handling():
     assert agreement.agreement_for(tf.distribute.get_strategy()) is None
     assert agreement.agreement_for(kerasdist.select_strategy("default")) is None
+
+
+RESET = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+         "remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf:")
+
+
+def test_a_collective_whose_peer_went_away_is_a_lost_peer_naming_it():
+    lost = peer_lost(tf.errors.UnavailableError(None, None, RESET), num_workers=2, task="worker:0")
+    assert isinstance(lost, kerasdist.PeerLostExit) and lost.code == kerasdist.PEER_LOST_EXIT_CODE == 76
+    assert (lost.peer, lost.detail) == ("worker:1", "Collective ops is aborted by: recvmsg:Connection reset by peer")
+    # without a remote target, the task named that is not this one (the message names its own devices)
+    own_devices = "Collective ops is aborted by: Socket closed [[{{node /job:worker/replica:0/task:0/device:CPU:0}}]]"
+    assert peer_lost(tf.errors.UnavailableError(None, None, own_devices), 2, "worker:0").peer is None
+    assert "a peer of this multi-worker cluster was lost" in str(
+        peer_lost(tf.errors.UnavailableError(None, None, own_devices), 2, "worker:0"))
+
+
+def test_other_errors_and_one_worker_are_no_lost_peer():
+    assert peer_lost(tf.errors.UnavailableError(None, None, RESET), num_workers=1) is None
+    assert peer_lost(tf.errors.InvalidArgumentError(None, None, RESET), num_workers=2) is None
+    assert peer_lost(tf.errors.UnavailableError(None, None, "the file system is full"), num_workers=2) is None
+    assert peer_lost(ValueError(RESET), num_workers=2) is None
+
+
+def test_exit_on_lost_peer_ends_the_fit_says_why_and_lets_other_errors_through(capsys):
+    ended = []
+    with pytest.raises(kerasdist.PeerLostExit) as caught:
+        with exit_on_lost_peer(2, "worker:0", lambda: ended.append(True)):
+            raise tf.errors.UnavailableError(None, None, RESET)
+    assert ended == [True] and caught.value.__cause__ is None
+    assert capsys.readouterr().err.startswith("kerasdist: worker:1 of this multi-worker cluster was lost")
+    with pytest.raises(tf.errors.UnavailableError):
+        with exit_on_lost_peer(1, None, lambda: ended.append(True)):
+            raise tf.errors.UnavailableError(None, None, RESET)
+    assert ended == [True]

@@ -221,6 +221,25 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
 })
 
+test_that("a lost peer (PeerLostExit, status 76) is a kerasdist_peer_lost condition naming the peer", {
+  skip_if_no_kerasdist()
+  withr::local_options(kerasdist.exit_on_preemption = FALSE)  # an Rscript would exit 76 here
+  # TensorFlow's own error for an all-reduce whose peer was SIGKILLed, as a multi-worker fit raises it
+  raise <- reticulate::py_run_string(paste(
+    "import tensorflow as tf",
+    "from kerasdist.preemption.exit import exit_on_lost_peer",
+    "def fit():",
+    "    with exit_on_lost_peer(2, 'worker:0'):",
+    "        raise tf.errors.UnavailableError(None, None, 'Collective ops is aborted by: Socket closed\\n'",
+    "            'Additional GRPC error information from remote target /job:worker/replica:0/task:1')",
+    sep = "\n"), convert = FALSE)$fit
+  err <- expect_error(kerasdist:::call_python(raise), class = "kerasdist_peer_lost")
+  expect_s3_class(err, "kerasdist_error")
+  expect_identical(err$status, 76L)
+  expect_identical(err$peer, "worker:1")
+  expect_match(conditionMessage(err), "^worker:1 of this multi-worker cluster was lost \\(Collective ops is aborted by: Socket closed\\); the newest checkpoint is intact")
+})
+
 test_that("a cluster task signalled before training exits 75 at once, while R code runs", {
   skip_if_no_kerasdist()
   script <- normalizePath(test_path("scripts", "signalled_before_training.R"))

@@ -282,6 +282,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             raise PreemptedExit(saved.path if saved else None,
                                 saved.global_step if saved else optimizer_step(self.model))
 
+    def stopped_by_lost_peer(self) -> None:
+        """A peer of the cluster was lost mid-fit (`fit` raised, so Keras calls no end hook): the
+        save in flight is finished, and the run log ends this fit as "peer lost"."""
+        ended = False
+        try:
+            self.wait()
+            ended = True
+        finally:
+            self._memory.release()
+            self._restore_sigterm_handler()
+            self._close_log(ended, "peer lost")
+
     # -- helpers ----------------------------------------------------------------------------
     def _open_log(self, context: Any) -> None:
         """The chief's run log: the restores since the last fit, then this fit's start."""
@@ -312,14 +324,14 @@ class CheckpointCallback(keras.callbacks.Callback):
             pass
         write_run_figures(self.tensorboard_dir, epoch, figures)
 
-    def _close_log(self, ended: bool) -> None:
+    def _close_log(self, ended: bool, status: str | None = None) -> None:
         """The end of training in the run log; a fit whose last save failed (`ended` False) did
         not end: its attempt reads as crashed, by its exit event."""
         if self._log is not None:
             self._log.stop_following()
             if ended:
-                self._log.event("train_end", step=optimizer_step(self.model),
-                                status="preempted" if self._preempted else "completed")
+                status = status or ("preempted" if self._preempted else "completed")
+                self._log.event("train_end", step=optimizer_step(self.model), status=status)
             self._log = None
 
     def _save(self, epoch: int, step: int, logs: dict | None, final: bool = False) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from kerasdist.preemption import PREEMPTED_EXIT_CODE
+from kerasdist.preemption import PEER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
@@ -45,6 +45,8 @@ class TaskFailure:
                 f"{self.task} exited with status {self.returncode} "
                 "(preempted, checkpoint saved)"
             )
+        if self.returncode == PEER_LOST_EXIT_CODE:
+            return f"{self.task} exited with status {self.returncode} (a peer was lost; newest checkpoint intact)"
         return f"{self.task} exited with status {self.returncode}"
 
     @property

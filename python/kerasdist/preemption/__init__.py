@@ -17,12 +17,24 @@ and hands it back to the one before when its time ends.
 5. Once the interpreter exits by itself: nobody (ignored). The exit status already says what
    happened.
 
-Modules: `exit` (status 75 and `PreemptedExit`, what a preempted process ends with), `signals`
+A peer lost mid-fit (its process killed, its host down) is no signal but TensorFlow's error in a
+collective: `exit.exit_on_lost_peer` turns it into `PeerLostExit` (76), nothing saved, the newest
+checkpoint intact.
+
+Modules: `exit` (statuses 75 and 76, `PreemptedExit` and `PeerLostExit`), `signals`
 (the handlers and who holds SIGTERM), `agreement` (multi-worker: every worker stops at one agreed
 step; imports TensorFlow, so it is imported where it is used).
 """
 
-from kerasdist.preemption.exit import PREEMPTED_EXIT_CODE, PreemptedExit, exit_preempted
+from kerasdist.preemption.exit import (
+    PEER_LOST_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    PeerLostExit,
+    PreemptedExit,
+    exit_on_lost_peer,
+    exit_preempted,
+)
 from kerasdist.preemption.signals import SigtermHold
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PreemptedExit", "SigtermHold", "exit_preempted"]
+__all__ = ["PEER_LOST_EXIT_CODE", "PREEMPTED_EXIT_CODE", "PeerLostExit", "PreemptedExit", "SigtermHold",
+           "exit_on_lost_peer", "exit_preempted"]

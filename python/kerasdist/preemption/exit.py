@@ -1,9 +1,13 @@
-"""What a preempted process ends with: status 75, and during a fit what it saved."""
+"""What a process ends with when it cannot go on: status 75 when preempted (during a fit, after
+saving), 76 when a peer of its multi-worker cluster was lost."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
+from collections.abc import Callable, Iterator
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "preempted, restart me"; schedulers' recipes requeue on it
 
@@ -35,3 +39,69 @@ def exit_preempted(signum: int | None = None, frame: object = None) -> None:
     except (OSError, ValueError, AttributeError):
         pass
     os._exit(PREEMPTED_EXIT_CODE)
+
+
+PEER_LOST_EXIT_CODE = 76  # "a peer was lost; my state is safe": restart the group, on the hosts left
+
+# TensorFlow's words when a collective's peer is gone: its connection reset or refused (a process
+# killed), or the coordination service's heartbeat missed (a host down).
+_PEER_LOST_WORDS = re.compile(r"Collective ops is aborted|Connection reset by peer|Connection refused|"
+                              r"failed to connect|Socket closed|unhealthy|stopped sending heartbeats")
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+class PeerLostExit(SystemExit):
+    """Raised when a multi-worker fit stopped because another worker of the cluster disappeared
+    (its process killed, its host down): the process exits with 76, and code that catches it (R's
+    front end, a notebook) learns which peer. Nothing is saved then: the newest checkpoint is
+    intact, and a restart of the group (on the workers left) resumes from it.
+
+    Attributes:
+        code: 76 (`PEER_LOST_EXIT_CODE`), the exit status.
+        peer: the task TensorFlow named, as "worker:1", or None when it named none.
+        detail: TensorFlow's own words, one line.
+    """
+
+    def __init__(self, peer: str | None, detail: str) -> None:
+        super().__init__(PEER_LOST_EXIT_CODE)
+        self.peer = peer
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return (f"kerasdist: {self.peer or 'a peer'} of this multi-worker cluster was lost ({self.detail}); "
+                f"the newest checkpoint is intact: restart the group to resume. Exiting with {self.code}.")
+
+
+def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -> PeerLostExit | None:
+    """The `PeerLostExit` that TensorFlow's `error` stands for in a cluster of `num_workers` seen
+    from `task` (e.g. "worker:0"), or None when it is not a lost peer (one worker; another error)."""
+    from tensorflow import errors
+
+    lost_kinds = (errors.UnavailableError, errors.AbortedError, errors.CancelledError, errors.InternalError)
+    message = str(error)
+    if num_workers < 2 or not isinstance(error, lost_kinds) or not _PEER_LOST_WORDS.search(message):
+        return None
+    cause = next((line.strip() for line in message.splitlines() if _PEER_LOST_WORDS.search(line)), "")
+    # The peer is the remote target TensorFlow names, else a task other than this one (the
+    # message also names this task's own devices).
+    remote = _TASK.search(message[message.find("remote target"):]) if "remote target" in message else None
+    others = [f"{kind}:{index}" for kind, index in _TASK.findall(message) if f"{kind}:{index}" != task]
+    peer = f"{remote[1]}:{remote[2]}" if remote else (others[0] if others else None)
+    return PeerLostExit(peer, cause)
+
+
+@contextlib.contextmanager
+def exit_on_lost_peer(num_workers: int, task: str | None, on_lost: Callable[[], None] | None = None) -> Iterator[None]:
+    """Around a multi-worker fit: TensorFlow's error for a lost peer becomes `PeerLostExit`
+    (status 76), said on stderr, after `on_lost` (the checkpoint callback's end of the fit)."""
+    try:
+        yield
+    except Exception as err:
+        lost = peer_lost(err, num_workers, task)
+        if lost is None:
+            raise
+        if on_lost is not None:
+            on_lost()
+        sys.stderr.write(f"{lost}\n")
+        sys.stderr.flush()
+        raise lost from None

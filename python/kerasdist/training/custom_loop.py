@@ -29,6 +29,7 @@ from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
 from kerasdist.monitoring import monitored
+from kerasdist.preemption import exit_on_lost_peer
 from kerasdist.step_guard import is_r_function
 from kerasdist.training.resume_point import (
     check_total_epochs,
@@ -202,8 +203,9 @@ def custom_fit(
             # A mid-epoch checkpoint's metrics are the running means of the batches before it:
             # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
             partial = dict(start.metrics) if skip else {}
-            history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
-                           verbose, partial)
+            with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
+                history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
+                               verbose, partial)
     return merged_history(model, start.history, [history] if history is not None else [])
 
 

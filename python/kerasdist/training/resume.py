@@ -21,6 +21,7 @@ from kerasdist.checkpoint.callback import refuse_backup_and_restore
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
 from kerasdist.monitoring import monitored
+from kerasdist.preemption import exit_on_lost_peer
 from kerasdist.step_guard import check_step_functions
 from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.training.resume_point import (
@@ -103,9 +104,16 @@ def resume_fit(
     # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
     fit_args = dict(callbacks=[checkpoint, *callbacks], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
-    histories = []
     if epoch >= epochs:
-        return merged_history(model, start.history, histories)
+        return merged_history(model, start.history, [])
+    with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
+        histories = _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args)
+    return merged_history(model, start.history, histories)
+
+
+def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args) -> list:
+    """`fit` from `skip` batches into `epoch` to the end: the histories of its calls."""
+    histories = []
     # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
     # optimizer iteration more than the batches it trained on, which would shift every later step.
     steps = steps_per_epoch or epoch_steps(epoch_data(epoch), "data")
@@ -127,7 +135,7 @@ def resume_fit(
         # across epochs, so epoch e gets exactly data(e).
         stream = _epochs(epoch_data, epoch, epochs)
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
-    return merged_history(model, start.history, histories)
+    return histories
 
 
 def _epochs_of_planned(data: Any) -> Any:
