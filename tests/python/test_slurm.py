@@ -145,6 +145,19 @@ def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_eq
     assert 0 < recovery["total"] < 120 and recovery["python_and_tensorflow"] > 0 and recovery["restore"] > 0
 
 
+def test_a_step_whose_task_lost_a_peer_is_started_again_in_the_allocation_then_fails_with_76(slurm_cluster):
+    """Status 76 (a task lost a peer: kerasdist's PeerLostExit, nothing saved): the recipe starts
+    the step again inside the allocation as after a SIGKILL, KERASDIST_MAX_RESTARTS times, then
+    fails with 76 (the step is a shell that exits 76, so the test needs no training)."""
+    job_id = slurm_cluster.submit(chaos.RECIPE, "bash", "-c", "exit 76", options=chaos.JOB_OPTIONS,
+                                  env={"KERASDIST_MAX_RESTARTS": "1"}, cwd=chaos.ROOT)
+    job = slurm_cluster.wait_final(job_id, 120)
+    output = slurm_cluster.output(job_id)
+    assert chaos.step_statuses(output) == [76, 76], output[-3000:]
+    assert "a task lost a peer (status 76, newest checkpoint intact): restart 1 of 1" in output, output[-3000:]
+    assert "giving up" in output and (job.state, job.exit_code) == ("FAILED", "76:0"), (job.fields, output[-3000:])
+
+
 def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_back(slurm_cluster, reference):
     """Host n1's slurmd and tasks are SIGKILLed mid-training: Slurm notices (SlurmdTimeout=5),
     requeues the job, and it completes once the host is back."""
