@@ -38,7 +38,7 @@
 #' @param num_ps Number of `"ps"` (parameter server) tasks; with 1 or more, a
 #'   `"chief"` task (the coordinator) is added.
 #' @param max_restarts How many times the whole group may be restarted after
-#'   a failure.
+#'   a failure (at each size, with `min_workers`).
 #' @param host The local address the ports are picked on and `TF_CONFIG`
 #'   names (where the processes connect to each other).
 #' @param timeout Wall-clock limit in seconds for the whole run, restarts
@@ -57,13 +57,20 @@
 #'   that stopped a group, oldest first), `timed_out`, `message`, `cluster`,
 #'   `port_retries` and `exit_codes` (per attempt, every task's exit status
 #'   once the group stopped, -N if signal N ended it, e.g. `c("worker 0" = 75L, "worker 1" = 75L)`
-#'   for a multi-worker run preempted by SIGTERM).
+#'   for a multi-worker run preempted by SIGTERM) and `num_workers` (the
+#'   workers of the last attempt: fewer than asked after going on without
+#'   one).
 #' @family launch
 #' @seealso Python: `kerasdist.launch()`; command line:
 #'   `python -m kerasdist launch -n N -- COMMAND ...`.
 #' @param startup_timeout Seconds within which every worker and ps task must
 #'   come up (its TensorFlow server accepting connections); a task that does
 #'   not is named and counts as a failure. `NULL` waits as long as TensorFlow.
+#' @param min_workers The fewest workers to go on with: a group that still
+#'   fails once its restarts are used up goes on with one worker fewer (with
+#'   `max_restarts` restarts again), down to `min_workers`; training resumes
+#'   from the newest checkpoint with the same global batch. `NULL` (the
+#'   default) is `num_workers`: never fewer. Not with parameter servers.
 #' @examples
 #' \dontrun{
 #' # train.R reads TF_CONFIG through select_strategy() and resumes from its checkpoints
@@ -73,7 +80,7 @@
 #' @export
 launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
                    host = "127.0.0.1", timeout = NULL, grace_period = 10,
-                   env = NULL, cwd = NULL, startup_timeout = NULL) {
+                   env = NULL, cwd = NULL, startup_timeout = NULL, min_workers = NULL) {
   if (!is.character(command)) {
     kerasdist_abort("command must be a character vector: the program and its arguments.", call = sys.call())
   }
@@ -82,7 +89,8 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
     num_workers = num_workers, num_ps = num_ps,
     max_restarts = max_restarts, host = host, timeout = timeout,
     grace_period = grace_period, env = as_py_dict(as.list(env)),
-    cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout
+    cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout,
+    min_workers = min_workers
   )
   invisible(launch_result_to_r(result))
 }

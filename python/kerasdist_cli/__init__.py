@@ -58,6 +58,7 @@ def _launch(args: argparse.Namespace) -> int:
                 command, num_workers=args.num_workers, num_ps=args.ps,
                 max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
                 grace_period=args.grace_period, startup_timeout=args.startup_timeout,
+                min_workers=args.min_workers,
             )
     except KeyboardInterrupt:
         print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
@@ -185,7 +186,7 @@ def _add_launch(commands) -> None:
         "launch",
         help="run a command as a local TF_CONFIG cluster, restarting it on failure",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--host HOST] "
+        usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--min-workers M] [--host HOST] "
               "[--timeout S] -- COMMAND ...",
         description=(
             "Start one process per task of a cluster on this machine, each with its own\n"
@@ -193,7 +194,9 @@ def _add_launch(commands) -> None:
             "Output lines are prefixed with the task: [worker 0] ...\n"
             "If a process fails (non-zero exit, status 75 'preempted' included, or a signal),\n"
             "the whole group is stopped and restarted on fresh ports, up to --max-restarts\n"
-            "times, so training resumes from its latest checkpoint. With --ps P > 0 the\n"
+            "times, so training resumes from its latest checkpoint; with --min-workers M < N\n"
+            "a group still failing then goes on with one worker fewer (restarts again),\n"
+            "down to M workers, from the newest checkpoint. With --ps P > 0 the\n"
             "cluster also has a 'chief' task: ParameterServerStrategy's coordinator.\n\n"
             "COMMAND: a first word ending in .py runs with this Python, one ending in .R\n"
             "with Rscript; anything else runs as given.\n\n"
@@ -213,6 +216,9 @@ def _add_launch(commands) -> None:
                         help="number of parameter-server tasks; P > 0 adds a chief (default 0)")
     launch.add_argument("--max-restarts", type=_at_least(0), default=0, metavar="R",
                         help="restarts of the whole group allowed after failures (default 0)")
+    launch.add_argument("--min-workers", type=_at_least(1), default=None, metavar="M",
+                        help="go on with fewer workers, down to M, when failures outlast the restarts "
+                             "(default: N, never fewer)")
     launch.add_argument("--host", default="127.0.0.1",
                         help="local address for TF_CONFIG and the ports (default 127.0.0.1)")
     launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",

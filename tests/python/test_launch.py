@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -146,6 +147,31 @@ def test_restarts_run_out_when_the_failure_repeats(tmp_path, capsys):
     assert result.message == "worker 0 exited with status 3; no restarts left (max_restarts=2)."
 
 
+def test_min_workers_goes_on_with_fewer_workers_when_restarts_run_out(tmp_path, capsys):
+    """#30 item 6: worker 1 fails on every attempt it is in; with 1 restart at each size the group
+    of 3 goes on as 2 workers (TF_CONFIG names 2), then as 1, which finishes."""
+    result = launch([PROBE, str(tmp_path), "--fail", "worker 1", "--exit", "3", "--always"],
+                    num_workers=3, max_restarts=1, min_workers=1, grace_period=5)
+
+    assert (result.exit_code, result.restarts, result.num_workers) == (0, 4, 1)
+    assert [f.description for f in result.failures] == ["worker 1 exited with status 3"] * 4
+    assert [sorted(records(tmp_path, restart=r)) for r in range(5)] == [
+        ["worker 0", "worker 1", "worker 2"]] * 2 + [["worker 0", "worker 1"]] * 2 + [["worker 0"]]
+    assert len(records(tmp_path, restart=4)["worker 0"]["tf_config"]["cluster"]["worker"]) == 1
+    err = capsys.readouterr().err
+    assert ("kerasdist launch: worker 1 exited with status 3; no restarts left at this size (max_restarts=1): "
+            "going on with 2 workers (min_workers=1) on fresh ports.") in err
+    assert "going on with 1 worker (min_workers=1)" in err
+    assert "kerasdist launch: all 1 worker finished after 4 restarts." in err
+
+
+def test_min_workers_stops_at_its_floor(tmp_path):
+    result = launch([PROBE, str(tmp_path), "--fail", "worker 0", "--exit", "3", "--always"],
+                    num_workers=2, min_workers=1, grace_period=5)
+    assert (result.exit_code, result.restarts, result.num_workers) == (3, 1, 1)
+    assert result.message == "worker 0 exited with status 3; no restarts left (max_restarts=0)."
+
+
 def test_timeout_stops_the_run_and_says_so(tmp_path, capsys):
     start = time.monotonic()
     result = launch([PROBE, str(tmp_path), "--serve", "worker"], num_workers=2, timeout=1.5,
@@ -209,6 +235,9 @@ def test_an_r_script_runs_with_rscript(tmp_path, capsys):
         ({"num_workers": 2.5}, "num_workers must be an integer"),
         ({"num_ps": -1}, "num_ps must be an integer >= 0, got -1"),
         ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
+        ({"min_workers": 0}, "min_workers must be an integer >= 1, got 0"),
+        ({"min_workers": 3}, "min_workers must be at most num_workers (2), got 3"),
+        ({"min_workers": 1, "num_ps": 1}, "min_workers is for groups without parameter servers"),
         ({"timeout": 0}, "timeout must be more than 0 seconds"),
         ({"command": []}, "command is empty"),
         ({"command": ""}, "command is empty"),
@@ -225,7 +254,7 @@ def test_an_r_script_runs_with_rscript(tmp_path, capsys):
 )
 def test_bad_input_is_refused_before_anything_starts(tmp_path, kwargs, message):
     arguments = {"command": [PROBE, str(tmp_path)], "num_workers": 2, **kwargs}
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         launch(**arguments)
     assert list(tmp_path.iterdir()) == []
 
@@ -235,7 +264,7 @@ def test_cli_help_names_every_option(capsys):
         main(["launch", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for option in ("-n N", "--ps P", "--max-restarts R", "--host", "--timeout S", "-- COMMAND",
+    for option in ("-n N", "--ps P", "--max-restarts R", "--min-workers M", "--host", "--timeout S", "-- COMMAND",
                    "no authentication", "chief"):
         assert option in out
 
@@ -255,9 +284,10 @@ def test_cli_exits_with_the_failing_status_and_names_the_process(tmp_path, capsy
         (["-n", "0", "--", PROBE], "-n/--num-workers: must be at least 1, got 0"),
         (["-n", "2", "--ps", "-1", "--", PROBE], "--ps: must be at least 0, got -1"),
         (["-n", "2", "--max-restarts", "-1", "--", PROBE], "--max-restarts: must be at least 0"),
+        (["-n", "2", "--min-workers", "0", "--", PROBE], "--min-workers: must be at least 1, got 0"),
         (["-n", "2", "--timeout", "0", "--", PROBE], "--timeout: must be more than 0 seconds"),
     ],
-    ids=["n", "ps", "max-restarts", "timeout"],
+    ids=["n", "ps", "max-restarts", "min-workers", "timeout"],
 )
 def test_cli_bad_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

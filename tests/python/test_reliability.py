@@ -15,6 +15,7 @@ sample moves the weights by the size of one step (~1e-3 and more), far outside T
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,13 +93,23 @@ def test_checkpoint_resumes_on_another_replica_count_at_the_next_unseen_sample(r
 
 
 def test_checkpoint_of_two_workers_resumes_in_one_process(reference, tmp_path, capfd):
+    """Worker 1 is SIGKILLed at step 13; with min_workers=1 the launcher goes on with one worker
+    (#30 item 6), which resumes the chief's newest checkpoint with the same global batch of 32
+    and trains each remaining step once, ending within TOL of the one-process reference."""
     ckpt = tmp_path / "ckpt"
-    result = launch(ckpt, tmp_path / "final.npz", "--kill-at-step", "13", "--kill-task", "worker:1", api="resume_fit")
-    capfd.readouterr()
-    assert not result.ok and [f.description for f in result.failures] == ["worker 1 was killed by SIGKILL"]
+    result = launch(ckpt, tmp_path / "final.npz", "--kill-at-step", "13", "--kill-task", "worker:1", api="resume_fit",
+                    min_workers=1)
+    out = capfd.readouterr().out
+    assert result.ok and (result.restarts, result.num_workers) == (1, 1), out[-3000:]
+    assert [f.description for f in result.failures] == ["worker 1 was killed by SIGKILL"]
+    assert "[worker 0] done replicas=1 workers=1" in out
+    first, second = kerasdist.goodput(ckpt).attempts  # the chief's run log: the 2-worker and the 1-worker run
+    assert 12 <= second.restored_step <= 13 and first.status != "completed"
+    steps = [int(s) for s in re.findall(r"^\[worker 0\] step (\d+)$", out, re.M)]
+    left = STEPS - second.restored_step
+    assert steps[-left:] == list(range(second.restored_step + 1, STEPS + 1)), steps
     latest = kerasdist.latest_checkpoint(ckpt)
-    assert latest.writer == "worker:0" and latest.global_batch_size == 32 and 12 <= latest.global_step <= 13
-    assert train(ckpt, tmp_path / "final.npz", *DEFAULT) == list(range(latest.global_step + 1, STEPS + 1))
+    assert (latest.global_step, latest.global_batch_size, latest.writer) == (STEPS, 32, "worker:0")
     assert_close(tmp_path / "final.npz", reference)
 
 

@@ -57,6 +57,23 @@ test_that("with no restarts left the result is non-zero and names the failed pro
   expect_length(recorded(dir, restart = 1L), 0)
 })
 
+test_that("with min_workers a group whose restarts ran out goes on with one worker fewer", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  result <- launch(c(task_script(), dir, "worker 1", "3"), num_workers = 2, max_restarts = 0,
+                   min_workers = 1, grace_period = 5)
+
+  expect_true(result$ok)
+  expect_identical(c(result$restarts, result$num_workers), c(1L, 1L))
+  expect_identical(result$failures, "worker 1 exited with status 3")
+  expect_identical(result$message, "all 1 worker finished after 1 restart.")
+  configs <- recorded(dir, restart = 1L)
+  expect_named(configs, "worker 0")
+  expect_length(configs[["worker 0"]]$cluster$worker, 1)
+  expect_error(launch(c(task_script(), dir), num_workers = 2, min_workers = 3),
+               "min_workers must be at most num_workers \\(2\\), got 3", class = "kerasdist_ValueError")
+})
+
 test_that("parameter servers add a chief, and env reaches every process", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()

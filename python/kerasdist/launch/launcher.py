@@ -23,6 +23,7 @@ from kerasdist.launch.result import (
     TaskFailure,
     finished_message,
     no_restarts_message,
+    shrink_message,
     timeout_message,
 )
 from kerasdist.preemption import PREEMPTED_EXIT_CODE
@@ -40,6 +41,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     startup_timeout: float | None = None,
+    min_workers: int | None = None,
 ) -> LaunchResult:
     """Run `command` once per task of a local cluster; restart the whole group when one fails.
 
@@ -54,7 +56,11 @@ def launch(
     SIGKILL after `grace_period` seconds; after a status 75 it first gives the others
     `grace_period` seconds to finish on their own, as multi-worker kerasdist runs stop together
     on preemption) and, while restarts remain, starts the whole group
-    again on fresh ports, so that training resumes from the latest checkpoint. A group start
+    again on fresh ports, so that training resumes from the latest checkpoint. With
+    `min_workers` below `num_workers`, a group that still fails once its restarts are used up
+    goes on with one worker fewer (TF_CONFIG then names the workers left; kerasdist resumes the
+    newest checkpoint with the same global batch, more samples per worker), with `max_restarts`
+    restarts again, down to `min_workers`. A group start
     whose server reports its port already taken (the ports are found free, then released, so
     another program may grab one first) is retried up to 3 times without using a restart.
 
@@ -81,7 +87,8 @@ def launch(
         num_workers: number of "worker" tasks, at least 1.
         num_ps: number of "ps" (parameter server) tasks. With 1 or more, a "chief" task (the
             coordinator) is added to the cluster, so `num_workers + num_ps + 1` processes run.
-        max_restarts: how many times the whole group may be restarted after a failure.
+        max_restarts: how many times the whole group may be restarted after a failure (at each
+            size, with `min_workers`).
         host: the local address the ports are picked on and TF_CONFIG names (the address
             the processes connect to each other on).
         timeout: wall-clock limit in seconds for the whole run, restarts included; None for
@@ -94,19 +101,23 @@ def launch(
             TensorFlow server accepting connections on its port); a task that does not is named
             ("worker 1 did not come up within 60 s ...") and counts as a failure. None (the
             default) waits as long as TensorFlow does, which is forever.
+        min_workers: the fewest workers to go on with when failures outlast `max_restarts`;
+            None (the default) is `num_workers`: never fewer. Not with parameter servers.
 
     Returns:
         A `LaunchResult`: `exit_code`, `restarts`, `failures`, `failed`, `timed_out`, `message`.
 
     Raises:
         ValueError: naming the argument, before anything starts: `num_workers` < 1,
-            `num_ps` < 0, `max_restarts` < 0, `timeout` or `grace_period` not positive, an
+            `num_ps` < 0, `max_restarts` < 0, `min_workers` not within 1..`num_workers` (or
+            set with parameter servers), `timeout` or `grace_period` not positive, an
             empty `command`, a command or script that does not exist, a `host` this machine
             cannot bind.
     """
     num_workers = integer("num_workers", num_workers, 1)
     num_ps = integer("num_ps", num_ps, 0)
     max_restarts = integer("max_restarts", max_restarts, 0)
+    min_workers = _min_workers(min_workers, num_workers, num_ps)
     timeout = _seconds("timeout", timeout, allow_none=True)
     grace_period = _seconds("grace_period", grace_period, allow_zero=True)
     startup_timeout = _seconds("startup_timeout", startup_timeout, allow_none=True)
@@ -119,7 +130,8 @@ def launch(
     deadline = None if timeout is None else time.monotonic() + timeout
     failures: list[TaskFailure] = []
     exit_codes: list[dict[str, int]] = []
-    restart = port_retries = 0
+    restart = restarts_at_size = port_retries = 0
+    workers = num_workers
     while True:
         cluster = build_cluster(tasks, host)
         group = ProcessGroup(argv, tasks, cluster, restart, base_env, cwd)
@@ -129,7 +141,7 @@ def launch(
             exit_code, message = TIMEOUT_EXIT_CODE, timeout_message(timeout, restart)
             break
         if outcome.failure is None:
-            exit_code, message = 0, finished_message(num_workers, num_ps, restart)
+            exit_code, message = 0, finished_message(workers, num_ps, restart)
             break
         if outcome.port_clash and port_retries < PORT_CLASH_RETRIES:
             port_retries += 1
@@ -137,16 +149,22 @@ def launch(
                  f"(port retry {port_retries} of {PORT_CLASH_RETRIES}).")
             continue
         failures.append(outcome.failure)
-        if restart >= max_restarts:
+        if restarts_at_size >= max_restarts and workers <= min_workers:
             exit_code = outcome.failure.exit_code
             message = no_restarts_message(outcome.failure, max_restarts)
             break
         restart += 1
-        _say(f"restarting the group ({restart} of {max_restarts}) on fresh ports.")
+        if restarts_at_size < max_restarts:
+            restarts_at_size += 1
+            _say(f"restarting the group ({restarts_at_size} of {max_restarts}) on fresh ports.")
+        else:  # restarts used up at this size: go on without one worker
+            workers, restarts_at_size = workers - 1, 0
+            tasks = _task_list(workers, num_ps)
+            _say(shrink_message(outcome.failure, max_restarts, workers, min_workers))
     _say(message)
     return LaunchResult(
         exit_code, restart, tuple(failures), outcome.timed_out, message, cluster, port_retries,
-        tuple(exit_codes),
+        tuple(exit_codes), workers,
     )
 
 
@@ -182,6 +200,18 @@ def _say(message: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Argument checks
+
+
+def _min_workers(min_workers: Any, num_workers: int, num_ps: int) -> int:
+    if min_workers is None:
+        return num_workers
+    min_workers = integer("min_workers", min_workers, 1)
+    if min_workers > num_workers:
+        raise ValueError(f"min_workers must be at most num_workers ({num_workers}), got {min_workers}.")
+    if num_ps and min_workers < num_workers:
+        raise ValueError("min_workers is for groups without parameter servers (num_ps=0): a parameter-server "
+                         f"group does not go on with fewer workers; got min_workers={min_workers}, num_ps={num_ps}.")
+    return min_workers
 
 
 def _seconds(

@@ -78,6 +78,8 @@ class LaunchResult:
         exit_codes: per attempt (port retries included), every task's exit status once the group
             stopped, e.g. `({"worker 0": 75, "worker 1": 75}, {"worker 0": 0, "worker 1": 0})`;
             minus the signal number for a task a signal ended.
+        num_workers: the workers of the last attempt: fewer than asked once a group went on
+            without one (`min_workers`).
     """
 
     exit_code: int
@@ -88,6 +90,7 @@ class LaunchResult:
     cluster: dict[str, list[str]] = field(default_factory=dict)
     port_retries: int = 0
     exit_codes: tuple[dict[str, int], ...] = ()
+    num_workers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -123,6 +126,11 @@ def timeout_message(timeout: float, restarts: int) -> str:
 
 def no_restarts_message(failure: TaskFailure, max_restarts: int) -> str:
     return f"{failure.description}; no restarts left (max_restarts={max_restarts})."
+
+
+def shrink_message(failure: TaskFailure, max_restarts: int, workers: int, min_workers: int) -> str:
+    return (f"{failure.description}; no restarts left at this size (max_restarts={max_restarts}): going on with "
+            f"{plural(workers, 'worker')} (min_workers={min_workers}) on fresh ports.")
 
 
 def plural(n: int, word: str) -> str:
