@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,9 @@ import tensorflow as tf
 import kerasdist
 from conftest import run_python
 from kerasdist import compat
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import lost_peer  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_multi_worker.py"
 STEPS_PER_EPOCH = 8  # 128 samples, global batch 16
@@ -147,49 +147,25 @@ def test_worker_killed_mid_epoch_is_restarted_from_the_latest_checkpoint(tmp_pat
     assert kerasdist.latest_checkpoint(ckpt).global_step == 3 * STEPS_PER_EPOCH
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def tf_config(workers: list[str], index: int) -> str:
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-
-
 def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_stay_valid(tmp_path):
-    """#30 item 1: worker 1 is SIGKILLed after step 11 (no launcher in between, as on two hosts);
-    worker 0 leaves the all-reduce, says which peer was lost and exits 76, well within 60 s; the
-    chief's checkpoints are all valid and its run log ends the attempt as "peer lost"."""
-    ckpt, workers = tmp_path / "ckpt", [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    processes = [
-        subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path / "weights"), "--checkpoint-dir", str(ckpt),
-                          "--every-steps", "1", "--epochs", "40", "--die-at-step", "11"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": tf_config(workers, index)})
-        for index in (0, 1)
-    ]
-    try:
-        assert processes[1].wait(timeout=240) == -signal.SIGKILL, processes[1].stderr.read()[-3000:]
-        lost_at = time.monotonic()
-        _, err = processes[0].communicate(timeout=120)
-        waited = time.monotonic() - lost_at
-    finally:
-        for process in processes:
-            process.kill()
-    assert processes[0].returncode == kerasdist.PEER_LOST_EXIT_CODE, err[-3000:]
+    """#30 item 1: worker 1 is SIGKILLed after step 11 (no launcher in between, as on two hosts;
+    tools/lost_peer.py times it); worker 0 leaves the all-reduce, says which peer was lost and
+    exits 76, well within 60 s; the chief's checkpoints are all valid and its run log ends the
+    attempt as "peer lost"."""
+    status, waited, err = lost_peer.seen(tmp_path)
+    assert status == kerasdist.PEER_LOST_EXIT_CODE, err[-3000:]
     assert waited < 60, waited
     assert re.search(r"^kerasdist: worker:1 of this multi-worker cluster was lost \(.+\); the newest checkpoint "
                      r"is intact: restart the group to resume\. Exiting with 76\.$", err, re.M), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    table = kerasdist.checkpoint_table(ckpt)  # every checkpoint, valid or not
+    table = kerasdist.checkpoint_table(tmp_path / "ckpt")  # every checkpoint, valid or not
     assert table and all(row["valid"] for row in table), table
     assert table[-1]["restart"] and table[-1]["global_step"] >= 10, table[-1]  # the chief saved each step
-    assert [a.status for a in kerasdist.goodput(ckpt).attempts] == ["peer lost"]
+    assert [a.status for a in kerasdist.goodput(tmp_path / "ckpt").attempts] == ["peer lost"]
 
 
 def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(tmp_path):
-    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    workers = [f"127.0.0.1:{lost_peer.free_port()}", f"127.0.0.1:{lost_peer.free_port()}"]
     configs = [  # the same workers, so they connect; but worker 0 was also told of an evaluator
         {"cluster": {"worker": workers, "evaluator": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
         {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}},

@@ -1,0 +1,115 @@
+"""#30 items 1 and 6 on one machine: how fast a lost peer is seen, and how fast a launch goes on
+without it (the figures in RELIABILITY.md, "A lost peer").
+
+  python tools/lost_peer.py --trials 5
+
+Each trial runs two things on 127.0.0.1:
+- seen: two workers started as separate processes with TF_CONFIG (as on two hosts, no launcher
+  in between); worker 1 SIGKILLs itself after step 11 (tests/python/scripts/train_multi_worker.py
+  --die-at-step); the seconds from its death to worker 0's exit, which must be status 76.
+- shrink: `kerasdist launch -n 2 --min-workers 1` of tests/python/scripts/train_anywhere.py
+  (resume_fit, a checkpoint every step), worker 1 SIGKILLed after step 13; the seconds from the
+  kill to the first step of the one-worker group, and the steps that group trained again.
+Prints one line per trial, then the median and the range of each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI_WORKER = ROOT / "tests" / "python" / "scripts" / "train_multi_worker.py"
+ANYWHERE = ROOT / "tests" / "python" / "scripts" / "train_anywhere.py"
+KILL_AT = 13
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def seen(work: Path) -> tuple[int, float, str]:
+    """(worker 0's exit status, seconds from worker 1's death to worker 0's exit, worker 0's stderr)."""
+    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    processes = []
+    for index in (0, 1):
+        config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+        processes.append(subprocess.Popen(
+            [sys.executable, str(MULTI_WORKER), str(work / "weights"), "--checkpoint-dir", str(work / "ckpt"),
+             "--every-steps", "1", "--epochs", "40", "--die-at-step", "11"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}))
+    try:
+        processes[1].wait(timeout=300)
+        died = time.monotonic()
+        _, err = processes[0].communicate(timeout=300)
+        return processes[0].returncode, time.monotonic() - died, err
+    finally:
+        for process in processes:
+            process.kill()
+
+
+def shrink(work: Path) -> tuple[float, int]:
+    """(seconds from the kill to the one-worker group's first step, steps it trained again)."""
+    command = [sys.executable, "-m", "kerasdist", "launch", "-n", "2", "--min-workers", "1", "--grace-period", "2",
+               "--", str(ANYWHERE), str(work / "ckpt"), str(work / "final.npz"), "--strategy", "auto",
+               "--api", "resume_fit", "--kill-at-step", str(KILL_AT), "--kill-task", "worker:1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"})
+    killed = going_on = None
+    last_step = first_step = 0
+    for line in process.stdout:
+        now = time.monotonic()
+        if line.startswith(f"[worker 1] step {KILL_AT}"):
+            killed = now
+        elif "going on with 1 worker" in line:
+            going_on = now
+        elif going_on and (step := re.match(r"\[worker 0\] step (\d+)$", line.strip())):
+            first_step = int(step[1])
+            process.kill()
+            break
+        elif step := re.match(r"\[worker 0\] step (\d+)$", line.strip()):
+            last_step = int(step[1])
+    process.wait()
+    if killed is None or not first_step:
+        raise RuntimeError("the launch did not go on with one worker")
+    return now - killed, max(0, last_step - first_step + 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args()
+    seen_seconds, shrink_seconds, redone = [], [], []
+    for trial in range(args.trials):
+        with tempfile.TemporaryDirectory(prefix="kerasdist-lost-peer-") as work:
+            status, seconds, _ = seen(Path(work) / "seen")
+            if status != 76:
+                raise RuntimeError(f"trial {trial}: worker 0 exited with {status}, not 76")
+            continued, steps = shrink(Path(work) / "shrink")
+        seen_seconds.append(seconds)
+        shrink_seconds.append(continued)
+        redone.append(steps)
+        print(f"trial {trial}: lost peer seen, exit 76 after {seconds:.1f} s; one worker trains again "
+              f"{continued:.1f} s after the kill, {steps} step(s) redone", flush=True)
+    for name, values, unit in (("exit 76 after the peer's death", seen_seconds, " s"),
+                               ("first step of the smaller group after the kill", shrink_seconds, " s"),
+                               ("steps redone", redone, "")):
+        print(f"{name}: median {statistics.median(values):.1f}{unit}, range {min(values):.1f}-{max(values):.1f}{unit}"
+              f" ({len(values)} trials)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
