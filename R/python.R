@@ -181,9 +181,7 @@ call_python <- function(fun, ..., call = sys.call(-1)) {
   args <- c(list(fun), py_args(list(...)))
   result <- tryCatch(do.call(.kerasdist$bridge$call_capturing_warnings, args), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
-    if (inherits(err, "python.builtin.SystemExit")) {
-      if (reticulate::py_has_attr(err, "peer")) peer_lost(err, call) else preempted(err, call)
-    }
+    if (inherits(err, "python.builtin.SystemExit")) exited(err, call)
     parsed <- parse_python_error(conditionMessage(err))
     kerasdist_abort(parsed$message, parsed$type, call)
   })
@@ -203,38 +201,35 @@ py_args <- function(args) {
   args
 }
 
-# A kerasdist checkpoint callback that caught SIGTERM saved and raised `PreemptedExit` (a
-# SystemExit, status 75) naming the checkpoint. Rscript exits with that status, as Python does, so
-# a launcher or cluster manager restarts it; an interactive session gets a `kerasdist_preempted`
-# condition naming the checkpoint (path or URL) and its step instead.
-preempted <- function(exit, call) {
+# Python ended the fit with a SystemExit: `PreemptedExit` (status 75, a SIGTERM saved a checkpoint,
+# which it names) or `PeerLostExit` (76, another worker of the cluster disappeared; nothing saved,
+# the newest checkpoint intact; it names the peer). Rscript exits with that status, as Python does,
+# so a launcher or cluster manager restarts it; an interactive session (or
+# `kerasdist.exit_on_preemption = FALSE`) gets a `kerasdist_preempted` or `kerasdist_peer_lost`
+# condition instead.
+exited <- function(exit, call) {
   status <- suppressWarnings(as.integer(exit$code))
   if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
-  checkpoint <- if (reticulate::py_has_attr(exit, "checkpoint")) exit$checkpoint
-  stop(structure(
-    class = c("kerasdist_preempted", "kerasdist_error", "error", "condition"),
-    list(message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",
-                           if (is.null(checkpoint)) "(none)" else checkpoint),
-         call = call, status = status, checkpoint = checkpoint,
-         global_step = if (reticulate::py_has_attr(exit, "global_step")) exit$global_step)
-  ))
+  fields <- if (reticulate::py_has_attr(exit, "peer")) peer_lost_fields(exit) else preempted_fields(exit)
+  stop(structure(class = c(fields$class, "kerasdist_error", "error", "condition"),
+                 c(fields[names(fields) != "class"], list(call = call, status = status))))
 }
 
-# A multi-worker fit whose peer was lost (its process killed, its host down) raised `PeerLostExit`
-# (a SystemExit, status 76) naming the peer. Rscript exits with 76, as Python does, so the group is
-# restarted; an interactive session (or `kerasdist.exit_on_preemption = FALSE`) gets a
-# `kerasdist_peer_lost` condition naming the peer instead. Nothing was saved: the newest
-# checkpoint is intact.
-peer_lost <- function(exit, call) {
-  status <- suppressWarnings(as.integer(exit$code))
-  if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
+preempted_fields <- function(exit) {
+  checkpoint <- if (reticulate::py_has_attr(exit, "checkpoint")) exit$checkpoint
+  list(class = "kerasdist_preempted",
+       message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",
+                         if (is.null(checkpoint)) "(none)" else checkpoint),
+       checkpoint = checkpoint,
+       global_step = if (reticulate::py_has_attr(exit, "global_step")) exit$global_step)
+}
+
+peer_lost_fields <- function(exit) {
   peer <- exit$peer
-  stop(structure(
-    class = c("kerasdist_peer_lost", "kerasdist_error", "error", "condition"),
-    list(message = sprintf("%s of this multi-worker cluster was lost (%s); the newest checkpoint is intact: restart the group to resume.",
-                           if (is.null(peer)) "A peer" else peer, exit$detail),
-         call = call, status = status, peer = peer)
-  ))
+  list(class = "kerasdist_peer_lost",
+       message = sprintf("%s of this multi-worker cluster was lost (%s); the newest checkpoint is intact: restart the group to resume.",
+                         if (is.null(peer)) "A peer" else peer, exit$detail),
+       peer = peer)
 }
 
 # An R closure (not a Python callable seen through reticulate): TensorFlow would call it on one of

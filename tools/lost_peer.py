@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,21 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from kerasdist.launch.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 MULTI_WORKER = ROOT / "tests" / "python" / "scripts" / "train_multi_worker.py"
 ANYWHERE = ROOT / "tests" / "python" / "scripts" / "train_anywhere.py"
 KILL_AT = 13
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def seen(work: Path) -> tuple[int, float, str]:
     """(worker 0's exit status, seconds from worker 1's death to worker 0's exit, worker 0's stderr)."""
-    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     processes = []
     for index in (0, 1):
         config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})

@@ -1,13 +1,11 @@
 """kerasdist: distributed, fault-tolerant Keras 3 training on TensorFlow, from Python and R."""
 
-from kerasdist import startup
-from kerasdist.preemption import signals as _preemption_signals
+from kerasdist import preemption, startup
 
-_preemption_signals.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
+preemption.signals.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
 startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
-from kerasdist import compat
-from kerasdist.about import VERSION as __version__  # noqa: F401 - kerasdist.__version__
+from kerasdist import about, compat
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
@@ -67,12 +65,13 @@ from kerasdist.training import (
     run_server,
 )
 
+__version__ = about.VERSION  # the one definition is about.py's (hatch and the CLI read it there)
 startup.apply_requested_devices()
 # Keras 3's multi-worker fit, for strategies users make too (a no-op unless one is in use), and a
 # multi-worker strategy made too late says why.
 compat.apply_multi_worker_fixes()
 compat.explain_late_multi_worker_strategy()
-_preemption_signals.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
+preemption.signals.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
 
 # Aliases under the names issue #13 gives them, kept out of __all__: the public names are
 # distributed_* (as distributed_fit), which R shares, since evaluate()/predict() there would mask

@@ -15,6 +15,7 @@ import tensorflow as tf
 import kerasdist
 from conftest import run_python
 from kerasdist import compat
+from kerasdist.launch.ports import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import lost_peer  # noqa: E402
@@ -165,7 +166,7 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
 
 
 def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(tmp_path):
-    workers = [f"127.0.0.1:{lost_peer.free_port()}", f"127.0.0.1:{lost_peer.free_port()}"]
+    workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     configs = [  # the same workers, so they connect; but worker 0 was also told of an evaluator
         {"cluster": {"worker": workers, "evaluator": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
         {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}},

@@ -269,14 +269,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._eval_started = None
 
     def on_train_end(self, logs=None):
-        ended = False
-        try:
-            self.wait()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
-            ended = True
-        finally:
-            self._memory.release()  # nothing is written any more
-            self._restore_sigterm_handler()
-            self._close_log(ended)
+        self._end_fit()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
         if self._preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
@@ -285,16 +278,20 @@ class CheckpointCallback(keras.callbacks.Callback):
     def stopped_by_lost_peer(self) -> None:
         """A peer of the cluster was lost mid-fit (`fit` raised, so Keras calls no end hook): the
         save in flight is finished, and the run log ends this fit as "peer lost"."""
+        self._end_fit("peer lost")
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _end_fit(self, status: str | None = None) -> None:
+        """Wait for the save in flight, give back the memory and SIGTERM, end the run log's fit."""
         ended = False
         try:
             self.wait()
             ended = True
         finally:
-            self._memory.release()
+            self._memory.release()  # nothing is written any more
             self._restore_sigterm_handler()
-            self._close_log(ended, "peer lost")
+            self._close_log(ended, status)
 
-    # -- helpers ----------------------------------------------------------------------------
     def _open_log(self, context: Any) -> None:
         """The chief's run log: the restores since the last fit, then this fit's start."""
         self._log = run_log_for(self.manager.store, context)

@@ -84,7 +84,7 @@ def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -
     cause = next((line.strip() for line in message.splitlines() if _PEER_LOST_WORDS.search(line)), "")
     # The peer is the remote target TensorFlow names, else a task other than this one (the
     # message also names this task's own devices).
-    remote = _TASK.search(message[message.find("remote target"):]) if "remote target" in message else None
+    remote = _TASK.search(message, message.find("remote target")) if "remote target" in message else None
     others = [f"{kind}:{index}" for kind, index in _TASK.findall(message) if f"{kind}:{index}" != task]
     peer = f"{remote[1]}:{remote[2]}" if remote else (others[0] if others else None)
     return PeerLostExit(peer, cause)
