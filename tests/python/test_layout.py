@@ -89,6 +89,16 @@ def test_no_private_name_is_imported_from_another_module():
     assert taken == []
 
 
+def test_no_import_binds_another_modules_name_under_a_private_alias():
+    """`from kerasdist.x import y as _y` (or `as __version__`) makes another module's thing a
+    private name here: give it its public name instead."""
+    taken = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {alias.name} as {alias.asname}"
+             for path in MODULES for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, (ast.Import, ast.ImportFrom))
+             for alias in node.names if (alias.asname or "").startswith("_")]
+    assert taken == []
+
+
 def test_no_private_name_is_imported_from_other_packages_outside_compat():
     """Upstream's private names are workarounds: they live in compat.py, gated on versions."""
     taken = []
