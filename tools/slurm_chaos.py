@@ -4,6 +4,7 @@ usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [-
        python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
        python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--every-steps 30] [--preempt]
                                    [--out FILE.json]
+       python tools/slurm_chaos.py --lost-host N [--r] [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -27,6 +28,11 @@ checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval
 and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of
 running (with --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them).
+
+--lost-host N runs N jobs that each lose host 1 after step 8 (its slurmd and tasks SIGKILLed; issue
+#30): the recipe goes on with host 0 alone inside the allocation. Prints, per job, the seconds from
+the loss to the smaller cluster's first step (the chief's run log) and the steps redone, and checks
+that each ends within RELIABILITY.md's tolerance of an uninterrupted 2-host job.
 """
 
 from __future__ import annotations
@@ -247,6 +253,64 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
             "redone_steps": report.redone_steps, "goodput": round(report.goodput, 4)}
 
 
+def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS,
+                    language: str = "python") -> dict:
+    """One job that loses host 1 (its slurmd and tasks SIGKILLed) after step 8: the recipe goes on
+    with host 0 alone (issue #30 item 2). Host 1 is started again once the job has ended. From the
+    chief's run log: the seconds from the loss to the smaller cluster's first step, steps redone."""
+    import kerasdist
+
+    run = new_run(cluster, f"lost-host-{language}-{index}", language)
+    job_id = submit(cluster, run, step_seconds=step_seconds)
+    cluster.wait_started(job_id)
+    wait_for_output(cluster, job_id, r"^step 8\s*$")
+    lost_at = time.time()
+    try:
+        if not cluster.kill_host(1):
+            raise RuntimeError("host 1 had no process to kill")
+        job = cluster.wait_final(job_id, 300)
+    finally:
+        cluster.start_host(1)
+        cluster.wait_nodes_idle(60)
+    report = kerasdist.goodput(run.checkpoint_dir)
+    last, output = report.attempts[-1], cluster.output(job_id)
+    return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
+            "attempts": [a.status for a in report.attempts], "restored_step": last.restored_step,
+            "loss_to_first_step": round(last.first_step_at - lost_at, 2) if last.first_step_at else None,
+            "recovery": {part: round(value, 2) for part, value in (last.recovery or {}).items()},
+            "redone_steps": report.redone_steps, "run": run, "output": output}
+
+
+def measure_lost_host(args: argparse.Namespace) -> int:
+    """--lost-host N: N jobs that lose host 1, each ending within TOL of an uninterrupted 2-host job."""
+    tolerance = STEPS * float(np.finfo(np.float32).eps)
+    trials = []
+    with SlurmCluster(args.hosts) as cluster:
+        language = "r" if args.r else "python"
+        reference, _ = reference_run(cluster, language)
+        for index in range(args.lost_host):
+            trial = lost_host_trial(cluster, index, language=language)
+            run, output = trial.pop("run"), trial.pop("output")
+            weights = run.weights(0)
+            trial["within_tol"] = weights is not None and max_difference(weights, reference.weights(0)) <= tolerance
+            trials.append(trial)
+            print(json.dumps(trial), flush=True)
+            if trial["state"] != "COMPLETED" or not trial["within_tol"]:
+                print(output, flush=True)
+    times = [t["loss_to_first_step"] for t in trials if t["loss_to_first_step"] is not None]
+    parts = {part for t in trials for part in t["recovery"]}
+    print("recovery parts, median: " + ", ".join(
+        f"{part} {statistics.median(t['recovery'][part] for t in trials if part in t['recovery']):.2f} s"
+        for part in sorted(parts)))
+    if times:
+        print(f"loss to the smaller cluster's first step: median {statistics.median(times):.1f} s "
+              f"({min(times):.1f}-{max(times):.1f}, {len(times)} jobs); steps redone: "
+              f"{sorted(t['redone_steps'] for t in trials)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(trials, indent=1))
+    return 0 if all(t["state"] == "COMPLETED" and t["within_tol"] for t in trials) else 1
+
+
 def recovery_summary(trials: list[dict]) -> dict:
     """Median and max of each recovery part, by kind of failure."""
     from kerasdist.goodput import RECOVERY_PARTS
@@ -331,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
     parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
+    parser.add_argument("--lost-host", type=int, metavar="N", help="N jobs that lose host 1 and go on without it")
     parser.add_argument("--kill-every", type=float, default=180.0)
     parser.add_argument("--every-steps", type=int, default=30,
                         help="with --goodput-minutes: a checkpoint every N steps (30: 6 s at the 0.2 s pace)")
@@ -346,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         return measure_recovery(args)
     if args.goodput_minutes:
         return goodput_chaos(args)
+    if args.lost_host:
+        return measure_lost_host(args)
     rng = random.Random(args.seed)
     began = time.monotonic()
     with SlurmCluster(args.hosts) as cluster:

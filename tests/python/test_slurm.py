@@ -158,27 +158,42 @@ def test_a_step_whose_task_lost_a_peer_is_started_again_in_the_allocation_then_f
     assert "giving up" in output and (job.state, job.exit_code) == ("FAILED", "76:0"), (job.fields, output[-3000:])
 
 
-def test_a_lost_host_requeues_the_job_which_completes_equal_when_the_host_is_back(slurm_cluster, reference):
-    """Host n1's slurmd and tasks are SIGKILLed mid-training: Slurm notices (SlurmdTimeout=5),
-    requeues the job, and it completes once the host is back."""
-    run = chaos.new_run(slurm_cluster, "lost-host")
-    job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
-    slurm_cluster.wait_started(job_id)
-    chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
-    assert slurm_cluster.kill_host(1)
-    slurm_cluster.wait(job_id, lambda job: job.restarts >= 1 or job.state in chaos.FINAL_STATES, 120,
-                       release=False)
-    slurm_cluster.start_host(1)
-    slurm_cluster.wait_nodes_idle(60)
-    slurm_cluster.wait_final(job_id, 300)
-    job, _ = assert_completed_equal(slurm_cluster, job_id, run, reference)
-    assert job.restarts >= 1
+@pytest.fixture(scope="module")
+def r_reference(slurm_cluster) -> chaos.Run:
+    """An uninterrupted R job of the recipe (train.R) on 2 hosts."""
+    run, _ = chaos.reference_run(slurm_cluster, "r", step_seconds=PACE)
+    return run
 
 
-def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster):
+@pytest.mark.parametrize("language", ["python", "r"])
+def test_a_lost_host_shrinks_the_job_to_the_host_left_which_resumes_and_completes_it(
+        slurm_cluster, reference, r_reference, language):
+    """#30 item 2: the recipe as it is (`--nodes=2`, `--no-kill`) loses host 1 mid-training (its
+    slurmd and tasks SIGKILLed). The job is not requeued: the recipe finds the host gone, starts the
+    step again on host 0 alone, which resumes from the newest checkpoint (every step here) as one
+    process with the same global batch and completes the job, its first step within 60 s of the
+    loss (the issue's target), ending within RELIABILITY.md's tolerance of the 2-host reference
+    (one process sums the gradients in another order). train.R (item 5) goes the same way."""
+    trial = chaos.lost_host_trial(slurm_cluster, 0, step_seconds=PACE, language=language)
+    reference = r_reference if language == "r" else reference
+    output = trial["output"]
+    kept, lost = slurm_cluster.node_names
+    assert (trial["state"], trial["restarts"]) == ("COMPLETED", 0), (trial, output[-3000:])
+    assert f"kerasdist: lost host(s) {lost}\n" in output, output[-3000:]
+    assert f"kerasdist: going on with the 1 host(s) left: {kept}\n" in output, output[-3000:]
+    assert trial["statuses"][-1] == 0 and "task 0 done: 1 replicas" in output, output[-3000:]
+    assert trial["run"].weights(1) is None  # the smaller cluster has no task 1
+    assert chaos.max_difference(trial["run"].weights(0), reference.weights(0)) <= TOL, output[-3000:]
+    assert trial["attempts"][0] != "completed" and trial["attempts"][-1] == "completed", trial
+    assert trial["restored_step"] >= 8 and trial["redone_steps"] <= 1, trial
+    print(f"lost host: the smaller cluster's first step {trial['loss_to_first_step']} s after the loss, "
+          f"{trial['redone_steps']} step(s) redone")
+    assert trial["loss_to_first_step"] < 60, trial
+
+
+def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster, r_reference):
     """train.R under srun on both hosts: SIGTERM mid-training, 75, requeued, bitwise equal to an
     uninterrupted R job."""
-    r_reference, _ = chaos.reference_run(slurm_cluster, "r", step_seconds=PACE)
     trial = chaos.preempt_trial(slurm_cluster, r_reference, 100, r"^step 12\s*$", "tasks", step_seconds=PACE)
     print(trial.line())
     assert trial.state == "COMPLETED" and trial.equal, trial.line()
