@@ -75,6 +75,11 @@ install_r_package() {
 }
 
 install_debian_packages
-install_r_dependencies
+# The R packages (reticulate compiles) and the Python packages (downloads) install side by side.
+r_log=$(mktemp)
+install_r_dependencies >"$r_log" 2>&1 &
+r_dependencies=$!
 install_python_env
+wait "$r_dependencies" || { cat "$r_log"; exit 1; }
+cat "$r_log" && rm -f "$r_log"
 install_r_package
