@@ -254,30 +254,40 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
 
 
 def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS,
-                    language: str = "python") -> dict:
+                    language: str = "python", grow_back: bool = False) -> dict:
     """One job that loses host 1 (its slurmd and tasks SIGKILLed) after step 8: the recipe goes on
-    with host 0 alone (issue #30 item 2). Host 1 is started again once the job has ended. From the
-    chief's run log: the seconds from the loss to the smaller cluster's first step, steps redone."""
+    with host 0 alone (issue #30 item 2). With `grow_back`, host 1 is started again as soon as the
+    job has gone on without it, and the recipe (looking every 15 s) grows back to both hosts
+    (item 3); else host 1 is started again once the job has ended. From the chief's run log: the
+    seconds from the loss to the smaller cluster's first step, steps redone."""
     import kerasdist
 
     run = new_run(cluster, f"lost-host-{language}-{index}", language)
-    job_id = submit(cluster, run, step_seconds=step_seconds)
+    env = {"KERASDIST_GROW_CHECK_SECONDS": "15"} if grow_back else {"KERASDIST_MAX_GROWS": "0"}
+    job_id = submit(cluster, run, env=env, step_seconds=step_seconds)
     cluster.wait_started(job_id)
     wait_for_output(cluster, job_id, r"^step 8\s*$")
     lost_at = time.time()
     try:
         if not cluster.kill_host(1):
             raise RuntimeError("host 1 had no process to kill")
+        if grow_back:
+            wait_for_output(cluster, job_id, r"^kerasdist: going on with", timeout=120)
+            cluster.start_host(1)
         job = cluster.wait_final(job_id, 300)
     finally:
-        cluster.start_host(1)
+        if not cluster.is_up(1):
+            cluster.start_host(1)
         cluster.wait_nodes_idle(60)
     report = kerasdist.goodput(run.checkpoint_dir)
-    last, output = report.attempts[-1], cluster.output(job_id)
+    output = cluster.output(job_id)
+    smaller = next((a for a in report.attempts[1:] if a.first_step_at), None)  # the first to train after the loss
+    first_step_at = smaller.first_step_at if smaller else None
     return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
-            "attempts": [a.status for a in report.attempts], "restored_step": last.restored_step,
-            "loss_to_first_step": round(last.first_step_at - lost_at, 2) if last.first_step_at else None,
-            "recovery": {part: round(value, 2) for part, value in (last.recovery or {}).items()},
+            "attempts": [a.status for a in report.attempts],
+            "restored_step": smaller.restored_step if smaller else None,
+            "loss_to_first_step": round(first_step_at - lost_at, 2) if first_step_at else None,
+            "recovery": {part: round(value, 2) for part, value in ((smaller and smaller.recovery) or {}).items()},
             "redone_steps": report.redone_steps, "run": run, "output": output}
 
 

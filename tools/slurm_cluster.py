@@ -293,6 +293,10 @@ PartitionName=high PriorityTier=10 {partition}
         command = f"slurmd -D -f {self.conf} -N {name}"
         self._spawn(name, self._in_namespaces(self.host_ns(host), name, setup, command))
 
+    def is_up(self, host: int) -> bool:
+        """Whether host `host`'s slurmd runs (started and not killed since)."""
+        return self.node_names[host] in self._daemons
+
     def kill_host(self, host: int) -> list[int]:
         """Lose host `host`: SIGKILL its slurmd and every task running on it. Returns the pids."""
         pids = _netns_pids(self.host_ns(host))
