@@ -256,14 +256,14 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
 def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS,
                     language: str = "python", grow_back: bool = False) -> dict:
     """One job that loses host 1 (its slurmd and tasks SIGKILLed) after step 8: the recipe goes on
-    with host 0 alone (issue #30 item 2). With `grow_back`, host 1 is started again as soon as the
-    job has gone on without it, and the recipe (looking every 15 s) grows back to both hosts
+    with host 0 alone (issue #30 item 2). With `grow_back`, host 1 is started again once the
+    smaller cluster has trained a step, and the recipe (looking every 2 s) grows back to both hosts
     (item 3); else host 1 is started again once the job has ended. From the chief's run log: the
     seconds from the loss to the smaller cluster's first step, steps redone."""
     import kerasdist
 
     run = new_run(cluster, f"lost-host-{language}-{index}", language)
-    env = {"KERASDIST_GROW_CHECK_SECONDS": "15"} if grow_back else {"KERASDIST_MAX_GROWS": "0"}
+    env = {"KERASDIST_GROW_CHECK_SECONDS": "2"} if grow_back else {"KERASDIST_MAX_GROWS": "0"}
     job_id = submit(cluster, run, env=env, step_seconds=step_seconds)
     cluster.wait_started(job_id)
     wait_for_output(cluster, job_id, r"^step 8\s*$")
@@ -271,8 +271,8 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     try:
         if not cluster.kill_host(1):
             raise RuntimeError("host 1 had no process to kill")
-        if grow_back:
-            wait_for_output(cluster, job_id, r"^kerasdist: going on with", timeout=120)
+        if grow_back:  # once the smaller cluster trains (a signal during its start-up ends it with 143)
+            wait_for_output(cluster, job_id, r"^kerasdist: going on with[\s\S]*^step \d+\s*$", timeout=180)
             cluster.start_host(1)
         job = cluster.wait_final(job_id, 300)
     finally:

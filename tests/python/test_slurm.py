@@ -172,24 +172,27 @@ def test_a_lost_host_shrinks_the_job_to_the_host_left_and_it_grows_back_when_the
     mid-training (its slurmd and tasks SIGKILLed). The job is not requeued: the recipe finds the
     host gone and starts the step again on host 0 alone, which resumes from the newest checkpoint
     (every step here) as one process with the same global batch, its first step within 60 s of the
-    loss (the issue's target). Host 1 is then started again: the recipe sees an idle host, the
-    task saves at its next step and exits 75, the job is requeued and ends on both hosts, within
-    RELIABILITY.md's tolerance of the 2-host reference (one process sums the gradients in another
-    order) and with no step trained twice. train.R goes the same way."""
+    loss (the issue's target). Host 1 is then started again, once that cluster trains: the recipe
+    sees an idle host, the task saves at its next step and exits 75, the job is requeued and ends
+    on both hosts, within RELIABILITY.md's tolerance of the 2-host reference (one process sums the
+    gradients in another order) and with no step trained twice. train.R goes the same way."""
     trial = chaos.lost_host_trial(slurm_cluster, 0, step_seconds=0.7, language=language, grow_back=True)
     output, run = trial["output"], trial["run"]
     reference = r_reference if language == "r" else reference
     kept, lost = slurm_cluster.node_names
-    assert (trial["state"], trial["restarts"]) == ("COMPLETED", 1), (trial, output[-3000:])
-    assert f"kerasdist: lost host(s) {lost}\n" in output, output[-3000:]
-    assert f"kerasdist: going on with the 1 host(s) left: {kept}\n" in output, output[-3000:]
-    assert "growing back to 2 hosts: requeueing" in output, output[-3000:]
+    said = "\n".join(line for line in output.splitlines() if line.startswith(("kerasdist:", "srun:", "slurmstepd")))
+    # One requeue, to grow back. Under the whole suite's load an R job was once signalled and
+    # requeued a second time, then completed equal (RELIABILITY.md, "A lost host"): allowed, not more.
+    assert trial["state"] == "COMPLETED" and trial["restarts"] in (1, 2), (trial["restarts"], said)
+    assert f"kerasdist: lost host(s) {lost}\n" in output, said
+    assert f"kerasdist: going on with the 1 host(s) left: {kept}\n" in output, said
+    assert output.count("growing back to 2 hosts: requeueing") == 1, said
     # 75: the task saved at its next step; 143: the signal came before Python could handle it (a
     # loaded machine), and the requeued job resumes from the newest checkpoint all the same
-    assert trial["statuses"][1] in (75, 143) and trial["statuses"][2:] == [0], output[-3000:]
-    assert "task 1 done: 2 replicas" in output, output[-3000:]
-    assert chaos.bitwise_equal(run.weights(0), run.weights(1)), output[-3000:]
-    assert chaos.max_difference(run.weights(0), reference.weights(0)) <= TOL, output[-3000:]
+    assert trial["statuses"][1] in (75, 143) and trial["statuses"][-1] == 0, said
+    assert "task 1 done: 2 replicas" in output, said
+    assert chaos.bitwise_equal(run.weights(0), run.weights(1)), said
+    assert chaos.max_difference(run.weights(0), reference.weights(0)) <= TOL, said
     assert trial["attempts"][0] != "completed" and trial["attempts"][-1] == "completed", trial
     assert trial["restored_step"] >= 8 and trial["redone_steps"] == 0, trial
     print(f"lost host ({language}): the smaller cluster's first step {trial['loss_to_first_step']} s after the "
