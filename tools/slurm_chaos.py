@@ -60,6 +60,7 @@ RECIPE = ROOT / "examples" / "slurm" / "train.sbatch"
 TRAIN_PY = ROOT / "examples" / "slurm" / "train.py"
 TRAIN_R = ROOT / "examples" / "slurm" / "train.R"
 STEPS = 30  # train.py / train.R: 3 epochs x 10 steps
+TOL = STEPS * float(np.finfo(np.float32).eps)  # RELIABILITY.md: steps x float32 eps
 STEP_SECONDS = 0.2  # each step sleeps this long, so training spans a few seconds and signals land in it
 JOB_OPTIONS = ["--cpus-per-task=1", "--time=10"]  # the test nodes have 1 CPU each
 
@@ -293,7 +294,6 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
 
 def measure_lost_host(args: argparse.Namespace) -> int:
     """--lost-host N: N jobs that lose host 1, each ending within TOL of an uninterrupted 2-host job."""
-    tolerance = STEPS * float(np.finfo(np.float32).eps)
     trials = []
     with SlurmCluster(args.hosts) as cluster:
         language = "r" if args.r else "python"
@@ -302,7 +302,7 @@ def measure_lost_host(args: argparse.Namespace) -> int:
             trial = lost_host_trial(cluster, index, language=language)
             run, output = trial.pop("run"), trial.pop("output")
             weights = run.weights(0)
-            trial["within_tol"] = weights is not None and max_difference(weights, reference.weights(0)) <= tolerance
+            trial["within_tol"] = weights is not None and max_difference(weights, reference.weights(0)) <= TOL
             trials.append(trial)
             print(json.dumps(trial), flush=True)
             if trial["state"] != "COMPLETED" or not trial["within_tol"]:

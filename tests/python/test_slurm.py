@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kerasdist
@@ -28,7 +27,7 @@ import slurm_chaos as chaos  # noqa: E402
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 PACE = 0.1  # seconds each step sleeps: training spans a few seconds, so step markers are caught mid-run
-TOL = chaos.STEPS * float(np.finfo(np.float32).eps)  # RELIABILITY.md: steps x float32 eps
+TOL = chaos.TOL  # RELIABILITY.md: steps x float32 eps
 
 
 @pytest.fixture(scope="module")
