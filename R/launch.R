@@ -71,6 +71,13 @@
 #'   `max_restarts` restarts again), down to `min_workers`; training resumes
 #'   from the newest checkpoint with the same global batch. `NULL` (the
 #'   default) is `num_workers`: never fewer. Not with parameter servers.
+#' @param warm_start `TRUE` forks each Python task (a `.py` command) from a
+#'   process that has already imported TensorFlow, Keras and kerasdist, so
+#'   that starts and restarts skip that import (about 6 s of CPU each);
+#'   `NULL` (the default) does so only when the environment variable
+#'   `KERASDIST_WARM_START` names a running server; `FALSE` never. A task
+#'   whose environment differs from the server's in what the import reads
+#'   (`TF_*`, `KERAS_*`, `PYTHON*`, ...) starts cold, as without it.
 #' @examples
 #' \dontrun{
 #' # train.R reads TF_CONFIG through select_strategy() and resumes from its checkpoints
@@ -80,7 +87,8 @@
 #' @export
 launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
                    host = "127.0.0.1", timeout = NULL, grace_period = 10,
-                   env = NULL, cwd = NULL, startup_timeout = NULL, min_workers = NULL) {
+                   env = NULL, cwd = NULL, startup_timeout = NULL, min_workers = NULL,
+                   warm_start = NULL) {
   if (!is.character(command)) {
     kerasdist_abort("command must be a character vector: the program and its arguments.", call = sys.call())
   }
@@ -90,7 +98,7 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
     max_restarts = max_restarts, host = host, timeout = timeout,
     grace_period = grace_period, env = as_py_dict(as.list(env)),
     cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout,
-    min_workers = min_workers
+    min_workers = min_workers, warm_start = warm_start
   )
   invisible(launch_result_to_r(result))
 }

@@ -58,7 +58,7 @@ def _launch(args: argparse.Namespace) -> int:
                 command, num_workers=args.num_workers, num_ps=args.ps,
                 max_restarts=args.max_restarts, host=args.host, timeout=args.timeout,
                 grace_period=args.grace_period, startup_timeout=args.startup_timeout,
-                min_workers=args.min_workers,
+                min_workers=args.min_workers, warm_start=args.warm_start,
             )
     except KeyboardInterrupt:
         print("kerasdist launch: interrupted; the group was stopped.", file=sys.stderr)
@@ -186,8 +186,8 @@ def _add_launch(commands) -> None:
         "launch",
         help="run a command as a local TF_CONFIG cluster, restarting it on failure",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--min-workers M] [--host HOST] "
-              "[--timeout S] -- COMMAND ...",
+        usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--min-workers M] [--warm-start] "
+              "[--host HOST] [--timeout S] -- COMMAND ...",
         description=(
             "Start one process per task of a cluster on this machine, each with its own\n"
             "TF_CONFIG (and KERASDIST_TASK_TYPE, KERASDIST_TASK_INDEX, KERASDIST_RESTART).\n"
@@ -219,6 +219,10 @@ def _add_launch(commands) -> None:
     launch.add_argument("--min-workers", type=_at_least(1), default=None, metavar="M",
                         help="go on with fewer workers, down to M, when failures outlast the restarts "
                              "(default: N, never fewer)")
+    launch.add_argument("--warm-start", action="store_true", default=None,
+                        help="fork each Python task from a process that has already imported "
+                             "TensorFlow: starts and restarts skip that import (KERASDIST_WARM_START "
+                             "names a running server to use)")
     launch.add_argument("--host", default="127.0.0.1",
                         help="local address for TF_CONFIG and the ports (default 127.0.0.1)")
     launch.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",

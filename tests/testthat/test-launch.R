@@ -105,3 +105,22 @@ test_that("bad input is refused before anything starts, naming the argument", {
                class = "kerasdist_ValueError")
   expect_length(list.files(dir), 0)
 })
+
+test_that("warm_start forks the Python tasks from a process that has imported TensorFlow", {
+  skip_if_no_kerasdist()
+  dir <- withr::local_tempdir()
+  script <- file.path(dir, "task.py")
+  writeLines(c(
+    "import os, sys",
+    "warm = 'tensorflow' in sys.modules  # before this script imported anything",
+    "open(os.path.join(sys.argv[1], os.environ['KERASDIST_TASK_INDEX']), 'w').write(str(warm))"
+  ), script)
+  withr::local_envvar(KERASDIST_WARM_START = NA)  # the launcher's own server, not one set up around it
+  result <- launch(c(script, dir), num_workers = 2, warm_start = TRUE)
+
+  expect_true(result$ok)
+  written <- vapply(file.path(dir, c("0", "1")), readLines, character(1), warn = FALSE, USE.NAMES = FALSE)
+  expect_identical(written, c("True", "True"))
+  expect_error(launch(c(script, dir), num_workers = 1, warm_start = "yes"),
+               "warm_start must be True, False or None, got 'yes'", class = "kerasdist_ValueError")
+})

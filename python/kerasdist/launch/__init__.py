@@ -22,7 +22,8 @@ The package, by what each module holds:
 - `command`: `resolve_command()`, the program each task runs;
 - `ports`: free ports on `host`, and telling when one was taken before a server bound it;
 - `process_group`: one attempt's processes, their prefixed output, stopping them;
-- `result`: `LaunchResult`, `TaskFailure`, the exit codes and the launcher's messages.
+- `result`: `LaunchResult`, `TaskFailure`, the exit codes and the launcher's messages;
+- `warm_start`: Python tasks forked from a process that has already imported TensorFlow.
 """
 
 from kerasdist.launch.command import resolve_command

@@ -24,7 +24,7 @@ def resolve_command(
     first, rest = words[0], words[1:]
     if first.endswith(".py"):
         _require_script(first, base)
-        return [_python_executable(), first, *rest]
+        return [python_executable(), first, *rest]
     if first.endswith(".R"):
         _require_script(first, base)
         return [_require_program("Rscript", base), first, *rest]
@@ -69,7 +69,7 @@ def _require_program(program: str, base: Path) -> str:
     return found
 
 
-def _python_executable() -> str:
+def python_executable() -> str:
     """This interpreter; under reticulate, sys.executable may name R, so fall back to the env's."""
     if Path(sys.executable).name.startswith("python"):
         return sys.executable

@@ -23,8 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
+from kerasdist.launch.command import python_executable
 from kerasdist.launch.ports import accepts_connections, port_clash
 from kerasdist.launch.result import TIMEOUT_EXIT_CODE, TaskFailure
+from kerasdist.launch.warm_start import client_command, dying_with_parent
 from kerasdist.startup import is_start_up_noise
 
 _POLL_SECONDS = 0.05
@@ -61,8 +63,10 @@ class ProcessGroup:
         restart: int,
         base_env: Mapping[str, str],
         cwd: str | os.PathLike[str] | None,
+        warm_socket: str | None = None,
     ):
         self.restart = restart
+        self.warm_socket = warm_socket
         self.cluster = cluster
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.port_clash = False
@@ -83,7 +87,7 @@ class ProcessGroup:
         env["KERASDIST_TASK_INDEX"] = str(index)
         env["KERASDIST_RESTART"] = str(self.restart)
         process = subprocess.Popen(
-            _dying_with_this_process(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            _task_command(argv, self.warm_socket), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: stopping it reaches its children
         )
@@ -226,20 +230,12 @@ class _LateTask:
         )
 
 
-# Runs first in each task's process, then execs the task's command in its place (same pid): asks
-# Linux to send the task SIGTERM when the launcher dies, so a launcher killed with SIGKILL, which
-# cannot stop its group, leaves no training processes behind. (subprocess's preexec_fn would do
-# it without the extra exec, but is unsafe with the launcher's output threads running.)
-_DIE_WITH_PARENT = """
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):  # the launcher died before the request was made
-    sys.exit(128 + signal.SIGTERM)
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
-
-
-def _dying_with_this_process(argv: list[str]) -> list[str]:
-    if not sys.platform.startswith("linux"):
-        return argv
-    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+def _task_command(argv: list[str], warm_socket: str | None) -> list[str]:
+    """The task's argv, forked from the warm-start server when there is one and it is this
+    Python's, set (on Linux) to get SIGTERM when the launcher dies, so that a launcher killed with
+    SIGKILL, which cannot stop its group, leaves no training processes behind. (subprocess's
+    preexec_fn would do it without the extra exec, but is unsafe with the output threads running.)"""
+    python = python_executable()
+    if warm_socket and argv[0] == python:
+        argv = client_command(warm_socket, argv)
+    return dying_with_parent(argv, python)
