@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CPP_MIN_LOG_LEVEL=2
 CHECK_DIR=.check
 rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
+export KERASDIST_TEST_LOGS="$PWD/$CHECK_DIR"  # conftest.py keeps its warm-start servers' logs there
 
 echo "== ruff check (lint rules in pyproject.toml)"
 .venv/bin/ruff check . 2>&1 | tee "$CHECK_DIR/ruff.log"

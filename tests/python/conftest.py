@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "cases"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+SOCKET_VARIABLE = "KERASDIST_WARM_START"  # kerasdist.launch.warm_start's, read before kerasdist is imported
 
 
 def case_rows(name: str) -> list[Any]:
@@ -38,6 +40,65 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True, text=True, env=full_env, timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start_server():
+    """Python processes the tests start (`[sys.executable, ...]`, and the launcher's tasks) fork
+    from a warm-start server that has already imported TensorFlow (kerasdist.launch.warm_start):
+    each skips about 6 s of CPU, most of what a short test process costs. A process whose
+    import-time environment differs from the server's starts cold by itself; tests marked
+    `cold_start` (what the import itself does, the CLI's speed without TensorFlow) always do.
+    KERASDIST_TEST_COLD=1 turns it off."""
+    from kerasdist.launch.warm_start import WarmServer
+
+    if os.environ.get("KERASDIST_TEST_COLD") or SOCKET_VARIABLE in os.environ:
+        yield
+        return
+    server = WarmServer(sys.executable, os.environ)
+    if not server.wait_ready(300):
+        warnings.warn(f"the tests' warm-start server did not come up ({server.why_not_ready()}): all cold",
+                      stacklevel=2)
+        server.stop()
+        yield
+        return
+    os.environ[SOCKET_VARIABLE] = server.socket_path
+    unpatched = subprocess.Popen
+    subprocess.Popen = _WarmPopen  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        subprocess.Popen = unpatched  # type: ignore[misc]
+        del os.environ[SOCKET_VARIABLE]
+        _keep_server_log(server.log_path)
+        server.stop()
+
+
+def _keep_server_log(path: str) -> None:
+    """Beside the test times (KERASDIST_TEST_LOGS, set by tools/test.sh): which processes were
+    forked and which ran cold, and why."""
+    folder = os.environ.get("KERASDIST_TEST_LOGS")
+    if folder and os.path.exists(path):
+        shutil.copy(path, Path(folder) / f"warm-start-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.log")
+
+
+class _WarmPopen(subprocess.Popen):
+    """`subprocess.Popen` whose `[sys.executable, script | -c code | -m module, ...]` runs warm."""
+
+    def __init__(self, args, *rest, **kwargs):
+        from kerasdist.launch.warm_start import client_command
+
+        socket_path = os.environ.get(SOCKET_VARIABLE)
+        if (socket_path and isinstance(args, (list, tuple)) and len(args) > 1 and str(args[0]) == sys.executable
+                and (not str(args[1]).startswith("-") or str(args[1]) in ("-c", "-m", "-u"))):
+            args = client_command(socket_path, [str(a) for a in args])
+        super().__init__(args, *rest, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _cold_start_when_marked(request, monkeypatch):
+    if request.node.get_closest_marker("cold_start"):
+        monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ COMMANDS = ["info", "launch", "checkpoints", "demo", "bench"]
 X = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
 
 
+@pytest.mark.cold_start  # a forked process has TensorFlow imported already
 def test_help_version_and_every_commands_help_answer_without_importing_tensorflow():
     probe = textwrap.dedent(f"""
         import contextlib, io, sys

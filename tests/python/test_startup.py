@@ -15,6 +15,8 @@ import kerasdist
 from kerasdist import startup
 from kerasdist.step_guard import guard_train_function
 
+pytestmark = pytest.mark.cold_start  # what the import of TensorFlow itself does
+
 NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard")
 
 
