@@ -35,6 +35,7 @@ BENCHMARKS=(
   "r_python|bench_r_python.py|"
   "advisor|bench_advisor.py|"
   "cli|bench_cli.py|--repeats 10"
+  "warm_start|bench_warm_start.py|--repeats 5"
 )
 
 names=()
