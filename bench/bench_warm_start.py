@@ -18,13 +18,11 @@ import re
 import resource
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import figure, write_result  # noqa: E402
-
 import kerasdist  # noqa: E402
+from _common import figure, write_result  # noqa: E402
 
 TASK = """
 import os, signal, time

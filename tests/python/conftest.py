@@ -53,20 +53,20 @@ def warm_start_server():
     from kerasdist.launch.warm_start import WarmServer
 
     if os.environ.get("KERASDIST_TEST_COLD") or SOCKET_VARIABLE in os.environ:
-        yield
+        yield None
         return
     server = WarmServer(sys.executable, os.environ)
     if not server.wait_ready(300):
         warnings.warn(f"the tests' warm-start server did not come up ({server.why_not_ready()}): all cold",
                       stacklevel=2)
         server.stop()
-        yield
+        yield None
         return
     os.environ[SOCKET_VARIABLE] = server.socket_path
     unpatched = subprocess.Popen
     subprocess.Popen = _WarmPopen  # type: ignore[misc]
     try:
-        yield
+        yield server
     finally:
         subprocess.Popen = unpatched  # type: ignore[misc]
         del os.environ[SOCKET_VARIABLE]
@@ -79,7 +79,8 @@ def _keep_server_log(path: str) -> None:
     forked and which ran cold, and why."""
     folder = os.environ.get("KERASDIST_TEST_LOGS")
     if folder and os.path.exists(path):
-        shutil.copy(path, Path(folder) / f"warm-start-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.log")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        shutil.copy(path, Path(folder) / f"warm-start-{worker}-{os.getpid()}.log")
 
 
 class _WarmPopen(subprocess.Popen):

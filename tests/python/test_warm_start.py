@@ -25,7 +25,8 @@ from kerasdist.launch import warm_start
 REPORT = textwrap.dedent("""
     import json, os, sys
     warm = "tensorflow" in sys.modules  # before this script imported anything of its own
-    import kerasdist
+    if "--kerasdist" in sys.argv:  # its SIGTERM guard: a cluster task exits 75 (without it, SIGTERM kills)
+        import kerasdist
     line = sys.stdin.readline().strip() if "--read" in sys.argv else ""
     print(json.dumps({"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "x": os.environ.get("KD_X"),
                       "stdin": line, "pid": os.getpid(), "main": __name__}), flush=True)
@@ -49,23 +50,31 @@ def script(tmp_path) -> Path:
     return path
 
 
-def socket_path() -> str:
-    path = os.environ.get(warm_start.SOCKET_VARIABLE)
-    if not path:
+@pytest.fixture
+def server(warm_start_server):
+    if warm_start_server is None:
         pytest.skip("the tests' warm-start server is off (KERASDIST_TEST_COLD)")
-    return path
+    return warm_start_server
 
 
-def run_warm(script: Path, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    command = warm_start.client_command(socket_path(), [sys.executable, str(script), *args])
-    return subprocess.Popen(command, env={**os.environ, **(env or {})}, stdin=subprocess.PIPE,
+def environment(server, **extra: str) -> dict[str, str]:
+    """This process's environment with the server's import-time part (another test may have left
+    CUDA_VISIBLE_DEVICES behind here, which would rightly make a process cold)."""
+    mine = warm_start.import_time_environment(os.environ)
+    return {**{k: v for k, v in os.environ.items() if k not in mine}, **server.environment, **extra}
+
+
+def run_warm(server, script: Path, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    command = warm_start.client_command(server.socket_path, [sys.executable, str(script), *args])
+    return subprocess.Popen(command, env=environment(server, **(env or {})), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def test_a_forked_process_has_the_clients_argv_directory_environment_streams_and_exit_status(script, tmp_path):
+def test_a_forked_process_has_the_clients_argv_directory_environment_streams_and_exit_status(server, script,
+                                                                                            tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    client = run_warm(script, "a b", "--read", env={"KD_X": "x1", "KD_EXIT": "7"}, cwd=work)
+    client = run_warm(server, script, "a b", "--read", env={"KD_X": "x1", "KD_EXIT": "7"}, cwd=work)
     out, err = client.communicate("from stdin\n", timeout=120)
     report = json.loads(out)
     assert client.returncode == 7, err
@@ -75,11 +84,11 @@ def test_a_forked_process_has_the_clients_argv_directory_environment_streams_and
 
 
 def test_what_the_import_read_differently_an_interpreter_option_or_no_server_runs_cold_in_the_clients_place(
-        script, tmp_path):
-    for env, options, server in (({"TF_CPP_MIN_LOG_LEVEL": "3"}, [], socket_path()),
-                                 ({}, ["-X", "dev"], socket_path()), ({}, [], str(tmp_path / "none"))):
-        command = warm_start.client_command(server, [sys.executable, *options, str(script)])
-        client = subprocess.Popen(command, env={**os.environ, **env, "KD_X": "cold"}, stdout=subprocess.PIPE,
+        server, script, tmp_path):
+    for env, options, socket in (({"TF_CPP_MIN_LOG_LEVEL": "3"}, [], server.socket_path),
+                                 ({}, ["-X", "dev"], server.socket_path), ({}, [], str(tmp_path / "none"))):
+        command = warm_start.client_command(socket, [sys.executable, *options, str(script)])
+        client = subprocess.Popen(command, env=environment(server, **env, KD_X="cold"), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         out, err = client.communicate(timeout=120)
         report = json.loads(out)
@@ -88,17 +97,17 @@ def test_what_the_import_read_differently_an_interpreter_option_or_no_server_run
         assert report["argv"] == [str(script)]
 
 
-def test_signals_reach_the_forked_process_its_status_comes_back_and_it_dies_with_its_client(script):
+def test_signals_reach_the_forked_process_its_status_comes_back_and_it_dies_with_its_client(server, script):
     # SIGTERM: a cluster task (TF_CONFIG set) exits 75 outside training, as a cold one does
     task = {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
     cluster = {"TF_CONFIG": json.dumps(task)}
-    client = run_warm(script, "--wait", env=cluster)
+    client = run_warm(server, script, "--wait", "--kerasdist", env=cluster)
     report = json.loads(client.stdout.readline())
     client.send_signal(signal.SIGTERM)
     assert client.wait(timeout=60) == kerasdist.PREEMPTED_EXIT_CODE
     assert report["warm"] and not _alive(report["pid"])
     # SIGKILL of the client, which cannot forward it: the forked process goes too
-    client = run_warm(script, "--wait")
+    client = run_warm(server, script, "--wait")
     report = json.loads(client.stdout.readline())
     client.kill()
     assert client.wait(timeout=60) == -signal.SIGKILL
@@ -117,7 +126,8 @@ def test_launch_with_warm_start_forks_every_start_and_restart_and_ends_as_a_cold
     reports = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines() if line.startswith("[worker")
                and '"warm"' in line]
     assert result.ok and result.restarts == 1, out
-    assert result.exit_codes == ({"worker 0": 75, "worker 1": -signal.SIGKILL}, {"worker 0": 0, "worker 1": 0}), out
+    assert result.exit_codes == ({"worker 0": -signal.SIGTERM, "worker 1": -signal.SIGKILL},
+                                 {"worker 0": 0, "worker 1": 0}), out
     assert len(reports) == 4 and all(r["warm"] for r in reports), reports
     assert set(Path(tempfile.gettempdir()).glob("kerasdist-warm-*")) <= servers_before  # its server stopped
     cold = kerasdist.launch([str(script)], num_workers=1, warm_start=False, timeout=240)

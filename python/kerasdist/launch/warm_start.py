@@ -20,8 +20,9 @@ client runs a fresh `python` instead (`exec`, same pid): never a wrong process, 
 `python PATH/kerasdist/launch/warm_start.py serve SOCKET` (the file of the installed package, run
 as a script: `-m` would import kerasdist into the server) runs a server until SIGTERM, and then
 until the processes it forked have ended; SOCKET is a path, or `@name` for an abstract socket (one
-per host). `launch(warm_start=True)` runs one for its groups, `KERASDIST_WARM_START=SOCKET` has the
-launcher use an existing one, and examples/slurm/train.sbatch runs one per host of a job.
+per host). `launch(warm_start=True)` runs one for its groups, and `KERASDIST_WARM_START=SOCKET` has the
+launcher use an existing one. Not under Slurm's steps: there a forked process would belong to the
+server's step, not its client's, for Slurm's signals, kills and accounting (RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class WarmServer:
     TF_CONFIG), so their requests match it. On Linux it dies with the process that started it."""
 
     def __init__(self, python: str, environ: Mapping[str, str]):
+        self.environment = import_time_environment(environ)  # what a request must match
         self.folder = tempfile.mkdtemp(prefix="kerasdist-warm-")
         self.socket_path = os.path.join(self.folder, "socket")
         self.log_path = os.path.join(self.folder, "server.log")
