@@ -148,7 +148,11 @@ def test_a_step_whose_task_lost_a_peer_is_started_again_in_the_allocation_then_f
     """Status 76 (a task lost a peer: kerasdist's PeerLostExit, nothing saved): the recipe starts
     the step again inside the allocation as after a SIGKILL, KERASDIST_MAX_RESTARTS times, then
     fails with 76 (the step is a shell that exits 76, so the test needs no training)."""
-    job_id = slurm_cluster.submit(chaos.RECIPE, "bash", "-c", "exit 76", options=chaos.JOB_OPTIONS,
+    # Each task ignores SIGTERM, as kerasdist's tasks never die of it (they exit 75 or 76), and lives a
+    # second, so both have the trap in place when the first exits: srun's SIGTERM to a task that had
+    # not exited yet once made the step's status 143 (a requeue).
+    job_id = slurm_cluster.submit(chaos.RECIPE, "bash", "-c", "trap '' TERM; sleep 1; exit 76",
+                                  options=chaos.JOB_OPTIONS,
                                   env={"KERASDIST_MAX_RESTARTS": "1"}, cwd=chaos.ROOT)
     job = slurm_cluster.wait_final(job_id, 120)
     output = slurm_cluster.output(job_id)
