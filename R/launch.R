@@ -72,7 +72,7 @@
 #'   from the newest checkpoint with the same global batch. `NULL` (the
 #'   default) is `num_workers`: never fewer. Not with parameter servers.
 #' @param warm_start `TRUE` forks each Python task (a `.py` command) from a
-#'   process that has already imported TensorFlow, Keras and kerasdist, so
+#'   process that has already imported TensorFlow and Keras, so
 #'   that starts and restarts skip that import (about 6 s of CPU each);
 #'   `NULL` (the default) does so only when the environment variable
 #'   `KERASDIST_WARM_START` names a running server; `FALSE` never. A task

@@ -106,7 +106,7 @@ def launch(
         min_workers: the fewest workers to go on with when failures outlast `max_restarts`;
             None (the default) is `num_workers`: never fewer. Not with parameter servers.
         warm_start: fork each Python task (a `.py` command) from a process that has already
-            imported TensorFlow, Keras and kerasdist (`kerasdist.launch.warm_start`), so that
+            imported TensorFlow and Keras (`kerasdist.launch.warm_start`), so that
             starts and restarts skip that import (about 6 s of CPU each). True starts such a
             server for the run (or uses the one `KERASDIST_WARM_START` names); None (the
             default) uses `KERASDIST_WARM_START`'s if set; False never. A task whose environment
