@@ -72,6 +72,7 @@ startup.apply_requested_devices()
 compat.apply_multi_worker_fixes()
 compat.explain_late_multi_worker_strategy()
 preemption.signals.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
+startup.exit_without_last_collections()
 
 # Aliases under the names issue #13 gives them, kept out of __all__: the public names are
 # distributed_* (as distributed_fit), which R shares, since evaluate()/predict() there would mask

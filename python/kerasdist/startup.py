@@ -1,5 +1,6 @@
-"""What happens once, when kerasdist is imported: TensorFlow starts quietly, and logical CPU
-devices asked for before the import (by R's simulate_devices) are set up in time.
+"""What happens once, when kerasdist is imported: TensorFlow starts quietly, logical CPU
+devices asked for before the import (by R's simulate_devices) are set up in time, and the
+process's exit skips the interpreter's last garbage collections.
 
 TensorFlow 2.21 writes its start-up lines ("All log messages before absl::InitializeLog() ...",
 "oneDNN custom operations are on ...", "cpu_feature_guard ...") to file descriptor 2 while it is
@@ -10,6 +11,8 @@ import runs with descriptor 2 captured and only those lines are dropped; anythin
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import re
 import sys
@@ -94,3 +97,12 @@ def apply_requested_devices() -> None:
             simulate_devices(int(requested))
         except (ValueError, RuntimeError):
             pass  # the caller's own simulate_devices() call reports it
+
+
+def exit_without_last_collections() -> None:
+    """At the interpreter's exit, after this process's exit handlers: freeze the objects instead
+    of collecting them. With TensorFlow loaded, Python's last collections walk every object it
+    made, about a second of CPU at each exit (RELIABILITY.md), which a restart waits for (a worker
+    whose peer was lost, a preempted task). Python never promises finalizers at exit; everything
+    kerasdist writes is closed before, and objects outside reference cycles are still freed."""
+    atexit.register(gc.freeze)

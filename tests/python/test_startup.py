@@ -20,16 +20,27 @@ pytestmark = pytest.mark.cold_start  # what the import of TensorFlow itself does
 NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard")
 
 
-def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERASDIST_VERBOSE")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                           env={**environ, **env})
 
 
-def test_import_is_quiet_and_verbose_brings_the_start_up_lines_back():
-    quiet = _run("import kerasdist, tensorflow as tf; print(int(tf.constant(2) + 1))")
+# Registered before kerasdist's import, so it runs after kerasdist's exit handlers; a file left
+# open (outside any reference cycle) is still flushed when the interpreter frees it.
+AT_EXIT = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
+left_open = open(sys.argv[1], "w"); left_open.write("written")
+"""
+
+
+def test_import_is_quiet_its_exit_skips_the_last_collections_and_verbose_brings_the_lines_back(tmp_path):
+    quiet = _run(AT_EXIT + "import kerasdist, tensorflow as tf; print(int(tf.constant(2) + 1))",
+                 str(tmp_path / "left-open.txt"))
     assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stdout.strip() == "3"
+    assert quiet.stdout.split() == ["3", "frozen", "at", "exit:", "True"]
+    assert (tmp_path / "left-open.txt").read_text() == "written"
     assert not any(noise in quiet.stderr for noise in NOISE), quiet.stderr
     loud = _run("import kerasdist", KERASDIST_VERBOSE="1")
     # fails once TensorFlow stops printing them (which lines depends on the CPU: no oneDNN line
