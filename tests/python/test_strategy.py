@@ -192,7 +192,10 @@ def test_slurm_gpu_share_is_this_tasks_gpus_and_leaves_cuda_visible_devices_alon
     for name, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n1",
                         "SLURM_STEP_TASKS_PER_NODE": "2"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # Set first so that monkeypatch restores its absence: the resolver's own cluster_spec() below
+    # writes it, and it must not leak into the tests after this one.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=4)
     assert slurm_gpu_share(resolver) == [2, 3]
     assert "CUDA_VISIBLE_DEVICES" not in os.environ

@@ -23,13 +23,14 @@ import kerasdist
 from kerasdist.launch import warm_start
 
 REPORT = textwrap.dedent("""
-    import json, os, sys
+    import gc, json, os, sys
     warm = "tensorflow" in sys.modules  # before this script imported anything of its own
+    frozen = gc.get_freeze_count() > 0  # what the server's import made: no collection walks it
     if "--kerasdist" in sys.argv:  # its SIGTERM guard: a cluster task exits 75 (without it, SIGTERM kills)
         import kerasdist
     line = sys.stdin.readline().strip() if "--read" in sys.argv else ""
     print(json.dumps({"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "x": os.environ.get("KD_X"),
-                      "stdin": line, "pid": os.getpid(), "main": __name__}), flush=True)
+                      "stdin": line, "pid": os.getpid(), "main": __name__, "frozen": frozen}), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     if "--wait" in sys.argv:
         import time
@@ -58,8 +59,8 @@ def server(warm_start_server):
 
 
 def environment(server, **extra: str) -> dict[str, str]:
-    """This process's environment with the server's import-time part (another test may have left
-    CUDA_VISIBLE_DEVICES behind here, which would rightly make a process cold)."""
+    """This process's environment with the server's import-time part (what an earlier test may have
+    left in this process's environment would rightly make a process cold)."""
     mine = warm_start.import_time_environment(os.environ)
     return {**{k: v for k, v in os.environ.items() if k not in mine}, **server.environment, **extra}
 
@@ -79,7 +80,7 @@ def test_a_forked_process_has_the_clients_argv_directory_environment_streams_and
     report = json.loads(out)
     assert client.returncode == 7, err
     assert report == {"warm": True, "argv": [str(script), "a b", "--read"], "cwd": str(work), "x": "x1",
-                      "stdin": "from stdin", "pid": report["pid"], "main": "__main__"}
+                      "stdin": "from stdin", "pid": report["pid"], "main": "__main__", "frozen": True}
     assert report["pid"] != client.pid and err == "to stderr\n"
 
 
@@ -93,7 +94,8 @@ def test_what_the_import_read_differently_an_interpreter_option_or_no_server_run
         out, err = client.communicate(timeout=120)
         report = json.loads(out)
         assert client.returncode == 0, err
-        assert (report["warm"], report["x"], report["pid"]) == (False, "cold", client.pid)  # exec'd in its place
+        # exec'd in its place
+        assert (report["warm"], report["frozen"], report["x"], report["pid"]) == (False, False, "cold", client.pid)
         assert report["argv"] == [str(script)]
 
 

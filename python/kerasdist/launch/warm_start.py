@@ -27,6 +27,7 @@ server's step, not its client's, for Slurm's signals, kills and accounting (RELI
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -48,7 +49,9 @@ SOCKET_VARIABLE = "KERASDIST_WARM_START"
 # forked process would keep the server's values, so a request that differs is run cold.
 _IMPORT_TIME_PREFIXES = ("TF_", "KERAS_", "PYTHON", "CUDA_", "OMP_", "MKL_", "KMP_", "XLA_", "LD_")
 _IMPORT_TIME_NAMES = ("KERASDIST_VERBOSE",)  # (the others are read by `import kerasdist`, in each process)
-_RUN_TIME_NAMES = ("TF_CONFIG", "PYTHONUNBUFFERED")  # read after the import: free to differ
+# Read after the import, so free to differ: the cluster, stdout's buffering, and the GPU allocator's
+# growth (read when the first GPU is set up, as the advisor's measuring processes ask for it).
+_RUN_TIME_NAMES = ("TF_CONFIG", "PYTHONUNBUFFERED", "TF_FORCE_GPU_ALLOW_GROWTH")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _HEADER = struct.Struct("!I")
 
@@ -233,6 +236,9 @@ def _import_tensorflow_and_keras() -> None:
     spec.loader.exec_module(startup)  # type: ignore[union-attr]
     startup.import_tensorflow_quietly()
     import keras  # noqa: F401
+
+    # Shared by every forked process: frozen, no collection in them walks it (nor copies its pages).
+    gc.freeze()
 
 
 def _address(socket_path: str) -> str:
