@@ -1,12 +1,15 @@
 """#30 items 1 and 6 on one machine: how fast a lost peer is seen, and how fast a launch goes on
 without it (the figures in RELIABILITY.md, "A lost peer").
 
-  python tools/lost_peer.py --trials 5
+  python tools/lost_peer.py --trials 5 [--network-down]
 
 Each trial runs two things on 127.0.0.1:
 - seen: two workers started as separate processes with TF_CONFIG (as on two hosts, no launcher
   in between); worker 1 SIGKILLs itself after step 11 (tests/python/scripts/train_multi_worker.py
   --die-at-step); the seconds from its death to worker 0's exit, which must be status 76.
+  With --network-down (needs root) each worker is on a host of its own instead (a network
+  namespace; the two joined by a veth pair) and worker 1 sets its link down after step 11: no
+  reset reaches worker 0, only silence; the seconds from then to worker 0's exit.
 - shrink: `kerasdist launch -n 2 --min-workers 1` of tests/python/scripts/train_anywhere.py
   (resume_fit, a checkpoint every step), worker 1 SIGKILLed after step 13; the seconds from the
   kill to the first step of the one-worker group, and the steps that group trained again.
@@ -55,6 +58,54 @@ def seen(work: Path) -> tuple[int, float, str]:
             process.kill()
 
 
+def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
+    """(worker 0's exit status, worker 1's, seconds from worker 1's link going down to worker 0's
+    exit, worker 0's stderr, worker 1's), each worker in a network namespace of its own (needs root)."""
+    tag = f"kdln{os.getpid() % 100000}"
+    namespaces, links = [f"{tag}w0", f"{tag}w1"], [f"{tag}a", f"{tag}b"]
+    addresses = [f"10.253.{os.getpid() % 250}.{host}" for host in (1, 2)]
+    processes: list[subprocess.Popen] = []
+    work.mkdir(parents=True, exist_ok=True)
+    peer_err = work / "worker-1.err"
+    try:
+        for ns in namespaces:
+            _ip("netns", "add", ns)
+        _ip("link", "add", links[0], "netns", namespaces[0], "type", "veth", "peer", "name", links[1],
+            "netns", namespaces[1])
+        for ns, link, address in zip(namespaces, links, addresses, strict=True):
+            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        workers = [f"{address}:8888" for address in addresses]  # each host has its own ports
+        for index in (0, 1):
+            config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+            processes.append(subprocess.Popen(
+                ["ip", "netns", "exec", namespaces[index], sys.executable, str(MULTI_WORKER), str(work / "weights"),
+                 "--checkpoint-dir", str(work / "ckpt"), "--every-steps", "1", "--epochs", "40",
+                 "--link-down-at-step", "11", "--link", links[1]],
+                stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if index == 0 else peer_err.open("w"), text=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}))
+        for line in processes[1].stdout:  # type: ignore[union-attr]
+            if line.strip() == "link down":
+                break
+        down = time.monotonic()
+        _, err = processes[0].communicate(timeout=300)
+        waited = time.monotonic() - down
+        peer_status = processes[1].wait(timeout=300)
+        return processes[0].returncode, peer_status, waited, err, peer_err.read_text()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        for ns in namespaces:
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
 def shrink(work: Path) -> tuple[float, int]:
     """(seconds from the kill to the one-worker group's first step, steps it trained again)."""
     command = [sys.executable, "-m", "kerasdist", "launch", "-n", "2", "--min-workers", "1", "--grace-period", "2",
@@ -85,7 +136,10 @@ def shrink(work: Path) -> tuple[float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--network-down", action="store_true", help="a host's network goes down instead")
     args = parser.parse_args()
+    if args.network_down:
+        return network_down_trials(args.trials)
     seen_seconds, shrink_seconds, redone = [], [], []
     for trial in range(args.trials):
         with tempfile.TemporaryDirectory(prefix="kerasdist-lost-peer-") as work:
@@ -103,6 +157,21 @@ def main() -> int:
                                ("steps redone", redone, "")):
         print(f"{name}: median {statistics.median(values):.1f}{unit}, range {min(values):.1f}-{max(values):.1f}{unit}"
               f" ({len(values)} trials)")
+    return 0
+
+
+def network_down_trials(trials: int) -> int:
+    waited = []
+    for trial in range(trials):
+        with tempfile.TemporaryDirectory(prefix="kerasdist-network-down-") as work:
+            status, peer_status, seconds, err, _ = seen_network_down(Path(work))
+        if status != 76:
+            raise RuntimeError(f"trial {trial}: worker 0 exited with {status}, not 76: {err[-2000:]}")
+        waited.append(seconds)
+        print(f"trial {trial}: host 1's network down, worker 0 exits 76 after {seconds:.1f} s "
+              f"(worker 1 exits {peer_status})", flush=True)
+    print(f"exit 76 after the peer's network went down: median {statistics.median(waited):.1f} s, "
+          f"range {min(waited):.1f}-{max(waited):.1f} s ({len(waited)} trials)")
     return 0
 
 

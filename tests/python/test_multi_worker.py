@@ -165,6 +165,21 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
     assert [a.status for a in kerasdist.goodput(tmp_path / "ckpt").attempts] == ["peer lost"]
 
 
+def test_a_worker_whose_peers_network_goes_down_exits_76_naming_it_and_its_checkpoints_stay_valid(tmp_path):
+    """#30 item 1, a host whose network goes down: each worker on a host of its own (a network
+    namespace, tools/lost_peer.py), worker 1's link set down after step 11, so no reset reaches
+    worker 0, only silence. TensorFlow's coordination heartbeat notices; worker 0 exits 76 naming
+    worker:1 within 60 s, and worker 1, cut off, exits 76 too."""
+    status, peer_status, waited, err, peer_err = lost_peer.seen_network_down(tmp_path)
+    assert status == kerasdist.PEER_LOST_EXIT_CODE, err[-3000:]
+    assert waited < 60, waited
+    assert re.search(r"^kerasdist: worker:1 of this multi-worker cluster was lost \(.+\)", err, re.M), err[-3000:]
+    assert peer_status == kerasdist.PEER_LOST_EXIT_CODE, peer_err[-3000:]
+    table = kerasdist.checkpoint_table(tmp_path / "ckpt")
+    assert table and all(row["valid"] for row in table), table
+    assert table[-1]["restart"] and table[-1]["global_step"] >= 10, table[-1]
+
+
 def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(tmp_path):
     workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     configs = [  # the same workers, so they connect; but worker 0 was also told of an evaluator

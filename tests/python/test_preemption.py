@@ -56,6 +56,10 @@ def test_a_collective_whose_peer_went_away_is_a_lost_peer_naming_it():
     assert peer_lost(tf.errors.UnavailableError(None, None, own_devices), 2, "worker:0").peer is None
     assert "a peer of this multi-worker cluster was lost" in str(
         peer_lost(tf.errors.UnavailableError(None, None, own_devices), 2, "worker:0"))
+    # a worker cut off from the network: its own heartbeat to the coordination service times out
+    cut_off = "Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat"
+    lost = peer_lost(tf.errors.DeadlineExceededError(None, None, cut_off), 2, "worker:1")
+    assert (lost.peer, lost.detail) == (None, "Collective ops is aborted by: Deadline Exceeded")
 
 
 def test_other_errors_and_one_worker_are_no_lost_peer():

@@ -44,7 +44,8 @@ def exit_preempted(signum: int | None = None, frame: object = None) -> None:
 PEER_LOST_EXIT_CODE = 76  # "a peer was lost; my state is safe": restart the group, on the hosts left
 
 # TensorFlow's words when a collective's peer is gone: its connection reset or refused (a process
-# killed), or the coordination service's heartbeat missed (a host down).
+# killed), or the coordination service's heartbeat missed (a host down; a worker cut off from the
+# network sees its own heartbeat's deadline exceeded).
 _PEER_LOST_WORDS = re.compile(r"Collective ops is aborted|Connection reset by peer|Connection refused|"
                               r"failed to connect|Socket closed|unhealthy|stopped sending heartbeats")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
@@ -77,7 +78,8 @@ def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -
     from `task` (e.g. "worker:0"), or None when it is not a lost peer (one worker; another error)."""
     from tensorflow import errors
 
-    lost_kinds = (errors.UnavailableError, errors.AbortedError, errors.CancelledError, errors.InternalError)
+    lost_kinds = (errors.UnavailableError, errors.AbortedError, errors.CancelledError, errors.InternalError,
+                  errors.DeadlineExceededError)
     message = str(error)
     if num_workers < 2 or not isinstance(error, lost_kinds) or not _PEER_LOST_WORDS.search(message):
         return None

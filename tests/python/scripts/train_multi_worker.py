@@ -2,11 +2,13 @@
 
 usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
                              [--epochs E] [--die-at-step S] [--per-worker-dir] [--load-only]
-                             [--monitor DIR]
+                             [--monitor DIR] [--link-down-at-step S --link DEV]
 Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
 patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
-worker 1 kills itself with SIGKILL after that step on the launcher's first attempt. With
---per-worker-dir each worker uses DIR/worker-<index>, as hosts that share no disk would; with
+worker 1 kills itself with SIGKILL after that step on the launcher's first attempt; with
+--link-down-at-step, worker 1 sets its host's network link DEV down after that step instead (run
+in a network namespace of its own: its peer sees no reset, only silence) and prints "link down"
+(tools/lost_peer.py). With --per-worker-dir each worker uses DIR/worker-<index>, as hosts that share no disk would; with
 --load-only the model is loaded from the checkpoint (no build_fn). With --monitor, a CSVLogger
 (DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes DIR/notes.txt through
 chief_path and prints run_context() as seen outside the strategy's scope.
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,6 +46,18 @@ def data():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 
 
+class LinkDownAtStep(keras.callbacks.Callback):
+    def __init__(self, step, link):
+        super().__init__()
+        self.step, self.link, self.done = step, link, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.done and int(self.model.optimizer.iterations.numpy()) >= self.step:
+            subprocess.run(["ip", "link", "set", self.link, "down"], check=True)
+            self.done = True
+            print("link down", flush=True)
+
+
 class DieAtStep(keras.callbacks.Callback):
     def __init__(self, step):
         super().__init__()
@@ -61,6 +76,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every-steps", type=int)
     parser.add_argument("--die-at-step", type=int)
+    parser.add_argument("--link-down-at-step", type=int)
+    parser.add_argument("--link")
     parser.add_argument("--per-worker-dir", action="store_true")
     parser.add_argument("--load-only", action="store_true")
     parser.add_argument("--monitor")
@@ -82,6 +99,8 @@ def main():
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
         if args.die_at_step and first_attempt and description.task == "worker:1":
             callbacks.append(DieAtStep(args.die_at_step))
+        if args.link_down_at_step and first_attempt and description.task == "worker:1":
+            callbacks.append(LinkDownAtStep(args.link_down_at_step, args.link))
         if args.monitor:
             callbacks += [keras.callbacks.CSVLogger(os.path.join(args.monitor, "log.csv")),
                           keras.callbacks.TensorBoard(os.path.join(args.monitor, "tb"))]
