@@ -95,6 +95,36 @@ def test_distributed_fit_takes_a_strategy_object_and_early_stopping(tmp_path):
     assert history.epoch == [0, 1]  # stopped after the first epoch without a 100-point improvement
 
 
+class StopAtStep(keras.callbacks.Callback):
+    """A user's own stop in the middle of an epoch (a time budget, say)."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            self.model.stop_training = True
+
+
+def test_a_fit_a_callback_stops_mid_epoch_resumes_at_the_next_batch_and_ends_as_one_run(tmp_path):
+    x, y = digits()  # 4 steps an epoch
+    args = dict(strategy="default", batch_size=64, seed=3, every_steps=4, verbose=0)
+    keras.utils.set_random_seed(1)
+    whole = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "whole", **args)
+    keras.utils.set_random_seed(1)
+    stopped = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "ckpt",
+                                        callbacks=[StopAtStep(6)], **args)
+    assert int(stopped.model.optimizer.iterations.numpy()) == 6
+    latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
+    assert (latest.global_step, latest.epoch, latest.step_in_epoch) == (6, 1, 2)
+    resumed = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "ckpt", **args)
+    assert int(resumed.model.optimizer.iterations.numpy()) == 12  # every batch of every epoch once
+    assert resumed.epoch == [0, 1, 2]
+    for a, b in zip(resumed.model.get_weights(), whole.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def _bad(tmp_path):
     x, y = digits(64)
     file = tmp_path / "a-file"

@@ -125,6 +125,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._step = 0
         self._batch_begin: int | None = None  # the first step of the current call (execution)
         self._batches_seen = 0  # in this fit's current epoch
+        self._saved_step: int | None = None  # the optimizer step of the last save
         self._history: list[dict[str, float]] = []
         self._best: CheckpointInfo | None = None
         self._sigterm: SigtermHold | None = None
@@ -247,6 +248,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._preempted = True
         self.model.stop_training = True
 
+    def _stopped_mid_epoch(self) -> bool:
+        steps = self.params.get("steps")
+        return steps is not None and self._batches_seen < steps
+
     def _last_batch(self) -> bool:
         steps = self.params.get("steps")
         return steps is not None and self._batches_seen >= steps
@@ -254,6 +259,12 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self._preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
+        if self.model.stop_training and self._stopped_mid_epoch():
+            # Another callback stopped fit mid-epoch: a restart goes on at the next batch, not at
+            # the next epoch (so this epoch is not in the history yet either).
+            if self._saved_step != optimizer_step(self.model):
+                self._save(self._epoch, self._step, logs)
+            return
         self._history.append(plain(logs or {}))
         if self.every_epoch or self._preempted:
             self._save(epoch + 1, 0, logs)
@@ -339,6 +350,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         started = time.perf_counter()
         self._last_save_at = time.monotonic()
+        self._saved_step = optimizer_step(self.model)
         progress = Progress.of(epoch, step, self._history, logs, self._task, self.run)
         try:
             if self.async_save and not (final or self._preempted):
