@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
     processes: list[subprocess.Popen] = []
     work.mkdir(parents=True, exist_ok=True)
     peer_err = work / "worker-1.err"
+    peer_stderr = peer_err.open("w")
+    deadline = threading.Timer(300, lambda: [process.kill() for process in processes])  # nothing hangs
     try:
         for ns in namespaces:
             _ip("netns", "add", ns)
@@ -84,8 +87,9 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
                  "--checkpoint-dir", str(work / "ckpt"), "--every-steps", "1", "--epochs", "40",
                  "--link-down-at-step", "11", "--link", links[1]],
                 stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if index == 0 else peer_err.open("w"), text=True,
+                stderr=subprocess.PIPE if index == 0 else peer_stderr, text=True,
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}))
+        deadline.start()
         for line in processes[1].stdout:  # type: ignore[union-attr]
             if line.strip() == "link down":
                 break
@@ -95,6 +99,8 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
         peer_status = processes[1].wait(timeout=300)
         return processes[0].returncode, peer_status, waited, err, peer_err.read_text()
     finally:
+        deadline.cancel()
+        peer_stderr.close()
         for process in processes:
             process.kill()
             process.wait()
