@@ -43,12 +43,8 @@ def seen(work: Path) -> tuple[int, float, str]:
     workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     processes = []
     for index in (0, 1):
-        config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-        processes.append(subprocess.Popen(
-            [sys.executable, str(MULTI_WORKER), str(work / "weights"), "--checkpoint-dir", str(work / "ckpt"),
-             "--every-steps", "1", "--epochs", "40", "--die-at-step", "11"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL, text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}))
+        processes.append(_start_worker(work, workers, index, "--die-at-step", "11", stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL))
     try:
         processes[1].wait(timeout=300)
         died = time.monotonic()
@@ -57,6 +53,17 @@ def seen(work: Path) -> tuple[int, float, str]:
     finally:
         for process in processes:
             process.kill()
+
+
+def _start_worker(work: Path, workers: list[str], index: int, *fault: str, prefix: tuple[str, ...] = (),
+                  **streams: object) -> subprocess.Popen:
+    """Worker `index` of `workers` (train_multi_worker.py, a checkpoint every step in work/ckpt),
+    with its `fault` options, started through `prefix` (e.g. `ip netns exec NS`)."""
+    config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+    return subprocess.Popen(
+        [*prefix, sys.executable, str(MULTI_WORKER), str(work / "weights"), "--checkpoint-dir", str(work / "ckpt"),
+         "--every-steps", "1", "--epochs", "40", *fault],
+        text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}, **streams)  # type: ignore[call-overload]
 
 
 def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
@@ -81,14 +88,11 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
             _ip("-n", ns, "link", "set", "lo", "up")
         workers = [f"{address}:8888" for address in addresses]  # each host has its own ports
         for index in (0, 1):
-            config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-            processes.append(subprocess.Popen(
-                ["ip", "netns", "exec", namespaces[index], sys.executable, str(MULTI_WORKER), str(work / "weights"),
-                 "--checkpoint-dir", str(work / "ckpt"), "--every-steps", "1", "--epochs", "40",
-                 "--link-down-at-step", "11", "--link", links[1]],
+            processes.append(_start_worker(
+                work, workers, index, "--link-down-at-step", "11", "--link", links[1],
+                prefix=("ip", "netns", "exec", namespaces[index]),
                 stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if index == 0 else peer_stderr, text=True,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}))
+                stderr=subprocess.PIPE if index == 0 else peer_stderr))
         deadline.start()
         for line in processes[1].stdout:  # type: ignore[union-attr]
             if line.strip() == "link down":

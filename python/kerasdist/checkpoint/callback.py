@@ -248,18 +248,19 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._preempted = True
         self.model.stop_training = True
 
-    def _stopped_mid_epoch(self) -> bool:
+    def _batches_left(self) -> int | None:
+        """Batches of this fit's current epoch not trained yet; None when the epoch's length is unknown."""
         steps = self.params.get("steps")
-        return steps is not None and self._batches_seen < steps
+        return None if steps is None else steps - self._batches_seen
 
     def _last_batch(self) -> bool:
-        steps = self.params.get("steps")
-        return steps is not None and self._batches_seen >= steps
+        left = self._batches_left()
+        return left is not None and left <= 0
 
     def on_epoch_end(self, epoch, logs=None):
         if self._preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
-        if self.model.stop_training and self._stopped_mid_epoch():
+        if self.model.stop_training and (self._batches_left() or 0) > 0:
             # Another callback stopped fit mid-epoch: a restart goes on at the next batch, not at
             # the next epoch (so this epoch is not in the history yet either).
             if self._saved_step != optimizer_step(self.model):

@@ -8,7 +8,8 @@ patches are removed first, to show whether upstream fit works on its own. With -
 worker 1 kills itself with SIGKILL after that step on the launcher's first attempt; with
 --link-down-at-step, worker 1 sets its host's network link DEV down after that step instead (run
 in a network namespace of its own: its peer sees no reset, only silence) and prints "link down"
-(tools/lost_peer.py). With --per-worker-dir each worker uses DIR/worker-<index>, as hosts that share no disk would; with
+(tools/lost_peer.py). With --per-worker-dir each worker uses DIR/worker-<index>, as hosts that
+share no disk would; with
 --load-only the model is loaded from the checkpoint (no build_fn). With --monitor, a CSVLogger
 (DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes DIR/notes.txt through
 chief_path and prints run_context() as seen outside the strategy's scope.
@@ -46,26 +47,26 @@ def data():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 
 
-class LinkDownAtStep(keras.callbacks.Callback):
-    def __init__(self, step, link):
+class AtStep(keras.callbacks.Callback):
+    """Runs `action` once, at the end of the first batch that reaches optimizer step `step`."""
+
+    def __init__(self, step, action):
         super().__init__()
-        self.step, self.link, self.done = step, link, False
+        self.step, self.action, self.done = step, action, False
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.done and int(self.model.optimizer.iterations.numpy()) >= self.step:
-            subprocess.run(["ip", "link", "set", self.link, "down"], check=True)
             self.done = True
-            print("link down", flush=True)
+            self.action()
 
 
-class DieAtStep(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+
+def link_down(link):
+    subprocess.run(["ip", "link", "set", link, "down"], check=True)
+    print("link down", flush=True)
 
 
 def main():
@@ -97,10 +98,11 @@ def main():
         print(json.dumps({"restored_step": int(model.optimizer.iterations.numpy())}), flush=True)
         callbacks = []
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
-        if args.die_at_step and first_attempt and description.task == "worker:1":
-            callbacks.append(DieAtStep(args.die_at_step))
-        if args.link_down_at_step and first_attempt and description.task == "worker:1":
-            callbacks.append(LinkDownAtStep(args.link_down_at_step, args.link))
+        if first_attempt and description.task == "worker:1":
+            if args.die_at_step:
+                callbacks.append(AtStep(args.die_at_step, die))
+            if args.link_down_at_step:
+                callbacks.append(AtStep(args.link_down_at_step, lambda: link_down(args.link)))
         if args.monitor:
             callbacks += [keras.callbacks.CSVLogger(os.path.join(args.monitor, "log.csv")),
                           keras.callbacks.TensorBoard(os.path.join(args.monitor, "tb"))]
