@@ -27,6 +27,7 @@ from kerasdist.launch.command import python_executable
 from kerasdist.launch.ports import accepts_connections, port_clash
 from kerasdist.launch.result import TIMEOUT_EXIT_CODE, TaskFailure
 from kerasdist.launch.warm_start import client_command, dying_with_parent
+from kerasdist.preemption import PEER_LOST_EXIT_CODE
 from kerasdist.startup import is_start_up_noise
 
 _POLL_SECONDS = 0.05
@@ -120,13 +121,14 @@ class ProcessGroup:
             late = startup.late_task()
             if late is not None:
                 return Outcome(failure=late.failure(self.restart))
-            for task in self.tasks:
-                code = task.process.poll()
-                if code is not None and code != 0:
-                    for reader in task.readers:  # its last lines may say why (a port clash)
-                        reader.join(timeout=2)
-                    failure = TaskFailure(task.task_type, task.index, code, self.restart)
-                    return Outcome(failure=failure, port_clash=self.port_clash)
+            failed = [task for task in self.tasks if task.process.poll() not in (None, 0)]
+            if failed:
+                # A peer-lost exit (76) follows another task's failure: name that one when both are seen.
+                task = next((t for t in failed if t.process.returncode != PEER_LOST_EXIT_CODE), failed[0])
+                for reader in task.readers:  # its last lines may say why (a port clash)
+                    reader.join(timeout=2)
+                failure = TaskFailure(task.task_type, task.index, task.process.returncode, self.restart)
+                return Outcome(failure=failure, port_clash=self.port_clash)
             if all(t.process.poll() == 0 for t in finishers):
                 return Outcome()
             if deadline is not None and time.monotonic() >= deadline:
