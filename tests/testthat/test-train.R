@@ -57,23 +57,34 @@ test_that("distributed_fit trains with an R build function, then resumes to the 
   expect_identical(latest_checkpoint(dir)$epoch, 2L)
 })
 
-test_that("a callback that stops distributed_fit mid-epoch leaves that step; run again, it goes on at the next batch", {
+test_that("a callback that stops distributed_fit mid-epoch (or at a resumed epoch's end) leaves that step; run again, it goes on", {
   skip_if_no_kerasdist()
   dir <- file.path(withr::local_tempdir(), "ckpt")
   digits <- load_digits(flatten = TRUE)
   x <- digits$x[1:256, ]  # 4 steps an epoch
   y <- digits$y[1:256]
-  StopAtStep6 <- Callback("StopAtStep6", on_train_batch_end = function(batch, logs = NULL) {
-    if (as.integer(self$model$optimizer$iterations$numpy()) == 6L) self$model$stop_training <- TRUE
-  })
+  StopAtStep <- Callback("StopAtStep",
+    initialize = function(step) {
+      super$initialize()
+      self$step <- step
+    },
+    on_train_batch_end = function(batch, logs = NULL) {
+      if (as.integer(self$model$optimizer$iterations$numpy()) == self$step) self$model$stop_training <- TRUE
+    }
+  )
   fit_to_3 <- function(...) {
     distributed_fit(train_build_model, x, y, epochs = 3, checkpoint_dir = dir, strategy = "default",
                     batch_size = 64, every_steps = 4, verbose = 0, ...)
   }
-  stopped <- fit_to_3(callbacks = list(StopAtStep6()))
+  stopped <- fit_to_3(callbacks = list(StopAtStep(6L)))
   expect_identical(as.integer(stopped$model$optimizer$iterations$numpy()), 6L)
   latest <- latest_checkpoint(dir)
   expect_identical(c(latest$global_step, latest$epoch, latest$step_in_epoch), c(6L, 1L, 2L))
+  # resumed mid-epoch, stopped at that epoch's last batch: it stops there
+  ended <- fit_to_3(callbacks = list(StopAtStep(8L)))
+  expect_identical(as.integer(ended$model$optimizer$iterations$numpy()), 8L)
+  latest <- latest_checkpoint(dir)
+  expect_identical(c(latest$global_step, latest$epoch, latest$step_in_epoch), c(8L, 2L, 0L))
   resumed <- fit_to_3()
   expect_identical(as.integer(resumed$model$optimizer$iterations$numpy()), 12L)  # every batch once
   expect_length(resumed$metrics$loss, 3)

@@ -130,7 +130,9 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         finally:
             set_steps_per_execution(model, per_execution)
         epoch += 1
-    if epoch < epochs:
+    # A callback stopped training in the rest of the epoch (its last batch, or EarlyStopping at its
+    # end): the next `fit` would clear the request.
+    if epoch < epochs and not (histories and model.stop_training):
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
         # across epochs, so epoch e gets exactly data(e).
         stream = _epochs(epoch_data, epoch, epochs)
@@ -176,7 +178,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=steps_per_epoch - skip, **fit_args))
         epoch += 1
-    if epoch < epochs:
+    if epoch < epochs and not (histories and model.stop_training):
         histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
                                 steps_per_epoch=steps_per_epoch, **fit_args))
     return merged_history(model, start.history, histories)
