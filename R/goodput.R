@@ -20,8 +20,10 @@
 #'   `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
 #'   one row per start of the chief's process, with its `status`:
 #'   `"completed"`, `"preempted"`, `"peer lost"` or `"killed or crashed"`, its first step's
-#'   time and `recovery_seconds`, from the previous attempt's last sign of life
-#'   to this one's first step). An error if the directory holds no run log.
+#'   time, `recovery_seconds`, from the previous attempt's last sign of life
+#'   to this one's first step, and `workers`, the processes of its cluster: a
+#'   job that shrank on a lost host and grew back shows 2, 1, 2). An error if
+#'   the directory holds no run log.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.goodput()`; the shell: `kerasdist goodput DIR`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -41,7 +43,7 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
   attempts <- lapply(report$attempts, function(a) {
     list(name = a$name, started = a$started, ended = a$ended, status = a$status,
          restored_step = a$restored_step, first_step_at = a$first_step_at, last_step = a$last_step,
-         saves = a$saves, recovery_seconds = a$recovery$total)
+         saves = a$saves, recovery_seconds = a$recovery$total, workers = a$workers)
   })
   number <- function(value) if (is.null(value)) NA_real_ else as.numeric(value)
   structure(
@@ -59,7 +61,7 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
     attempts = rows_to_data_frame(attempts, list(
       name = NA_character_, started = as.POSIXct(NA, tz = "UTC"), ended = as.POSIXct(NA, tz = "UTC"),
       status = NA_character_, restored_step = NA_integer_, first_step_at = as.POSIXct(NA, tz = "UTC"),
-      last_step = NA_integer_, saves = NA_integer_, recovery_seconds = NA_real_
+      last_step = NA_integer_, saves = NA_integer_, recovery_seconds = NA_real_, workers = NA_integer_
     )),
     report = report
   )

@@ -56,6 +56,8 @@ class Attempt:
         recovery: for an attempt after the first that reached its first step, the seconds from
             the previous attempt's last sign of life to that step, split by `RECOVERY_PARTS` (and
             "total"); None otherwise.
+        workers: the processes of its cluster (a job that shrank on a lost host and grew back
+            shows 2, 1, 2); None in a log of an older kerasdist.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Attempt:
     saves: int
     seconds: dict[str, float] = field(default_factory=dict)
     recovery: dict[str, float] | None = None
+    workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class GoodputReport:
                  f"({self.goodput_excluding_downtime:.1%} without downtime)"]
         lines += [f"  {row['part']:<20} {row['seconds']:>10.1f} s  {row['share']:>6.1%}" for row in self.rows()]
         lines.append(f"  redone steps: {self.redone_steps}")
+        sizes = [a.workers for a in self.attempts]
+        if None not in sizes and len(set(sizes)) > 1:
+            lines.append(f"  workers per attempt: {' -> '.join(map(str, sizes))} (the cluster was resized)")
         recoveries = [a.recovery for a in self.attempts if a.recovery]
         if recoveries:
             totals = sorted(r["total"] for r in recoveries)
@@ -262,9 +268,11 @@ def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] 
     part["redone"] = min(stepping, stepping * redone / trained_steps) if trained_steps > 0 else 0.0
     part["productive"] = stepping - part["redone"]
     part["other"] = (ended - started) - sum(part.values())
+    workers = next((e.get("workers") for e in events if e["event"] == "start"), None)
     return Attempt(name=name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
-                   saves=sum(1 for e in events if e["event"] == "committed"), seconds=part)
+                   saves=sum(1 for e in events if e["event"] == "committed"), seconds=part,
+                   workers=int(workers) if workers is not None else None)
 
 
 def _recovery(events: list[dict[str, Any]], previous_end: float, attempt: Attempt) -> dict[str, float]:

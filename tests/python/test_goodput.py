@@ -82,6 +82,25 @@ def test_the_report_splits_a_known_log_into_its_parts(tmp_path):
                                            "restore": 2.0, "first_step": 8.0, "total": 20.0}
 
 
+def test_the_report_names_each_attempts_cluster_size_when_the_job_was_resized(tmp_path):
+    """An elastic job (#30): 2 workers, a lost host, 1 worker, grown back to 2; a log of an older
+    kerasdist (no size in its start event) gives None and no resize line."""
+    for index, (workers, restored, status) in enumerate([(2, 0, None), (1, 8, "preempted"), (2, 14, "completed")]):
+        t = 100.0 * index
+        end = [{"event": "train_end", "t": t + 50, "step": restored + 6, "status": status}] if status else []
+        write_log(tmp_path, f"a{index}", [
+            {"event": "start", "t": t, "workers": workers, "replicas": workers, "strategy": "multi_worker"},
+            {"event": "restored", "t": t + 5, "seconds": 0.5, "checkpoint": None, "step": restored},
+            {"event": "first_step", "t": t + 10, "step": restored + 1}, *end,
+        ], heartbeat={"t": t + 50, "step": restored + 6})
+    report = kerasdist.goodput(tmp_path)
+    assert [a.workers for a in report.attempts] == [2, 1, 2]
+    assert "workers per attempt: 2 -> 1 -> 2 (the cluster was resized)" in str(report)
+    older = tmp_path / "older"
+    write_log(older, "a0", [{"event": "start", "t": 0.0}, {"event": "first_step", "t": 1.0, "step": 1}])
+    assert kerasdist.goodput(older).attempts[0].workers is None and "workers per" not in str(kerasdist.goodput(older))
+
+
 def test_a_directory_without_a_run_log_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="holds no run log"):
         kerasdist.goodput(tmp_path)

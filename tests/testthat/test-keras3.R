@@ -41,6 +41,7 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   expect_identical(attempts$status, c("killed or crashed", "completed"))
   expect_identical(attempts$last_step, c(6L, 30L))
   expect_identical(attempts$restored_step, c(0L, 4L))
+  expect_identical(attempts$workers, c(1L, 1L))
   expect_s3_class(attempts$started, "POSIXct")
   expect_true(is.na(attempts$recovery_seconds[1]) && attempts$recovery_seconds[2] > 0)
   expect_true(all(attempts$first_step_at > attempts$started))

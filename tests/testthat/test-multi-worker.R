@@ -14,7 +14,9 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
   expect_identical(unique(checkpoints$writer), "worker:0")
   expect_length(list.files(checkpoint_dir, pattern = "^ckpt-", all.files = TRUE, no.. = TRUE), 2)
   expect_length(list.files(file.path(checkpoint_dir, "runs"), pattern = "[.]jsonl$"), 1)  # the chief's run log only
-  expect_identical(attr(goodput(checkpoint_dir), "attempts")$status, "completed")
+  attempts <- attr(goodput(checkpoint_dir), "attempts")
+  expect_identical(attempts$status, "completed")
+  expect_identical(attempts$workers, 2L)
   # run_context() outside the scope knows its place; chief_path and the CSV logger write once
   outside <- lapply(0:1, function(i) readLines(file.path(dir, sprintf("weights-worker-%d-outside.txt", i))))
   expect_identical(outside[[1]][1:3], c("worker:0", "TRUE", "2"))
