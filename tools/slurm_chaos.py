@@ -255,11 +255,13 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
 
 
 def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS,
-                    language: str = "python", grow_back: bool = False) -> dict:
+                    language: str = "python", grow_back: bool = False, preempt: bool = False) -> dict:
     """One job that loses host 1 (its slurmd and tasks SIGKILLed) after step 8: the recipe goes on
     with host 0 alone (issue #30 item 2). With `grow_back`, host 1 is started again once the
     smaller cluster has trained a step, and the recipe (looking every 2 s) grows back to both hosts
-    (item 3); else host 1 is started again once the job has ended. From the chief's run log: the
+    (item 3); with `preempt` (and no growing back), host 1 is started again then and, once it is
+    idle, the batch shell alone gets SIGTERM (`scancel --batch`, as `--signal=B:TERM@N` does) and
+    passes it on to the training: the job is requeued and ends on both hosts; else host 1 is started again once the job has ended. From the chief's run log: the
     seconds from the loss to the smaller cluster's first step, steps redone."""
     import kerasdist
 
@@ -272,9 +274,12 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     try:
         if not cluster.kill_host(1):
             raise RuntimeError("host 1 had no process to kill")
-        if grow_back:  # once the smaller cluster trains (a signal during its start-up ends it with 143)
+        if grow_back or preempt:  # once the smaller cluster trains (a signal during its start-up ends it with 143)
             wait_for_output(cluster, job_id, r"^kerasdist: going on with[\s\S]*^step \d+\s*$", timeout=180)
             cluster.start_host(1)
+            if preempt:
+                cluster.wait_nodes_idle(60, cluster.node_names[1:])
+                cluster.client(["scancel", "--batch", "--signal=TERM", str(job_id)])
         job = cluster.wait_final(job_id, 300)
     finally:
         if not cluster.is_up(1):
@@ -285,11 +290,36 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     smaller = next((a for a in report.attempts[1:] if a.first_step_at), None)  # the first to train after the loss
     first_step_at = smaller.first_step_at if smaller else None
     return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
-            "attempts": [a.status for a in report.attempts],
+            "attempts": [a.status for a in report.attempts], "workers": [a.workers for a in report.attempts],
             "restored_step": smaller.restored_step if smaller else None,
             "loss_to_first_step": round(first_step_at - lost_at, 2) if first_step_at else None,
             "recovery": {part: round(value, 2) for part, value in ((smaller and smaller.recovery) or {}).items()},
             "redone_steps": report.redone_steps, "run": run, "output": output}
+
+
+def clean_restarts_like(cluster: SlurmCluster, elastic: Run, timeout: float = 300) -> tuple[Run, list[tuple[int, int | None]]]:
+    """The resizes of the `elastic` job made by clean restarts (issue #30 item 4): from its run log,
+    one job per attempt, on that attempt's number of hosts (`--nodes`), from the step it restored
+    to the step the next attempt restored (train.py's `--stop-after-step`), all on one checkpoint
+    directory; the last to the end. (the reference's run, [(hosts, stop after step or None), ...])."""
+    import kerasdist
+
+    attempts = kerasdist.goodput(elastic.checkpoint_dir).attempts
+    segments = [(attempt.workers, following.restored_step if following else None)
+                for attempt, following in zip(attempts, [*attempts[1:], None], strict=True)
+                if following is None or following.restored_step > attempt.restored_step]
+    run = new_run(cluster, f"clean-restarts-{elastic.name}", elastic.language)
+    for hosts, stop in segments:
+        stop_args = [] if stop is None else ["--stop-after-step", str(stop)]
+        job_id = cluster.submit(RECIPE, *run.command(step_seconds=0), *stop_args,
+                                options=[*JOB_OPTIONS, f"--nodes={hosts}"], cwd=ROOT)
+        job = cluster.wait_final(job_id, timeout)
+        latest = kerasdist.latest_checkpoint(run.checkpoint_dir)
+        if job.state != "COMPLETED" or step_statuses(cluster.output(job_id)) != [0] or (
+                stop is not None and (latest is None or latest.global_step != stop)):
+            raise RuntimeError(f"the clean restart on {hosts} host(s) to step {stop} ended {job.state} "
+                               f"{job.exit_code} at {latest}:\n{cluster.output(job_id)[-3000:]}")
+    return run, segments
 
 
 def measure_lost_host(args: argparse.Namespace) -> int:

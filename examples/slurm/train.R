@@ -4,13 +4,14 @@
 #
 # select_strategy() sees the Slurm step (more than one task) and picks "multi_worker";
 # distributed_fit restores the newest checkpoint in --checkpoint-dir (or builds the model), trains
-# to --epochs in total and saves a checkpoint every --every-steps steps (the chief writes). On
+# to --epochs in total (or to --stop-after-step steps) and saves a checkpoint every --every-steps
+# steps (the chief writes). On
 # SIGTERM every task stops after one agreed step, the chief saves it, and every task exits 75:
 # train.sbatch then requeues the job, which resumes at the next batch. Each task writes its final
 # weights to --out-dir/weights-task<SLURM_PROCID>.npz. A tiny regression model on seeded data
 # (320 samples, global batch 32: 10 steps an epoch). Its Python twin is train.py.
 # usage: train.R [--checkpoint-dir DIR] [--out-dir DIR] [--epochs N] [--every-steps N]
-#                [--step-seconds S]
+#                [--step-seconds S] [--stop-after-step N]
 library(kerasdist)             # keras3 comes after select_strategy(), see below
 
 args <- commandArgs(trailingOnly = TRUE)
@@ -23,6 +24,8 @@ out_dir <- option("--out-dir", ".")
 epochs <- as.integer(option("--epochs", 3L))
 every_steps <- as.integer(option("--every-steps", 1L))
 step_seconds <- as.numeric(option("--step-seconds", 0))   # stretches a demo so a signal lands mid-run
+# end this job once N steps are trained in total (a checkpoint is saved there; the same command goes on)
+stop_after_step <- as.integer(option("--stop-after-step", NA))
 
 strategy <- select_strategy()   # first: multi-worker must be set up before TensorFlow starts,
 library(keras3)                 # and keras3's load hook starts it
@@ -49,9 +52,13 @@ pace <- callback_lambda(on_train_batch_end = function(batch, logs) {
   flush(stdout())
   if (step_seconds > 0) Sys.sleep(step_seconds)
 })
+StopAfterStep <- Callback("StopAfterStep", on_train_batch_end = function(batch, logs = NULL) {
+  if (as.integer(self$model$optimizer$iterations$numpy()) >= stop_after_step) self$model$stop_training <- TRUE
+})
+callbacks <- if (is.na(stop_after_step)) list(pace) else list(pace, StopAfterStep())
 history <- distributed_fit(build_model, x, y, epochs = epochs, checkpoint_dir = checkpoint_dir,
                            strategy = strategy, batch_size = 32, seed = 2026,
-                           every_steps = every_steps, keep = 2, callbacks = list(pace), verbose = 0)
+                           every_steps = every_steps, keep = 2, callbacks = callbacks, verbose = 0)
 model <- history$model
 task <- Sys.getenv("SLURM_PROCID", "0")
 dir.create(out_dir, showWarnings = FALSE, recursive = TRUE)

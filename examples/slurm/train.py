@@ -4,10 +4,10 @@
 
 select_strategy() sees the Slurm step (more than one task) and picks "multi_worker";
 distributed_fit restores the newest checkpoint in --checkpoint-dir (or builds the model), trains
-to --epochs in total and saves a checkpoint every --every-steps steps (the chief writes). On
-SIGTERM (preemption, the time-limit warning, scancel --signal=TERM) every task stops after one
-agreed step, the chief saves it, and every task exits 75: train.sbatch then requeues the job,
-which resumes at the next batch. Each task writes its final weights to
+to --epochs in total (or to --stop-after-step steps) and saves a checkpoint every --every-steps
+steps (the chief writes). On SIGTERM (preemption, the time-limit warning, scancel --signal=TERM)
+every task stops after one agreed step, the chief saves it, and every task exits 75: train.sbatch
+then requeues the job, which resumes at the next batch. Each task writes its final weights to
 --out-dir/weights-task<SLURM_PROCID>.npz. A tiny regression model on seeded data (320 samples,
 global batch 32: 10 steps an epoch); run without Slurm it trains the same global batches in one
 process. Its R twin is train.R.
@@ -35,6 +35,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--every-steps", type=int, default=1, help="a checkpoint every N steps")
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep this long after each step (stretches a demo so a signal lands mid-run)")
+    parser.add_argument("--stop-after-step", type=int, default=None,
+                        help="end this job once N steps are trained in total, earlier jobs included (a "
+                             "checkpoint is saved there; the same command goes on from it)")
     return parser.parse_args()
 
 
@@ -58,6 +61,19 @@ class Pace(keras.callbacks.Callback):
             time.sleep(self.seconds)
 
 
+class StopAfterStep(keras.callbacks.Callback):
+    """Ends fit once the optimizer has taken `step` steps: kerasdist saves that step, and a fit on
+    the same checkpoint directory goes on at the next batch (a step budget per job)."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.step:
+            self.model.stop_training = True
+
+
 def main() -> None:
     args = parse_args()
     strategy = kerasdist.select_strategy()  # first: multi-worker must be set up before TensorFlow runs an op
@@ -69,10 +85,12 @@ def main() -> None:
     x = rng.normal(size=(320, 4)).astype("float32")
     y = np.tanh(x @ rng.normal(size=(4, 1))).astype("float32")
 
+    callbacks = [Pace(args.step_seconds)]
+    if args.stop_after_step is not None:
+        callbacks.append(StopAfterStep(args.stop_after_step))
     history = kerasdist.distributed_fit(
         build_model, x, y, epochs=args.epochs, checkpoint_dir=args.checkpoint_dir, strategy=strategy,
-        batch_size=32, seed=SEED, every_steps=args.every_steps, keep=2,
-        callbacks=[Pace(args.step_seconds)], verbose=0)
+        batch_size=32, seed=SEED, every_steps=args.every_steps, keep=2, callbacks=callbacks, verbose=0)
     task = os.environ.get("SLURM_PROCID", "0")
     os.makedirs(args.out_dir, exist_ok=True)
     np.savez(os.path.join(args.out_dir, f"weights-task{task}.npz"), *history.model.get_weights())

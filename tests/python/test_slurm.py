@@ -178,7 +178,10 @@ def test_a_lost_host_shrinks_the_job_to_the_host_left_and_it_grows_back_when_the
     loss (the issue's target). Host 1 is then started again, once that cluster trains: the recipe
     sees an idle host, the task saves at its next step and exits 75, the job is requeued and ends
     on both hosts, within RELIABILITY.md's tolerance of the 2-host reference (one process sums the
-    gradients in another order) and with no step trained twice. train.R goes the same way."""
+    gradients in another order) and with no step trained twice. Item 4: jobs making the same
+    resizes by clean restarts (2 hosts to the step the smaller cluster resumed from, 1 host to the
+    step the grown job resumed from, 2 hosts to the end) end bitwise equal to it. train.R goes the
+    same way."""
     trial = chaos.lost_host_trial(slurm_cluster, 0, step_seconds=0.7, language=language, grow_back=True)
     output, run = trial["output"], trial["run"]
     reference = r_reference if language == "r" else reference
@@ -201,6 +204,35 @@ def test_a_lost_host_shrinks_the_job_to_the_host_left_and_it_grows_back_when_the
     print(f"lost host ({language}): the smaller cluster's first step {trial['loss_to_first_step']} s after the "
           f"loss, then back on 2 hosts; {trial['redone_steps']} step(s) redone")
     assert trial["loss_to_first_step"] < 60, trial
+    # Item 4: the same resizes made by clean restarts, at the steps the elastic job resumed from,
+    # end bitwise equal: the elastic job trained the same batches in the same order.
+    restarts, segments = chaos.clean_restarts_like(slurm_cluster, run)
+    sizes = [hosts for index, (hosts, _) in enumerate(segments) if index == 0 or hosts != segments[index - 1][0]]
+    assert sizes == [2, 1, 2] and segments[0][1] == trial["restored_step"], (segments, trial)
+    for task in range(2):
+        assert chaos.bitwise_equal(run.weights(task), restarts.weights(task)), (
+            task, segments, chaos.max_difference(run.weights(task), restarts.weights(task)))
+
+
+def test_a_job_preempted_after_a_lost_host_shrank_it_is_requeued_once_and_ends_on_both_hosts(
+        slurm_cluster, reference):
+    """#30: the job trains on the host left after losing host 1 (growing back off); host 1 returns,
+    and the batch shell alone gets SIGTERM (`scancel --batch`, as `--signal=B:TERM@N` does). It
+    passes the signal to the job's steps: the training task saves and exits 75, and no signal to
+    the lost host's failed step, which Slurm keeps listed, reaches the requeued job's task there.
+    The job is requeued once and ends on both hosts within RELIABILITY.md's tolerance of the
+    2-host reference, with no step trained twice."""
+    trial = chaos.lost_host_trial(slurm_cluster, 1, step_seconds=0.7, preempt=True)
+    output, run = trial["output"], trial["run"]
+    said = "\n".join(line for line in output.splitlines() if line.startswith(("kerasdist:", "srun:", "slurmstepd")))
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 1, (trial["restarts"], said)
+    assert f"kerasdist: going on with the 1 host(s) left: {slurm_cluster.node_names[0]}\n" in output, said
+    assert trial["statuses"][1:] == [75, 0] and "preempted, checkpoint saved: requeueing" in output, said
+    assert "task 1 done: 2 replicas" in output, said
+    assert chaos.bitwise_equal(run.weights(0), run.weights(1)), said
+    assert chaos.max_difference(run.weights(0), reference.weights(0)) <= TOL, said
+    assert trial["attempts"][1:] == ["preempted", "completed"] and trial["workers"] == [2, 1, 2], trial
+    assert trial["redone_steps"] == 0, trial
 
 
 def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster, r_reference):
