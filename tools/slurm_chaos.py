@@ -4,7 +4,7 @@ usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [-
        python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
        python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--every-steps 30] [--preempt]
                                    [--out FILE.json]
-       python tools/slurm_chaos.py --lost-host N [--r] [--out FILE.json]
+       python tools/slurm_chaos.py --lost-host N [--r | --batch-host] [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -32,7 +32,10 @@ an outside stopwatch (the job's first start to its end, as this tool saw them).
 --lost-host N runs N jobs that each lose host 1 after step 8 (its slurmd and tasks SIGKILLed; issue
 #30): the recipe goes on with host 0 alone inside the allocation. Prints, per job, the seconds from
 the loss to the smaller cluster's first step (the chief's run log) and the steps redone, and checks
-that each ends within RELIABILITY.md's tolerance of an uninterrupted 2-host job.
+that each ends within RELIABILITY.md's tolerance of an uninterrupted 2-host job. With --batch-host
+they lose host 0 instead, which runs the batch script: the recipe's guard requeues the job, host 0
+is started again once it is requeued, and each job must end bitwise equal; prints the seconds from
+the loss to the requeue.
 """
 
 from __future__ import annotations
@@ -297,6 +300,36 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
             "redone_steps": report.redone_steps, "run": run, "output": output}
 
 
+def lost_batch_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS) -> dict:
+    """One job that loses host 0, which runs its batch script, after step 8 (its slurmd and tasks
+    SIGKILLed): no script is left to go on with host 1, so Slurm requeues the job (`--requeue`);
+    host 0 is started again once the job is requeued, and the job runs again on both hosts."""
+    import kerasdist
+
+    run = new_run(cluster, f"lost-batch-host-{index}")
+    job_id = submit(cluster, run, step_seconds=step_seconds)
+    cluster.wait_started(job_id)
+    wait_for_output(cluster, job_id, r"^step 8\s*$")
+    lost_at = time.monotonic()
+    try:
+        if not cluster.kill_host(0):
+            raise RuntimeError("host 0 had no process to kill")
+        requeued = cluster.wait(job_id, lambda job: job.restarts >= 1 or job.state in FINAL_STATES, 120,
+                                release=False)
+        requeued_after = time.monotonic() - lost_at
+        cluster.start_host(0)
+        job = cluster.wait_final(job_id, 300)
+    finally:
+        if not cluster.is_up(0):
+            cluster.start_host(0)
+        cluster.wait_nodes_idle(60)
+    report = kerasdist.goodput(run.checkpoint_dir)
+    return {"index": index, "state": job.state, "restarts": job.restarts, "requeued_state": requeued.state,
+            "requeued_after": round(requeued_after, 1), "attempts": [a.status for a in report.attempts],
+            "restored_step": report.attempts[-1].restored_step, "redone_steps": report.redone_steps,
+            "run": run, "output": cluster.output(job_id)}
+
+
 def clean_restarts_like(cluster: SlurmCluster, elastic: Run, timeout: float = 300) -> tuple[Run, list[tuple[int, int | None]]]:
     """The resizes of the `elastic` job made by clean restarts (issue #30 item 4): from its run log,
     one job per attempt, on that attempt's number of hosts (`--nodes`), from the step it restored
@@ -322,8 +355,33 @@ def clean_restarts_like(cluster: SlurmCluster, elastic: Run, timeout: float = 30
     return run, segments
 
 
+def measure_lost_batch_host(args: argparse.Namespace) -> int:
+    """--lost-host N --batch-host: N jobs that lose host 0 (the batch script's), each bitwise equal
+    to an uninterrupted job; the seconds from the loss to the requeue."""
+    trials = []
+    with SlurmCluster(args.hosts) as cluster:
+        reference, _ = reference_run(cluster)
+        for index in range(args.lost_host):
+            trial = lost_batch_host_trial(cluster, index)
+            run, output = trial.pop("run"), trial.pop("output")
+            trial["equal"] = all(bitwise_equal(run.weights(t), reference.weights(t)) for t in range(2))
+            trials.append(trial)
+            print(json.dumps(trial), flush=True)
+            if trial["state"] != "COMPLETED" or not trial["equal"]:
+                print(output, flush=True)
+    times = [t["requeued_after"] for t in trials]
+    print(f"loss of the batch host to the requeue: median {statistics.median(times):.1f} s "
+          f"({min(times):.1f}-{max(times):.1f}, {len(times)} jobs); steps redone: "
+          f"{sorted(t['redone_steps'] for t in trials)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(trials, indent=1))
+    return 0 if all(t["state"] == "COMPLETED" and t["equal"] for t in trials) else 1
+
+
 def measure_lost_host(args: argparse.Namespace) -> int:
     """--lost-host N: N jobs that lose host 1, each ending within TOL of an uninterrupted 2-host job."""
+    if args.batch_host:
+        return measure_lost_batch_host(args)
     trials = []
     with SlurmCluster(args.hosts) as cluster:
         language = "r" if args.r else "python"
@@ -436,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
     parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
     parser.add_argument("--lost-host", type=int, metavar="N", help="N jobs that lose host 1 and go on without it")
+    parser.add_argument("--batch-host", action="store_true",
+                        help="with --lost-host: lose host 0, the batch script's (the job is requeued)")
     parser.add_argument("--kill-every", type=float, default=180.0)
     parser.add_argument("--every-steps", type=int, default=30,
                         help="with --goodput-minutes: a checkpoint every N steps (30: 6 s at the 0.2 s pace)")

@@ -235,6 +235,22 @@ def test_a_job_preempted_after_a_lost_host_shrank_it_is_requeued_once_and_ends_o
     assert trial["redone_steps"] == 0, trial
 
 
+def test_a_lost_batch_host_requeues_the_job_which_resumes_on_both_hosts_bitwise_equal(slurm_cluster, reference):
+    """#30: losing host 0, which runs the batch script, leaves no script to go on with host 1, and
+    Slurm 22.05 (`--no-kill`) leaves the job running there, idle, until its time limit: the recipe's
+    guard step on host 1 requeues it. The job waits for two hosts; host 0 started again, it resumes
+    from the newest checkpoint and ends bitwise equal to the uninterrupted job."""
+    trial = chaos.lost_batch_host_trial(slurm_cluster, 0, step_seconds=PACE)
+    output, run = trial["output"], trial["run"]
+    print({k: v for k, v in trial.items() if k not in ("run", "output")})
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 1, (trial, output[-3000:])
+    for task in range(2):
+        assert chaos.bitwise_equal(run.weights(task), reference.weights(task)), (task, output[-3000:])
+    assert trial["attempts"][0] != "completed" and trial["attempts"][-1] == "completed", trial
+    # host 0 ran the chief: its save of step 8 may have been in flight, that of step 7 was not
+    assert trial["restored_step"] >= 7 and trial["redone_steps"] == 0, trial
+
+
 def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster, r_reference):
     """train.R under srun on both hosts: SIGTERM mid-training, 75, requeued, bitwise equal to an
     uninterrupted R job."""
