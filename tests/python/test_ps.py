@@ -66,8 +66,10 @@ def test_resume_fit_checkpoints_on_the_chief_and_resumes_after_it_is_killed(tmp_
 
 def test_a_preempted_chief_saves_the_settled_state_mid_epoch_and_the_next_run_finishes_the_epoch(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
-    result, report = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "2",
-                            "--term-at", "1", "3", max_restarts=1)
+    # --epochs 3 and a callback stopping training at the end of epoch 2: the restart, which
+    # finishes epoch 2 in a fit of its own, stops there too
+    result, report = launch(tmp_path, "--checkpoint-dir", str(ckpt), "--epochs", "3",
+                            "--term-at", "1", "3", "--stop-after-epoch", "2", max_restarts=1)
     out = capfd.readouterr().out
     assert result.ok and result.restarts == 1, out[-3000:]
     assert [f.description for f in result.failures] == ["chief 0 exited with status 75 (preempted, checkpoint saved)"]

@@ -69,6 +69,18 @@ class TermAtBatch(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class StopAfterEpoch(keras.callbacks.Callback):
+    """Stops training at the end of epoch `epoch` (1-based), as EarlyStopping would."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.epoch:
+            self.model.stop_training = True
+
+
 def error_of(call):
     try:
         call()
@@ -88,6 +100,7 @@ def main():
     parser.add_argument("--check-errors", action="store_true")
     parser.add_argument("--die-after-epoch", type=int)
     parser.add_argument("--term-at", type=int, nargs=2, metavar=("EPOCH", "BATCH"))
+    parser.add_argument("--stop-after-epoch", type=int)
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
@@ -113,6 +126,8 @@ def main():
             callbacks.append(DieAfterEpoch(args.die_after_epoch))
         if args.term_at and os.environ.get("KERASDIST_RESTART", "0") == "0":
             callbacks.append(TermAtBatch(*args.term_at))
+        if args.stop_after_epoch:
+            callbacks.append(StopAfterEpoch(args.stop_after_epoch))
         history = kerasdist.resume_fit(model, dataset_fn, args.epochs, args.checkpoint_dir, callbacks=callbacks,
                                        steps_per_epoch=args.steps, verbose=2, **validation)
     with open(args.out_json, "w") as out:
