@@ -4,7 +4,7 @@ usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [-
        python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
        python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--every-steps 30] [--preempt]
                                    [--out FILE.json]
-       python tools/slurm_chaos.py --lost-host N [--r | --batch-host] [--out FILE.json]
+       python tools/slurm_chaos.py --lost-host N [--r] [--grow-back | --batch-host] [--out FILE.json]
 
 Brings up a fresh cluster (tools/slurm_cluster.py; needs root), runs examples/slurm/train.sbatch
 unchanged with train.py (or train.R with --r) on 2 hosts once without interruption (the
@@ -32,7 +32,9 @@ an outside stopwatch (the job's first start to its end, as this tool saw them).
 --lost-host N runs N jobs that each lose host 1 after step 8 (its slurmd and tasks SIGKILLed; issue
 #30): the recipe goes on with host 0 alone inside the allocation. Prints, per job, the seconds from
 the loss to the smaller cluster's first step (the chief's run log) and the steps redone, and checks
-that each ends within RELIABILITY.md's tolerance of an uninterrupted 2-host job. With --batch-host
+that each ends within RELIABILITY.md's tolerance of an uninterrupted 2-host job. With --grow-back
+host 1 is started again once the smaller cluster trains (the recipe looking every 2 s): also the
+seconds from then to the first step on both hosts. With --batch-host
 they lose host 0 instead, which runs the batch script: the recipe's guard requeues the job, host 0
 is started again once it is requeued, and each job must end bitwise equal; prints the seconds from
 the loss to the requeue.
@@ -264,8 +266,10 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     smaller cluster has trained a step, and the recipe (looking every 2 s) grows back to both hosts
     (item 3); with `preempt` (and no growing back), host 1 is started again then and, once it is
     idle, the batch shell alone gets SIGTERM (`scancel --batch`, as `--signal=B:TERM@N` does) and
-    passes it on to the training: the job is requeued and ends on both hosts; else host 1 is started again once the job has ended. From the chief's run log: the
-    seconds from the loss to the smaller cluster's first step, steps redone."""
+    passes it on to the training: the job is requeued and ends on both hosts; else host 1 is
+    started again once the job has ended. From the chief's run log: the seconds from the loss to
+    the smaller cluster's first step (and, grown back, from host 1's start to the first step on
+    both hosts), steps redone."""
     import kerasdist
 
     run = new_run(cluster, f"lost-host-{language}-{index}", language)
@@ -279,6 +283,7 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
             raise RuntimeError("host 1 had no process to kill")
         if grow_back or preempt:  # once the smaller cluster trains (a signal during its start-up ends it with 143)
             wait_for_output(cluster, job_id, r"^kerasdist: going on with[\s\S]*^step \d+\s*$", timeout=180)
+            back_at = time.time()
             cluster.start_host(1)
             if preempt:
                 cluster.wait_nodes_idle(60, cluster.node_names[1:])
@@ -292,10 +297,13 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     output = cluster.output(job_id)
     smaller = next((a for a in report.attempts[1:] if a.first_step_at), None)  # the first to train after the loss
     first_step_at = smaller.first_step_at if smaller else None
+    last = report.attempts[-1]
+    grown = grow_back and last.workers == 2 and last.first_step_at is not None and last is not smaller
     return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
             "attempts": [a.status for a in report.attempts], "workers": [a.workers for a in report.attempts],
             "restored_step": smaller.restored_step if smaller else None,
             "loss_to_first_step": round(first_step_at - lost_at, 2) if first_step_at else None,
+            "back_to_first_step": round(last.first_step_at - back_at, 2) if grown else None,
             "recovery": {part: round(value, 2) for part, value in ((smaller and smaller.recovery) or {}).items()},
             "redone_steps": report.redone_steps, "run": run, "output": output}
 
@@ -330,7 +338,8 @@ def lost_batch_host_trial(cluster: SlurmCluster, index: int, step_seconds: float
             "run": run, "output": cluster.output(job_id)}
 
 
-def clean_restarts_like(cluster: SlurmCluster, elastic: Run, timeout: float = 300) -> tuple[Run, list[tuple[int, int | None]]]:
+def clean_restarts_like(cluster: SlurmCluster, elastic: Run,
+                        timeout: float = 300) -> tuple[Run, list[tuple[int, int | None]]]:
     """The resizes of the `elastic` job made by clean restarts (issue #30 item 4): from its run log,
     one job per attempt, on that attempt's number of hosts (`--nodes`), from the step it restored
     to the step the next attempt restored (train.py's `--stop-after-step`), all on one checkpoint
@@ -387,7 +396,7 @@ def measure_lost_host(args: argparse.Namespace) -> int:
         language = "r" if args.r else "python"
         reference, _ = reference_run(cluster, language)
         for index in range(args.lost_host):
-            trial = lost_host_trial(cluster, index, language=language)
+            trial = lost_host_trial(cluster, index, language=language, grow_back=args.grow_back)
             run, output = trial.pop("run"), trial.pop("output")
             weights = run.weights(0)
             trial["within_tol"] = weights is not None and max_difference(weights, reference.weights(0)) <= TOL
@@ -396,6 +405,10 @@ def measure_lost_host(args: argparse.Namespace) -> int:
             if trial["state"] != "COMPLETED" or not trial["within_tol"]:
                 print(output, flush=True)
     times = [t["loss_to_first_step"] for t in trials if t["loss_to_first_step"] is not None]
+    grown = [t["back_to_first_step"] for t in trials if t.get("back_to_first_step") is not None]
+    if grown:
+        print(f"host back to the first step on 2 hosts: median {statistics.median(grown):.1f} s "
+              f"({min(grown):.1f}-{max(grown):.1f}, {len(grown)} jobs); requeues: {[t['restarts'] for t in trials]}")
     parts = {part for t in trials for part in t["recovery"]}
     print("recovery parts, median: " + ", ".join(
         f"{part} {statistics.median(t['recovery'][part] for t in trials if part in t['recovery']):.2f} s"
@@ -494,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
     parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
     parser.add_argument("--lost-host", type=int, metavar="N", help="N jobs that lose host 1 and go on without it")
+    parser.add_argument("--grow-back", action="store_true",
+                        help="with --lost-host: start host 1 again once the job trains without it (it grows back)")
     parser.add_argument("--batch-host", action="store_true",
                         help="with --lost-host: lose host 0, the batch script's (the job is requeued)")
     parser.add_argument("--kill-every", type=float, default=180.0)
