@@ -43,6 +43,7 @@ the loss to the requeue.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -52,6 +53,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -259,6 +261,22 @@ def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: f
             "redone_steps": report.redone_steps, "goodput": round(report.goodput, 4)}
 
 
+@contextlib.contextmanager
+def host_lost_after_step_8(cluster: SlurmCluster, job_id: int, host: int) -> Iterator[float]:
+    """Once the job has printed step 8, lose `host` (its slurmd and tasks SIGKILLed); gives the
+    time of the loss. On the way out the host is started again if it is still down, and every node
+    is waited for, so the next job finds the whole cluster."""
+    wait_for_output(cluster, job_id, r"^step 8\s*$")
+    try:
+        if not cluster.kill_host(host):
+            raise RuntimeError(f"host {host} had no process to kill")
+        yield time.time()
+    finally:
+        if not cluster.is_up(host):
+            cluster.start_host(host)
+        cluster.wait_nodes_idle(60)
+
+
 def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS,
                     language: str = "python", grow_back: bool = False, preempt: bool = False) -> dict:
     """One job that loses host 1 (its slurmd and tasks SIGKILLed) after step 8: the recipe goes on
@@ -276,11 +294,7 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     env = {"KERASDIST_GROW_CHECK_SECONDS": "2"} if grow_back else {"KERASDIST_MAX_GROWS": "0"}
     job_id = submit(cluster, run, env=env, step_seconds=step_seconds)
     cluster.wait_started(job_id)
-    wait_for_output(cluster, job_id, r"^step 8\s*$")
-    lost_at = time.time()
-    try:
-        if not cluster.kill_host(1):
-            raise RuntimeError("host 1 had no process to kill")
+    with host_lost_after_step_8(cluster, job_id, 1) as lost_at:
         if grow_back or preempt:  # once the smaller cluster trains (a signal during its start-up ends it with 143)
             wait_for_output(cluster, job_id, r"^kerasdist: going on with[\s\S]*^step \d+\s*$", timeout=180)
             back_at = time.time()
@@ -289,10 +303,6 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
                 cluster.wait_nodes_idle(60, cluster.node_names[1:])
                 cluster.client(["scancel", "--batch", "--signal=TERM", str(job_id)])
         job = cluster.wait_final(job_id, 300)
-    finally:
-        if not cluster.is_up(1):
-            cluster.start_host(1)
-        cluster.wait_nodes_idle(60)
     report = kerasdist.goodput(run.checkpoint_dir)
     output = cluster.output(job_id)
     smaller = next((a for a in report.attempts[1:] if a.first_step_at), None)  # the first to train after the loss
@@ -317,20 +327,12 @@ def lost_batch_host_trial(cluster: SlurmCluster, index: int, step_seconds: float
     run = new_run(cluster, f"lost-batch-host-{index}")
     job_id = submit(cluster, run, step_seconds=step_seconds)
     cluster.wait_started(job_id)
-    wait_for_output(cluster, job_id, r"^step 8\s*$")
-    lost_at = time.monotonic()
-    try:
-        if not cluster.kill_host(0):
-            raise RuntimeError("host 0 had no process to kill")
+    with host_lost_after_step_8(cluster, job_id, 0) as lost_at:
         requeued = cluster.wait(job_id, lambda job: job.restarts >= 1 or job.state in FINAL_STATES, 120,
                                 release=False)
-        requeued_after = time.monotonic() - lost_at
+        requeued_after = time.time() - lost_at
         cluster.start_host(0)
         job = cluster.wait_final(job_id, 300)
-    finally:
-        if not cluster.is_up(0):
-            cluster.start_host(0)
-        cluster.wait_nodes_idle(60)
     report = kerasdist.goodput(run.checkpoint_dir)
     return {"index": index, "state": job.state, "restarts": job.restarts, "requeued_state": requeued.state,
             "requeued_after": round(requeued_after, 1), "attempts": [a.status for a in report.attempts],
@@ -364,6 +366,13 @@ def clean_restarts_like(cluster: SlurmCluster, elastic: Run,
     return run, segments
 
 
+def print_spread(what: str, seconds: list[float], trials: list[dict]) -> None:
+    """One line: the median and range of `seconds` over the jobs, their steps redone, the load."""
+    print(f"{what}: median {statistics.median(seconds):.1f} s ({min(seconds):.1f}-{max(seconds):.1f}, "
+          f"{len(seconds)} jobs); steps redone: {sorted(t['redone_steps'] for t in trials)}; "
+          f"load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
 def measure_lost_batch_host(args: argparse.Namespace) -> int:
     """--lost-host N --batch-host: N jobs that lose host 0 (the batch script's), each bitwise equal
     to an uninterrupted job; the seconds from the loss to the requeue."""
@@ -378,10 +387,7 @@ def measure_lost_batch_host(args: argparse.Namespace) -> int:
             print(json.dumps(trial), flush=True)
             if trial["state"] != "COMPLETED" or not trial["equal"]:
                 print(output, flush=True)
-    times = [t["requeued_after"] for t in trials]
-    print(f"loss of the batch host to the requeue: median {statistics.median(times):.1f} s "
-          f"({min(times):.1f}-{max(times):.1f}, {len(times)} jobs); steps redone: "
-          f"{sorted(t['redone_steps'] for t in trials)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print_spread("loss of the batch host to the requeue", [t["requeued_after"] for t in trials], trials)
     if args.out:
         Path(args.out).write_text(json.dumps(trials, indent=1))
     return 0 if all(t["state"] == "COMPLETED" and t["equal"] for t in trials) else 1
@@ -407,16 +413,14 @@ def measure_lost_host(args: argparse.Namespace) -> int:
     times = [t["loss_to_first_step"] for t in trials if t["loss_to_first_step"] is not None]
     grown = [t["back_to_first_step"] for t in trials if t.get("back_to_first_step") is not None]
     if grown:
-        print(f"host back to the first step on 2 hosts: median {statistics.median(grown):.1f} s "
-              f"({min(grown):.1f}-{max(grown):.1f}, {len(grown)} jobs); requeues: {[t['restarts'] for t in trials]}")
+        print_spread("host back to the first step on 2 hosts", grown, trials)
+        print(f"requeues: {[t['restarts'] for t in trials]}")
     parts = {part for t in trials for part in t["recovery"]}
     print("recovery parts, median: " + ", ".join(
         f"{part} {statistics.median(t['recovery'][part] for t in trials if part in t['recovery']):.2f} s"
         for part in sorted(parts)))
     if times:
-        print(f"loss to the smaller cluster's first step: median {statistics.median(times):.1f} s "
-              f"({min(times):.1f}-{max(times):.1f}, {len(times)} jobs); steps redone: "
-              f"{sorted(t['redone_steps'] for t in trials)}; load {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print_spread("loss to the smaller cluster's first step", times, trials)
     if args.out:
         Path(args.out).write_text(json.dumps(trials, indent=1))
     return 0 if all(t["state"] == "COMPLETED" and t["within_tol"] for t in trials) else 1
