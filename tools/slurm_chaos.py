@@ -268,9 +268,10 @@ def host_lost_after_step_8(cluster: SlurmCluster, job_id: int, host: int) -> Ite
     is waited for, so the next job finds the whole cluster."""
     wait_for_output(cluster, job_id, r"^step 8\s*$")
     try:
+        lost_at = time.time()
         if not cluster.kill_host(host):
             raise RuntimeError(f"host {host} had no process to kill")
-        yield time.time()
+        yield lost_at
     finally:
         if not cluster.is_up(host):
             cluster.start_host(host)
@@ -308,7 +309,8 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     smaller = next((a for a in report.attempts[1:] if a.first_step_at), None)  # the first to train after the loss
     first_step_at = smaller.first_step_at if smaller else None
     last = report.attempts[-1]
-    grown = grow_back and last.workers == 2 and last.first_step_at is not None and last is not smaller
+    grown = (grow_back and last.workers == report.attempts[0].workers and last.first_step_at is not None
+             and last is not smaller)
     return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
             "attempts": [a.status for a in report.attempts], "workers": [a.workers for a in report.attempts],
             "restored_step": smaller.restored_step if smaller else None,
@@ -320,8 +322,8 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
 
 def lost_batch_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STEP_SECONDS) -> dict:
     """One job that loses host 0, which runs its batch script, after step 8 (its slurmd and tasks
-    SIGKILLed): no script is left to go on with host 1, so Slurm requeues the job (`--requeue`);
-    host 0 is started again once the job is requeued, and the job runs again on both hosts."""
+    SIGKILLed): no script is left to go on with host 1, and the recipe's guard step there requeues
+    the job; host 0 is started again once the job is requeued, and the job runs on both hosts."""
     import kerasdist
 
     run = new_run(cluster, f"lost-batch-host-{index}")
@@ -343,9 +345,11 @@ def lost_batch_host_trial(cluster: SlurmCluster, index: int, step_seconds: float
 def clean_restarts_like(cluster: SlurmCluster, elastic: Run,
                         timeout: float = 300) -> tuple[Run, list[tuple[int, int | None]]]:
     """The resizes of the `elastic` job made by clean restarts (issue #30 item 4): from its run log,
-    one job per attempt, on that attempt's number of hosts (`--nodes`), from the step it restored
-    to the step the next attempt restored (train.py's `--stop-after-step`), all on one checkpoint
-    directory; the last to the end. (the reference's run, [(hosts, stop after step or None), ...])."""
+    one job per attempt, on that attempt's number of hosts (`--nodes`: the recipe runs one worker
+    a host), from the step it restored to the step the next attempt restored (train.py's
+    `--stop-after-step`), all on one checkpoint directory; the last to the end. An attempt that
+    trained no step the next did not redo is left out. (the reference's run, [(hosts, stop after
+    step or None), ...])."""
     import kerasdist
 
     attempts = kerasdist.goodput(elastic.checkpoint_dir).attempts
@@ -524,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--r", action="store_true", help="train.R instead of train.py")
     parser.add_argument("--out", help="write the trials as JSON here")
     args = parser.parse_args(argv)
+    if args.batch_host and (args.r or args.grow_back):
+        parser.error("--batch-host runs train.py and loses host 0: without --r and --grow-back")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # tear the cluster down on kill too
     signal.signal(signal.SIGINT, signal.default_int_handler)  # and on Ctrl-C, also when started in the background
     if args.recovery:

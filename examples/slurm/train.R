@@ -24,7 +24,7 @@ out_dir <- option("--out-dir", ".")
 epochs <- as.integer(option("--epochs", 3L))
 every_steps <- as.integer(option("--every-steps", 1L))
 step_seconds <- as.numeric(option("--step-seconds", 0))   # stretches a demo so a signal lands mid-run
-# end this job once N steps are trained in total (a checkpoint is saved there; the same command goes on)
+# end this job once N steps are trained in total (a checkpoint is saved there; run without it to go on)
 stop_after_step <- as.integer(option("--stop-after-step", NA))
 
 strategy <- select_strategy()   # first: multi-worker must be set up before TensorFlow starts,

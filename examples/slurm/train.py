@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
                         help="sleep this long after each step (stretches a demo so a signal lands mid-run)")
     parser.add_argument("--stop-after-step", type=int, default=None,
                         help="end this job once N steps are trained in total, earlier jobs included (a "
-                             "checkpoint is saved there; the same command goes on from it)")
+                             "checkpoint is saved there; run without it, or with a larger N, to go on)")
     return parser.parse_args()
 
 
@@ -62,8 +62,8 @@ class Pace(keras.callbacks.Callback):
 
 
 class StopAfterStep(keras.callbacks.Callback):
-    """Ends fit once the optimizer has taken `step` steps: kerasdist saves that step, and a fit on
-    the same checkpoint directory goes on at the next batch (a step budget per job)."""
+    """Ends fit once the optimizer has taken `step` steps in total: kerasdist saves that step, and
+    a later fit on the same checkpoint directory goes on at the next batch."""
 
     def __init__(self, step: int):
         super().__init__()

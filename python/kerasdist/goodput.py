@@ -56,8 +56,8 @@ class Attempt:
         recovery: for an attempt after the first that reached its first step, the seconds from
             the previous attempt's last sign of life to that step, split by `RECOVERY_PARTS` (and
             "total"); None otherwise.
-        workers: the processes of its cluster (a job that shrank on a lost host and grew back
-            shows 2, 1, 2); None in a log of an older kerasdist.
+        workers: the workers that trained in it (`RunContext.num_workers`; a job that shrank
+            on a lost host and grew back shows 2, 1, 2); None in a log of an older kerasdist.
     """
 
     name: str
@@ -200,11 +200,12 @@ def _parsed(name: str, lines: list[str]) -> list[dict[str, Any]]:
 
 
 def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]) -> GoodputReport:
-    restored_steps = [_restored_step(events) for _, events, _ in logs]
+    restored_steps = _known_restored_steps([_restored_step(events) for _, events, _ in logs])
     attempts: list[Attempt] = []
     for index, (name, events, heartbeat) in enumerate(logs):
         next_restored = restored_steps[index + 1] if index + 1 < len(logs) else None
-        attempt = _attempt(name, events, heartbeat, restored_steps[index], next_restored)
+        restored = restored_steps[index]
+        attempt = _attempt(name, events, heartbeat, 0 if restored is None else restored, next_restored)
         if attempts and attempt.first_step_at is not None:
             attempt = replace(attempt, recovery=_recovery(events, attempts[-1].ended, attempt))
         attempts.append(attempt)
@@ -236,12 +237,24 @@ def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str,
     )
 
 
-def _restored_step(events: list[dict[str, Any]]) -> int:
+def _restored_step(events: list[dict[str, Any]]) -> int | None:
+    """The step an attempt resumed from; None for one that ended before it got that far."""
     restored = [e for e in events if e["event"] == "restored"]
     if restored:
         return int(restored[0].get("step") or 0)
     begins = [e for e in events if e["event"] == "train_begin"]
-    return int(begins[0]["step"]) if begins else 0
+    return int(begins[0]["step"]) if begins else None
+
+
+def _known_restored_steps(steps: list[int | None]) -> list[int | None]:
+    """An attempt that ended before restoring (killed while Python started, say) changed no
+    checkpoint: it stands at the step the next attempt resumed from, not at 0 (which would count
+    every step of the attempt before it as redone). None for such attempts at the run's end."""
+    known = list(steps)
+    for index in reversed(range(len(known) - 1)):
+        if known[index] is None:
+            known[index] = known[index + 1]
+    return known
 
 
 def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] | None,

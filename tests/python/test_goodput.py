@@ -101,6 +101,29 @@ def test_the_report_names_each_attempts_cluster_size_when_the_job_was_resized(tm
     assert kerasdist.goodput(older).attempts[0].workers is None and "workers per" not in str(kerasdist.goodput(older))
 
 
+def test_an_attempt_that_ended_before_restoring_stands_at_the_next_attempts_step(tmp_path):
+    """Preempted at step 14 (saved), then a start killed while Python started (no restore in its
+    log), then a start that resumes at 14: nothing was trained twice."""
+    write_log(tmp_path, "a0", [
+        {"event": "start", "t": 0.0}, {"event": "restored", "t": 1.0, "seconds": 0.1, "checkpoint": None, "step": 0},
+        {"event": "first_step", "t": 2.0, "step": 1},
+        {"event": "train_end", "t": 20.0, "step": 14, "status": "preempted"}, {"event": "exit", "t": 20.5},
+    ])
+    write_log(tmp_path, "a1", [{"event": "start", "t": 30.0}, {"event": "imported", "t": 32.0}])
+    write_log(tmp_path, "a2", [
+        {"event": "start", "t": 40.0}, {"event": "restored", "t": 41.0, "seconds": 0.1, "checkpoint": "c", "step": 14},
+        {"event": "first_step", "t": 42.0, "step": 15},
+        {"event": "train_end", "t": 50.0, "step": 30, "status": "completed"},
+    ])
+    report = kerasdist.goodput(tmp_path)
+    assert [a.restored_step for a in report.attempts] == [0, 14, 14]
+    assert report.redone_steps == 0 and report.failures == 2 and report.seconds["redone"] == 0
+    # at the run's end (nothing after it), such an attempt resumed from nothing known: 0
+    write_log(tmp_path / "ended", "a0", [{"event": "start", "t": 0.0}, {"event": "first_step", "t": 1.0, "step": 3}])
+    write_log(tmp_path / "ended", "a1", [{"event": "start", "t": 5.0}])
+    assert [a.restored_step for a in kerasdist.goodput(tmp_path / "ended").attempts] == [0, 0]
+
+
 def test_a_directory_without_a_run_log_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="holds no run log"):
         kerasdist.goodput(tmp_path)

@@ -118,13 +118,14 @@ def test_a_fit_a_callback_stops_mid_epoch_resumes_at_the_next_batch_and_ends_as_
     assert int(stopped.model.optimizer.iterations.numpy()) == 6
     latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
     assert (latest.global_step, latest.epoch, latest.step_in_epoch) == (6, 1, 2)
-    # resumed mid-epoch and stopped at that epoch's last batch: it stops there (the rest of an epoch
-    # is a fit of its own, and the next would clear the request)
-    ended = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "ckpt",
-                                      callbacks=[StopAtStep(8)], **args)
-    assert int(ended.model.optimizer.iterations.numpy()) == 8
-    latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
-    assert (latest.global_step, latest.epoch, latest.step_in_epoch) == (8, 2, 0)
+    # resumed mid-epoch and stopped within the rest of that epoch, then at its last batch: it stops
+    # there each time (the rest of an epoch is a fit of its own, and the next would clear the request)
+    for step, epoch, in_epoch in [(7, 1, 3), (8, 2, 0)]:
+        ended = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "ckpt",
+                                          callbacks=[StopAtStep(step)], **args)
+        assert int(ended.model.optimizer.iterations.numpy()) == step
+        latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
+        assert (latest.global_step, latest.epoch, latest.step_in_epoch) == (step, epoch, in_epoch)
     resumed = kerasdist.distributed_fit(build_model, x, y, epochs=3, checkpoint_dir=tmp_path / "ckpt", **args)
     assert int(resumed.model.optimizer.iterations.numpy()) == 12  # every batch of every epoch once
     assert resumed.epoch == [0, 1, 2]

@@ -130,8 +130,8 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         finally:
             set_steps_per_execution(model, per_execution)
         epoch += 1
-    # A callback stopped training in the rest of the epoch (its last batch, or EarlyStopping at its
-    # end): the next `fit` would clear the request.
+    # A callback stopped training in the rest of the epoch (at any batch, or EarlyStopping at its
+    # end): the next `fit` would clear the request and go on at the next epoch.
     if epoch < epochs and not (histories and model.stop_training):
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
         # across epochs, so epoch e gets exactly data(e).
