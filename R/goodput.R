@@ -21,7 +21,7 @@
 #'   one row per start of the chief's process, with its `status`:
 #'   `"completed"`, `"preempted"`, `"peer lost"` or `"killed or crashed"`, its first step's
 #'   time, `recovery_seconds`, from the previous attempt's last sign of life
-#'   to this one's first step, and `workers`, the processes of its cluster: a
+#'   to this one's first step, and `workers`, the workers that trained in it: a
 #'   job that shrank on a lost host and grew back shows 2, 1, 2). An error if
 #'   the directory holds no run log.
 #' @family checkpoint

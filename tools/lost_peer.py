@@ -19,6 +19,7 @@ Prints one line per trial, then the median and the range of each figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kerasdist.launch.ports import free_ports
@@ -69,14 +71,42 @@ def _start_worker(work: Path, workers: list[str], index: int, *fault: str, prefi
 def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
     """(worker 0's exit status, worker 1's, seconds from worker 1's link going down to worker 0's
     exit, worker 0's stderr, worker 1's), each worker in a network namespace of its own (needs root)."""
-    tag = f"kdln{os.getpid() % 100000}"
-    namespaces, links = [f"{tag}w0", f"{tag}w1"], [f"{tag}a", f"{tag}b"]
-    addresses = [f"10.253.{os.getpid() % 250}.{host}" for host in (1, 2)]
     processes: list[subprocess.Popen] = []
     work.mkdir(parents=True, exist_ok=True)
     peer_err = work / "worker-1.err"
-    peer_stderr = peer_err.open("w")
     deadline = threading.Timer(300, lambda: [process.kill() for process in processes])  # nothing hangs
+    with _two_hosts() as (namespaces, links, addresses), peer_err.open("w") as peer_stderr:
+        try:
+            workers = [f"{address}:8888" for address in addresses]  # each host has its own ports
+            for index in (0, 1):
+                processes.append(_start_worker(
+                    work, workers, index, "--link-down-at-step", "11", "--link", links[1],
+                    prefix=("ip", "netns", "exec", namespaces[index]),
+                    stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,
+                    stderr=subprocess.PIPE if index == 0 else peer_stderr))
+            deadline.start()
+            for line in processes[1].stdout:  # type: ignore[union-attr]
+                if line.strip() == "link down":
+                    break
+            down = time.monotonic()
+            _, err = processes[0].communicate(timeout=300)
+            waited = time.monotonic() - down
+            peer_status = processes[1].wait(timeout=300)
+        finally:
+            deadline.cancel()
+            for process in processes:
+                process.kill()
+                process.wait()
+    return processes[0].returncode, peer_status, waited, err, peer_err.read_text()
+
+
+@contextlib.contextmanager
+def _two_hosts() -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """Two network namespaces joined by a veth pair, each end up with an address: (namespaces,
+    links, addresses), the namespaces deleted on the way out."""
+    tag = f"kdln{os.getpid() % 100000}"
+    namespaces, links = [f"{tag}w0", f"{tag}w1"], [f"{tag}a", f"{tag}b"]
+    addresses = [f"10.253.{os.getpid() % 250}.{host}" for host in (1, 2)]
     try:
         for ns in namespaces:
             _ip("netns", "add", ns)
@@ -86,28 +116,8 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
             _ip("-n", ns, "link", "set", link, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-        workers = [f"{address}:8888" for address in addresses]  # each host has its own ports
-        for index in (0, 1):
-            processes.append(_start_worker(
-                work, workers, index, "--link-down-at-step", "11", "--link", links[1],
-                prefix=("ip", "netns", "exec", namespaces[index]),
-                stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if index == 0 else peer_stderr))
-        deadline.start()
-        for line in processes[1].stdout:  # type: ignore[union-attr]
-            if line.strip() == "link down":
-                break
-        down = time.monotonic()
-        _, err = processes[0].communicate(timeout=300)
-        waited = time.monotonic() - down
-        peer_status = processes[1].wait(timeout=300)
-        return processes[0].returncode, peer_status, waited, err, peer_err.read_text()
+        yield namespaces, links, addresses
     finally:
-        deadline.cancel()
-        peer_stderr.close()
-        for process in processes:
-            process.kill()
-            process.wait()
         for ns in namespaces:
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
 

@@ -5,11 +5,11 @@
 # select_strategy() sees the Slurm step (more than one task) and picks "multi_worker";
 # distributed_fit restores the newest checkpoint in --checkpoint-dir (or builds the model), trains
 # to --epochs in total (or to --stop-after-step steps) and saves a checkpoint every --every-steps
-# steps (the chief writes). On
-# SIGTERM every task stops after one agreed step, the chief saves it, and every task exits 75:
-# train.sbatch then requeues the job, which resumes at the next batch. Each task writes its final
-# weights to --out-dir/weights-task<SLURM_PROCID>.npz. A tiny regression model on seeded data
-# (320 samples, global batch 32: 10 steps an epoch). Its Python twin is train.py.
+# steps (the chief writes). On SIGTERM every task stops after one agreed step, the chief saves it,
+# and every task exits 75: train.sbatch then requeues the job, which resumes at the next batch.
+# Each task writes its final weights to --out-dir/weights-task<SLURM_PROCID>.npz. A tiny
+# regression model on seeded data (320 samples, global batch 32: 10 steps an epoch). Its Python
+# twin is train.py.
 # usage: train.R [--checkpoint-dir DIR] [--out-dir DIR] [--epochs N] [--every-steps N]
 #                [--step-seconds S] [--stop-after-step N]
 library(kerasdist)             # keras3 comes after select_strategy(), see below

@@ -9,10 +9,9 @@ worker 1 kills itself with SIGKILL after that step on the launcher's first attem
 --link-down-at-step, worker 1 sets its host's network link DEV down after that step instead (run
 in a network namespace of its own: its peer sees no reset, only silence) and prints "link down"
 (tools/lost_peer.py). With --per-worker-dir each worker uses DIR/worker-<index>, as hosts that
-share no disk would; with
---load-only the model is loaded from the checkpoint (no build_fn). With --monitor, a CSVLogger
-(DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes DIR/notes.txt through
-chief_path and prints run_context() as seen outside the strategy's scope.
+share no disk would; with --load-only the model is loaded from the checkpoint (no build_fn). With
+--monitor, a CSVLogger (DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes
+DIR/notes.txt through chief_path and prints run_context() as seen outside the strategy's scope.
 """
 
 import argparse
