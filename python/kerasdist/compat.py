@@ -71,6 +71,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -410,3 +411,25 @@ def keras_model_bytes(model: Any) -> bytes:
         model.save(path)
         with open(path, "rb") as stream:
             return stream.read()
+
+
+# Keras releases whose CallbackList calls each callback's hook from a method of its own, the list
+# being that method's `self` (3.15.1 checked): how a checkpoint callback finds the callbacks beside
+# it in a `fit` it did not build (a canary in test_callback_state.py).
+CALLBACK_LIST_VERSIONS = ((3, 0), (3, 16))
+
+
+def calling_callback_list(depth: int = 6) -> Any:
+    """The `keras.callbacks.CallbackList` whose hook is running the caller's hook, or None (a hook
+    called directly, or a Keras outside `CALLBACK_LIST_VERSIONS`)."""
+    if not _version_within(keras.__version__, CALLBACK_LIST_VERSIONS):
+        return None
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.CallbackList):
+            return owner
+        frame = frame.f_back
+    return None

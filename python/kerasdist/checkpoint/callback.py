@@ -5,16 +5,26 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from kerasdist import compat
 from kerasdist.checkpoint.background import BackgroundWriter
+from kerasdist.checkpoint.callback_state import (
+    CallbackStates,
+    has_state,
+    pack,
+    running_metrics,
+    set_running_metrics,
+    unpack,
+)
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.model_state import optimizer_step, plain
-from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
+from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, Progress, RunRecord
 from kerasdist.checkpoint.run_log import RunLog, run_log_for
 from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
 from kerasdist.preemption import PreemptedExit, SigtermHold
@@ -52,6 +62,13 @@ def checkpoint_callback(
     a preemption save and the end of `fit` wait for it; an error in it is raised there
     (`BackgroundSaveError`); a crash during it leaves the checkpoints saved before.
     `blocked_seconds` lists, per save, how long the training thread waited.
+
+    Every checkpoint also keeps the state of the other callbacks of the `fit` (EarlyStopping's
+    patience and best, ReduceLROnPlateau's, ModelCheckpoint's best, TensorBoard's step counters,
+    CSVLogger's rows, and any callback with `get_state()` / `set_state(state)`: see
+    `checkpoint/callback_state.py`); a resumed run gives it back before its first batch. Put
+    this callback last in `callbacks`, so an epoch-end checkpoint holds their state after that
+    epoch (kerasdist's trainers do).
 
     Args:
         checkpoint_dir: where checkpoints go, created if missing: a directory, or an object-store
@@ -132,6 +149,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._agreement: Any = None  # multi-worker: the workers' preemption agreement
         self._logs: dict | None = None
         self._is_chief = True
+        self._one_worker = True
         self._task: str | None = None
         self._log: RunLog | None = None  # the chief's run log (run_log.py)
         self._first_step_logged = False
@@ -140,6 +158,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.tensorboard_dir: str | None = None
         self._epoch_started = (0.0, 0)  # time, saves so far
         self.run = run if run is not None else RunRecord()
+        self._states = CallbackStates()  # the other callbacks of the current fit that have state
+        self._states_to_restore: tuple[str, dict[str, Any]] | None = None  # (from where, what)
+        self._carried: tuple[int, bytes] | None = None  # (step, packed state) at the last fit's end
+        self._continued = False  # this fit ends only for the trainer to start the next one at once
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
@@ -163,14 +185,18 @@ class CheckpointCallback(keras.callbacks.Callback):
         return self._preempted
 
     @contextlib.contextmanager
-    def resuming_mid_epoch(self, steps_done: int) -> Iterator[None]:
+    def resuming_mid_epoch(self, steps_done: int, then_continues: bool = False) -> Iterator[None]:
         """For a fit that starts `steps_done` batches into its first epoch: checkpoints then
-        record the step within the epoch, not within the fit."""
+        record the step within the epoch, not within the fit. `then_continues`: the trainer
+        starts another fit right after this one's epoch (unless a callback stops training), so
+        the other callbacks' state goes on into it."""
         self._step_offset = int(steps_done)
+        self._continued = then_continues
         try:
             yield
         finally:
             self._step_offset = 0
+            self._continued = False
 
     # -- Keras hooks ------------------------------------------------------------------------
     def wait(self) -> None:
@@ -188,10 +214,12 @@ class CheckpointCallback(keras.callbacks.Callback):
 
         context = context_of(self.model.distribute_strategy)
         self._is_chief, self._task = context.is_chief, context.task
+        self._one_worker = context.num_workers == 1 and not context.is_parameter_server
         start = self.manager.resume_point(self.model)
         self._history = list(start.history) if start is not None else []
         self._best = self.manager.best(self._better) if self.keep_best else None
         self._first_epoch = None
+        self._find_other_callbacks()
         if self._is_chief:
             self.manager.remove_temporary()
             self._open_log(context)
@@ -202,6 +230,13 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         first = self._first_epoch is None
         self._first_epoch = epoch if first else self._first_epoch
+        if self._states_to_restore is not None:  # every callback's on_train_begin has reset it by now
+            where, saved = self._states_to_restore
+            self._states_to_restore = None
+            if self._states or saved.get("callbacks"):
+                self._states.restore(saved.get("callbacks", {}), where)
+            if self._step_offset and saved.get("running_metrics") is not None:
+                set_running_metrics(self.model, saved["running_metrics"])  # Keras reset them just now
         self._epoch = epoch
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
@@ -271,6 +306,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._save(epoch + 1, 0, logs)
         if self._log is not None and self.tensorboard_dir is not None:
             self._write_run_figures(epoch)
+        if self._continued and not self.model.stop_training:
+            self._carried = (optimizer_step(self.model), pack({"callbacks": self._states.states()}))
+            self._states.before_continued_end()
 
     def on_test_begin(self, logs=None):
         self._eval_started = time.perf_counter()
@@ -281,6 +319,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._eval_started = None
 
     def on_train_end(self, logs=None):
+        step = optimizer_step(self.model)
+        if self._carried is None or self._carried[0] != step:
+            self._carried = (step, pack({"callbacks": self._states.states()}))
         self._end_fit()  # under the SIGTERM handler: a preemption now waits for the write, then exits 75
         if self._preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
@@ -293,6 +334,36 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._end_fit("peer lost")
 
     # -- helpers ----------------------------------------------------------------------------
+    def _find_other_callbacks(self) -> None:
+        """The callbacks of this fit that have state (`callback_state.py`), and the state they
+        resume with: this callback's from the end of its last fit when the model has not trained
+        since (a trainer's next fit), else the checkpoint of the model's step, if any (on the
+        chief, or as the chief's restore sent it to the others)."""
+        callback_list = compat.calling_callback_list()
+        others = [c for c in (callback_list.callbacks if callback_list is not None else [])
+                  if c is not self and not isinstance(c, CheckpointCallback)]
+        self._states = CallbackStates(others)
+        self._states.check()
+        _warn_if_after(others, callback_list.callbacks.index(self) if callback_list is not None else 0)
+        self._states_to_restore = None
+        step = optimizer_step(self.model)
+        if self._carried is not None and self._carried[0] == step:
+            self._states_to_restore = ("the previous fit", unpack(self._carried[1]))
+        elif step > 0:
+            found = self.manager.callback_state(self.model, read=self._is_chief)
+            if found is not None:
+                self._states_to_restore = (found[0].path, unpack(found[1]) if found[1] is not None else {})
+        self._carried = None
+
+    def _fit_state(self, mid_epoch: bool) -> bytes | None:
+        """What a checkpoint keeps of this fit besides the model: the other callbacks' state
+        (what they wrote made durable first) and, mid-epoch, the epoch's running means."""
+        self._states.flush()
+        state: dict[str, Any] = {"callbacks": self._states.states()} if self._states else {}
+        if mid_epoch and self._one_worker:  # a worker's metrics are its own: the chief's would not do for the others
+            state["running_metrics"] = running_metrics(self.model)
+        return pack(state) if state else None
+
     def _end_fit(self, status: str | None = None) -> None:
         """Wait for the save in flight, give back the memory and SIGTERM, end the run log's fit."""
         ended = False
@@ -352,7 +423,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         started = time.perf_counter()
         self._last_save_at = time.monotonic()
         self._saved_step = optimizer_step(self.model)
-        progress = Progress.of(epoch, step, self._history, logs, self._task, self.run)
+        state = self._fit_state(mid_epoch=step > 0)
+        progress = Progress.of(epoch, step, self._history, logs, self._task, self.run, callbacks=state)
         try:
             if self.async_save and not (final or self._preempted):
                 self._save_in_background(progress)
@@ -407,6 +479,19 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _on_sigterm(self, signum, frame) -> None:
         self._preempted = True
+
+
+def _warn_if_after(others: list[Any], position: int) -> None:
+    """Callbacks with state after the checkpoint callback (`position` in the fit's list) run
+    their epoch end after its save, so an epoch-end checkpoint would keep their state from before
+    that epoch."""
+    late = [type(c).__name__ for c in others[position:] if has_state(c)]
+    if late:
+        warnings.warn(
+            f"callbacks {', '.join(late)} come after the kerasdist checkpoint callback: a checkpoint at an "
+            "epoch's end would keep their state from before that epoch. Put checkpoint_callback(...) last.",
+            CheckpointWarning, stacklevel=4,
+        )
 
 
 def _timed(call: Any) -> tuple[Any, float]:

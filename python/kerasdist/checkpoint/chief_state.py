@@ -46,7 +46,9 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
     if context.is_chief:
         try:
             info = manager.restore(model)
-            header = {"checkpoint": None if info is None else dataclasses.asdict(info)}
+            restored = manager.callback_state(model, read=False)
+            header = {"checkpoint": None if info is None else dataclasses.asdict(info),
+                      "callbacks": restored is not None and restored[1] is not None}
         except Exception as err:
             _broadcast_json(strategy, True, {"error": f"{type(err).__name__}: {err}"})
             raise
@@ -60,11 +62,15 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
         return None
     variables = state_variables(model)
     state = _broadcast_bytes(strategy, context.is_chief, _state_bytes(variables) if context.is_chief else b"")
+    callbacks = None
+    if header["callbacks"]:  # the other callbacks' state, as the chief read it
+        mine = manager.callback_state(model, read=False) if context.is_chief else None
+        callbacks = _broadcast_bytes(strategy, context.is_chief, mine[1] if mine and mine[1] else b"")
     if context.is_chief:
         return manager.resume_point(model)
     _assign_state(variables, state, manager)
     info = CheckpointInfo(**header["checkpoint"])
-    manager.note_restored(model, info)
+    manager.note_restored(model, info, callbacks)
     return info
 
 

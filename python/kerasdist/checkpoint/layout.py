@@ -2,8 +2,9 @@
 snapshot.
 
 A checkpoint is an entry `ckpt-<global step>/` holding `model.keras` (weights, optimizer state,
-config), `rng.npz` (the Keras seed-generator states that `load_model` does not restore) and
-`state.json`, its completion record (`record.py`), written last.
+config), `rng.npz` (the Keras seed-generator states that `load_model` does not restore), `callbacks.npz`
+(the other callbacks' state, when any has some) and `state.json`, its completion record
+(`record.py`), written last.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ RECORD_FILE = "state.json"
 COMMIT_MARKER = RECORD_FILE
 MODEL_FILE = "model.keras"
 RNG_FILE = "rng.npz"
+# The state of the callbacks beside the checkpoint callback (`callback_state.py`), when any has state.
+CALLBACKS_FILE = "callbacks.npz"
 CHECKPOINT_PREFIX = "ckpt-"
 TEMP_PREFIX = ".tmp-ckpt-"
 # Local: a checkpoint displaced by a new save of the same step keeps a `ckpt-` name (so it is

@@ -22,7 +22,7 @@ import keras
 
 from kerasdist import compat
 from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
-from kerasdist.checkpoint.layout import MODEL_FILE, REPLACED_MARK, RNG_FILE, step_of
+from kerasdist.checkpoint.layout import CALLBACKS_FILE, MODEL_FILE, REPLACED_MARK, RNG_FILE, step_of
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.checkpoint.record import (
     CheckpointInfo,
@@ -64,7 +64,8 @@ class CheckpointManager:
         self._writable = False
         # entry -> (fingerprint, info, or why it cannot be used)
         self._seen: dict[str, tuple[Any, CheckpointInfo | str]] = {}
-        self._restored: tuple[weakref.ref[Any], CheckpointInfo] | None = None
+        # the model restored last, from what, with its callbacks' state (callbacks.npz's bytes)
+        self._restored: tuple[weakref.ref[Any], CheckpointInfo, bytes | None] | None = None
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
         if create:
@@ -120,10 +121,27 @@ class CheckpointManager:
         if restored_by is not None and restored_by._restored is not None and (
             restored_by is self or restored_by.store.same_as(self.store)
         ):
-            restored_model, info = restored_by._restored
+            restored_model, info, _ = restored_by._restored
             if restored_model() is model and optimizer_step(model) == info.global_step:
                 return info
         return self.latest()
+
+    def callback_state(self, model: Any, read: bool = True) -> tuple[CheckpointInfo, bytes | None] | None:
+        """The checkpoint `model` stands at (its step) and the state of the callbacks it kept
+        (None when it kept none), or None when no checkpoint holds the model's step: the one the
+        model was restored from, else (when `read`) the newest valid one if it is of this step."""
+        restored_by = manager_of(model)
+        step = optimizer_step(model)
+        if restored_by is not None and restored_by._restored is not None and (
+            restored_by is self or restored_by.store.same_as(self.store)
+        ):
+            restored_model, info, blob = restored_by._restored
+            if restored_model() is model and step == info.global_step:
+                return info, blob
+        latest = self.latest() if read else None
+        if latest is None or latest.global_step != step:
+            return None
+        return latest, _callbacks_blob(self.store, self.store.entry_of(latest.path))
 
     def best(self, better: Callable[[CheckpointInfo, CheckpointInfo | None], bool]) -> CheckpointInfo | None:
         """The epoch-end checkpoint that `better(candidate, best_so_far)` ranks first."""
@@ -147,8 +165,9 @@ class CheckpointManager:
             with self.store.local_files(entry) as local:
                 model.load_weights(local / MODEL_FILE)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
+        blob = _callbacks_blob(self.store, self.store.entry_of(latest.path)) if latest is not None else None
         self.restores.append((time.time(), time.perf_counter() - started, latest))
-        self.note_restored(model, latest)
+        self.note_restored(model, latest, blob)
         return latest
 
     def load_model(self, custom_objects: Any = None, safe_mode: bool = True) -> Any:
@@ -161,17 +180,19 @@ class CheckpointManager:
                 f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
                 "was given to build a fresh model."
             )
-        with self.store.local_files(self.store.entry_of(latest.path)) as local:
+        entry = self.store.entry_of(latest.path)
+        with self.store.local_files(entry) as local:
             model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
             restore_seed_states(model, local / RNG_FILE, latest.path)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
-        self.note_restored(model, latest)
+        self.note_restored(model, latest, _callbacks_blob(self.store, entry))
         return model
 
-    def note_restored(self, model: Any, info: CheckpointInfo | None) -> None:
+    def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None) -> None:
         """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
-        read): its resume point is `info`, and the model remembers this manager."""
-        self._restored = (weakref.ref(model), info) if info is not None else None
+        read): its resume point is `info`, its callbacks' state `callbacks`, and the model
+        remembers this manager."""
+        self._restored = (weakref.ref(model), info, callbacks) if info is not None else None
         remember_manager(model, self)
 
     # -- writing -------------------------------------------------------------------------------
@@ -210,6 +231,11 @@ class CheckpointManager:
         """Delete what interrupted saves left (the chief, at the start): temporary directories,
         and on object stores uploads without a completion record."""
         return self.store.remove_temporary()
+
+
+def _callbacks_blob(store: Any, entry: str) -> bytes | None:
+    """The callbacks' state a valid checkpoint kept (`callbacks.npz`), or None."""
+    return store.read(entry, CALLBACKS_FILE) if store.size(entry, CALLBACKS_FILE) is not None else None
 
 
 def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasdist.checkpoint.checksums import CHECKSUMS, describe
-from kerasdist.checkpoint.layout import RECORD_FILE
+from kerasdist.checkpoint.layout import CALLBACKS_FILE, RECORD_FILE
 from kerasdist.checkpoint.model_state import plain
 from kerasdist.checkpoint.snapshot import Snapshot
 from kerasdist.checkpoint.store import Store
@@ -106,6 +106,7 @@ class Progress:
         history: per-epoch logs of the completed epochs; metrics: the logs at save time.
         writer: the task that writes it ("worker:0"), or None outside a cluster.
         run: what the run records about itself.
+        callbacks: the other callbacks' state (`callback_state.CallbackStates.encode`), or None.
     """
 
     epoch: int
@@ -114,15 +115,18 @@ class Progress:
     metrics: dict[str, float] = field(default_factory=dict)
     writer: str | None = None
     run: RunRecord = field(default_factory=RunRecord)
+    callbacks: bytes | None = None
 
     @classmethod
     def of(cls, epoch: int, step_in_epoch: int = 0, history: Any = None, metrics: Any = None,
-           writer: str | None = None, run: RunRecord | None = None, **run_fields: Any) -> Progress:
+           writer: str | None = None, run: RunRecord | None = None, callbacks: bytes | None = None,
+           **run_fields: Any) -> Progress:
         """The progress to record, copied: `run`, or its fields as keywords (`settings`,
         `global_batch_size`, `epoch_order`, as `CheckpointManager.save` takes them)."""
         if run is None:
             run = RunRecord(dict(run_fields.pop("settings", None) or {}), **run_fields)
-        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer, run)
+        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer, run,
+                   callbacks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,6 +212,8 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
     if facts.epoch_order:
         run["epoch_order"] = facts.epoch_order
     files, crc32s = taken.files_and_crc32s()
+    if progress.callbacks is not None:
+        files = {**files, CALLBACKS_FILE: progress.callbacks}
     record = {
         "format": FORMAT_VERSION,
         "epoch": progress.epoch,

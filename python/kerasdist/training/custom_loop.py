@@ -219,7 +219,7 @@ def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint,
     steps = pipeline.steps
     history = keras.callbacks.History()
     callback_list = keras.callbacks.CallbackList(
-        [checkpoint, *callbacks, history], add_progbar=verbose != 0, model=model,
+        [*callbacks, checkpoint, history], add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=epochs, steps=steps,
     )
     model.stop_training = False

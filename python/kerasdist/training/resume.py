@@ -99,10 +99,11 @@ def resume_fit(
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
-    start = resume_point(checkpoint, model, run_record_of(data))
+    start = resume_point(checkpoint, model, run_record_of(data(0) if _epoch_function(data) else data))
     epoch, skip = start.epoch, start.skip
-    # shuffle=False: the order is the data's own (a function of the epoch), never Keras's.
-    fit_args = dict(callbacks=[checkpoint, *callbacks], validation_data=validation_data,
+    # shuffle=False: the order is the data's own (a function of the epoch), never Keras's. The
+    # checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
+    fit_args = dict(callbacks=[*callbacks, checkpoint], validation_data=validation_data,
                     verbose=verbose, shuffle=False)
     if epoch >= epochs:
         return merged_history(model, start.history, [])
@@ -124,7 +125,7 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         # steps_per_execution, or of a preemption, may stop anywhere).
         set_steps_per_execution(model, math.gcd(per_execution, skip))
         try:
-            with checkpoint.resuming_mid_epoch(skip):
+            with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
                 histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
                                            epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
         finally:
@@ -138,6 +139,11 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         stream = _epochs(epoch_data, epoch, epochs)
         histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
     return histories
+
+
+def _epoch_function(data: Any) -> bool:
+    """A user's function of the epoch: its run record is what its datasets carry (make_dataset's)."""
+    return callable(data) and not isinstance(data, EpochRange)
 
 
 def _epochs_of_planned(data: Any) -> Any:
@@ -170,11 +176,11 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
     epoch, skip = start.epoch, start.skip
-    fit_args = dict(callbacks=[checkpoint, *callbacks], validation_data=validation_data,
+    fit_args = dict(callbacks=[*callbacks, checkpoint], validation_data=validation_data,
                     validation_steps=validation_steps, verbose=verbose)
     histories = []
     if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
-        with checkpoint.resuming_mid_epoch(skip):
+        with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
             histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=steps_per_epoch - skip, **fit_args))
         epoch += 1
