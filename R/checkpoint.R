@@ -64,6 +64,19 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' thread while training goes on, one save at a time; the callback's
 #' `blocked_seconds` lists how long training waited at each save.
 #'
+#' Every checkpoint also keeps the state of the other callbacks of the fit, so
+#' a resumed run goes on as if never interrupted: [keras3::callback_early_stopping()]'s
+#' patience and best (and best weights), [keras3::callback_reduce_lr_on_plateau()]'s,
+#' [keras3::callback_model_checkpoint()]'s best, [keras3::callback_tensorboard()]'s step
+#' counters, [keras3::callback_csv_logger()]'s rows, and any callback of your own made
+#' with [keras3::Callback()] that defines `get_state = function() list(...)`
+#' (numbers, strings, logicals, arrays) and `set_state = function(state)`. A
+#' callback without them starts fresh on resume. Resuming with other callbacks
+#' restores what still matches and warns once naming the rest. Put
+#' `checkpoint_callback()` last in `callbacks`, so an epoch-end checkpoint
+#' holds the others' state after that epoch ([distributed_fit()] and
+#' [resume_fit()] place theirs last).
+#'
 #' @inheritParams make_or_restore_model
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps; `NULL` for epoch ends only.

@@ -126,8 +126,22 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
   # The step numbers and the lines are Python's (kerasdist.demo), with its 0-based epochs and
   # batches; keras3 hands R callbacks 1-based numbers.
   current_epoch <- 0L
+  killing <- FALSE
+  # As the Python demo does: SIGKILL at the next hook, once the checkpoint callback (after this
+  # one) has taken the step; its background write may still be going on a loaded machine: wait
+  # for it so the demo resumes where it says.
+  kill_if_due <- function() {
+    if (killing) {
+      reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
+      tools::pskill(Sys.getpid(), tools::SIGKILL)
+    }
+  }
   progress <- keras3::callback_lambda(
-    on_epoch_begin = function(epoch, logs) current_epoch <<- as.integer(epoch) - 1L,
+    on_epoch_begin = function(epoch, logs) {
+      current_epoch <<- as.integer(epoch) - 1L
+      kill_if_due()
+    },
+    on_train_batch_begin = function(batch, logs) kill_if_due(),
     on_train_batch_end = function(batch, logs) {
       step <- py_demo$step_in_epoch(current_epoch, as.integer(batch) - 1L, as.list(resume))
       line <- py_demo$step_line(current_epoch, step, logs)
@@ -135,10 +149,7 @@ demo_train <- function(run_dir, epochs, kill_at = NULL, resume = c(0L, 0L)) {
       if (!is.null(kill_at) && current_epoch == kill_at[1] && step == kill_at[2]) {
         cat(py_demo$kill_line(current_epoch, step), "\n", sep = "")
         flush(stdout())
-        # As the Python demo does: the last checkpoint's background write may still be going on
-        # a loaded machine; wait for it so the demo resumes where it says.
-        reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
-        tools::pskill(Sys.getpid(), tools::SIGKILL)
+        killing <<- TRUE
       }
     },
     on_epoch_end = function(epoch, logs) cat(py_demo$epoch_line(as.integer(epoch) - 1L, logs), "\n", sep = "")

@@ -46,12 +46,15 @@ build_model <- function() {
 
 latest <- latest_checkpoint(checkpoint_dir)
 step <- if (is.null(latest)) 0L else latest$global_step
-pace <- callback_lambda(on_train_batch_end = function(batch, logs) {
-  step <<- step + 1L
-  cat("step", step, "\n")
-  flush(stdout())
-  if (step_seconds > 0) Sys.sleep(step_seconds)
-})
+pace <- callback_lambda(
+  on_train_batch_end = function(batch, logs) {
+    step <<- step + 1L
+    cat("step", step, "\n")
+    flush(stdout())
+  },
+  # paced at the next step's start: the checkpoint callback (after this one) has taken the step
+  on_train_batch_begin = function(batch, logs) if (step_seconds > 0) Sys.sleep(step_seconds)
+)
 StopAfterStep <- Callback("StopAfterStep", on_train_batch_end = function(batch, logs = NULL) {
   if (as.integer(self$model$optimizer$iterations$numpy()) >= stop_after_step) self$model$stop_training <- TRUE
 })

@@ -49,7 +49,9 @@ def build_model():
 
 
 class Pace(keras.callbacks.Callback):
-    """Prints each optimizer step ("step N") and sleeps `seconds` after it."""
+    """Prints each optimizer step ("step N") and sleeps `seconds` after it (at the next step's
+    start: kerasdist's checkpoint callback, which runs after this one at a step's end, has then
+    taken the step)."""
 
     def __init__(self, seconds: float):
         super().__init__()
@@ -57,6 +59,8 @@ class Pace(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
         if self.seconds:
             time.sleep(self.seconds)
 

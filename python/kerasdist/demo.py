@@ -211,9 +211,24 @@ def _progress_class():
             super().__init__()
             self.say, self.kill_at, self.resume = say, kill_at, resume
             self.epoch = 0
+            self.killing = False
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self._kill_if_due()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._kill_if_due()
+
+        def _kill_if_due(self):
+            # The step before is done and its checkpoint taken (the checkpoint callback runs after
+            # this one); its background write is done by now on any machine but the most loaded:
+            # wait for it so the demo resumes where it says.
+            if self.killing:
+                from kerasdist.checkpoint.background import wait_for_all
+
+                wait_for_all()
+                os.kill(os.getpid(), signal.SIGKILL)
 
         def on_train_batch_end(self, batch, logs=None):
             step = step_in_epoch(self.epoch, batch, self.resume)
@@ -222,12 +237,7 @@ def _progress_class():
                 self.say(line, flush=True)
             if self.kill_at == (self.epoch, step):
                 self.say(kill_line(self.epoch, step), flush=True)
-                # LOST_STEPS after a checkpoint: its background write is done by now on any
-                # machine but the most loaded; wait for it so the demo resumes where it says
-                from kerasdist.checkpoint.background import wait_for_all
-
-                wait_for_all()
-                os.kill(os.getpid(), signal.SIGKILL)
+                self.killing = True  # at the next hook, once the checkpoint callback has run
 
         def on_epoch_end(self, epoch, logs=None):
             self.say(epoch_line(epoch, logs or {}), flush=True)

@@ -134,6 +134,36 @@ def test_hosts_that_share_no_disk_resume_from_the_chiefs_checkpoint(tmp_path, ca
                          "newest checkpoint", err), err[-3000:]
 
 
+def test_callbacks_resume_on_every_worker_from_the_chiefs_checkpoint_on_hosts_that_share_no_disk(tmp_path, capfd):
+    """EarlyStopping (with its best weights), ReduceLROnPlateau and a user's counter on both
+    workers: worker 1 SIGKILLed mid-epoch, the restart gets the callbacks' state from the chief's
+    checkpoint (worker 1's disk has none) and both end as the run never interrupted."""
+    args = ("--per-worker-dir", "--every-steps", "1", "--epochs", "6", "--user-callbacks")
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "killed").mkdir()
+    whole = launch(tmp_path / "whole", "--checkpoint-dir", str(tmp_path / "whole-ckpt"), *args)
+    out = capfd.readouterr().out
+    assert whole.ok, out[-3000:]
+    reference = json_lines(out, "callbacks", "worker 0")
+    assert reference == json_lines(out, "callbacks", "worker 1")
+    assert reference[0]["steps"] == 3 * STEPS_PER_EPOCH and reference[0]["stopped_epoch"] == 2
+    killed = launch(tmp_path / "killed", "--checkpoint-dir", str(tmp_path / "ckpt"), *args,
+                    "--die-at-step", str(STEPS_PER_EPOCH + 3), max_restarts=1)
+    out = capfd.readouterr().out
+    assert killed.ok and killed.restarts == 1, out[-3000:]
+    assert json_lines(out, "restored_step", "worker 1")[1] == STEPS_PER_EPOCH + 3
+    for task in ("worker 0", "worker 1"):
+        assert json_lines(out, "callbacks", task) == reference, out[-3000:]
+    for index in (0, 1):  # EarlyStopping's best weights, put back at the end
+        for a, b in zip(weights(tmp_path / "whole" / f"weights-{index}.npz"),
+                        weights(tmp_path / "killed" / f"weights-{index}.npz"), strict=True):
+            np.testing.assert_array_equal(a, b)
+    newest = [kerasdist.latest_checkpoint(ckpt / "worker-0") for ckpt in (tmp_path / "whole-ckpt", tmp_path / "ckpt")]
+    trained = [tf.keras.models.load_model(f"{info.path}/model.keras", compile=False).get_weights() for info in newest]
+    for a, b in zip(*trained, strict=True):  # the weights trained, before that
+        np.testing.assert_array_equal(a, b)
+
+
 def test_worker_killed_mid_epoch_is_restarted_from_the_latest_checkpoint(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     die_at = STEPS_PER_EPOCH + 3  # mid-way through the second epoch

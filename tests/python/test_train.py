@@ -243,7 +243,7 @@ def test_steps_per_execution_preempted_then_resumed_with_another_value_is_bitwis
 
     class Term(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if int(self.model.optimizer.iterations.numpy()) >= 12 and not sent:
+            if int(self.model.optimizer.iterations.numpy()) >= 14 and not sent:
                 sent.append(batch)
                 os.kill(os.getpid(), signal.SIGTERM)
 
@@ -258,7 +258,7 @@ def test_steps_per_execution_preempted_then_resumed_with_another_value_is_bitwis
                                   callbacks=[Term()], **args)
     assert stop.value.code == kerasdist.PREEMPTED_EXIT_CODE
     latest = kerasdist.latest_checkpoint(tmp_path / "ckpt")
-    assert (latest.epoch, latest.step_in_epoch, latest.global_step) == (1, 6, 14)  # the next call's end
+    assert (latest.epoch, latest.step_in_epoch, latest.global_step) == (1, 6, 14)  # that call's end
     resumed = kerasdist.distributed_fit(build, x, y, checkpoint_dir=tmp_path / "ckpt", steps_per_execution=4, **args)
     assert resumed.model.steps_per_execution == 4 and int(resumed.model.optimizer.iterations.numpy()) == 24
     for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):

@@ -162,6 +162,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._states_to_restore: tuple[str, dict[str, Any]] | None = None  # (from where, what)
         self._carried: tuple[int, bytes] | None = None  # (step, packed state) at the last fit's end
         self._continued = False  # this fit ends only for the trainer to start the next one at once
+        # a trainer whose steps run asynchronously (ps_fit) sets this: finish the steps in flight
+        self.settle: Any = None
 
     # -- what trainers ask and tell --------------------------------------------------------
     @property
@@ -263,6 +265,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             if self._preempted:
                 return
         elif self._preempted:
+            if self.settle is not None:  # SIGTERM came after the trainer looked (another callback's hook)
+                self.settle()
             self._save(self._epoch, self._step, logs)
             self.model.stop_training = True
             return

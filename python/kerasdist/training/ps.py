@@ -141,6 +141,7 @@ def ps_fit(
         callbacks, add_history=True, add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=epochs, steps=steps_per_epoch,
     )
+    _settle_before_preemption_saves(callback_list, coordinator)
     model.stop_training = False
     with _atomic_increments():
         return _loop(model, coordinator, callback_list, train_step, train_iterator, test_step,
@@ -306,6 +307,16 @@ def _atomic_increments() -> Any:
                 delattr(Variable, name)
             else:
                 setattr(Variable, name, original)
+
+
+def _settle_before_preemption_saves(callback_list: Any, coordinator: Any) -> None:
+    """A SIGTERM that comes after the loop looked (in a callback's batch-end hook) still finds the
+    steps in flight finished before the checkpoint callback saves."""
+    from kerasdist.checkpoint import CheckpointCallback
+
+    for callback in callback_list.callbacks:
+        if isinstance(callback, CheckpointCallback):
+            callback.settle = coordinator.join
 
 
 def _wants_settled_state(callback_list: Any) -> bool:

@@ -39,7 +39,7 @@ class Kill(keras.callbacks.Callback):
         super().__init__()
         self.at = at
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):  # step `at` done, its checkpoint taken
         if int(self.model.optimizer.iterations.numpy()) == self.at:
             background.wait_for_all()  # its checkpoint written (saves run in the background)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -50,8 +50,10 @@ class PrintAndKill(keras.callbacks.Callback):
         self.kill_at, self.sig, self.pause = kill_at, sig, pause
 
     def on_train_batch_end(self, batch, logs=None):
+        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
+    def on_train_batch_begin(self, batch, logs=None):  # the step before done, its checkpoint taken
         step = int(self.model.optimizer.iterations.numpy())
-        print(f"step {step}", flush=True)
         if self.kill_at is not None and step >= self.kill_at:
             self.kill_at = None
             time.sleep(self.pause)

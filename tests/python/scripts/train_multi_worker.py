@@ -2,7 +2,7 @@
 
 usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
                              [--epochs E] [--die-at-step S] [--per-worker-dir] [--load-only]
-                             [--monitor DIR] [--link-down-at-step S --link DEV]
+                             [--monitor DIR] [--link-down-at-step S --link DEV] [--user-callbacks]
 Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
 patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
 worker 1 kills itself with SIGKILL after that step on the launcher's first attempt; with
@@ -12,6 +12,9 @@ in a network namespace of its own: its peer sees no reset, only silence) and pri
 share no disk would; with --load-only the model is loaded from the checkpoint (no build_fn). With
 --monitor, a CSVLogger (DIR/log.csv) and a TensorBoard (DIR/tb) train along, the worker writes
 DIR/notes.txt through chief_path and prints run_context() as seen outside the strategy's scope.
+With --user-callbacks, EarlyStopping (restore_best_weights; it stops after epoch 3),
+ReduceLROnPlateau and a counter with get_state/set_state train along on every worker, and each
+worker prints what they did ({"callbacks": ...}).
 """
 
 import argparse
@@ -47,16 +50,45 @@ def data():
 
 
 class AtStep(keras.callbacks.Callback):
-    """Runs `action` once, at the end of the first batch that reaches optimizer step `step`."""
+    """Runs `action` once, at the start of the first batch after optimizer step `step` (the
+    checkpoint callback, after this one, has taken that step by then)."""
 
     def __init__(self, step, action):
         super().__init__()
         self.step, self.action, self.done = step, action, False
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):  # the step before done, its checkpoint taken
         if not self.done and int(self.model.optimizer.iterations.numpy()) >= self.step:
             self.done = True
             self.action()
+
+
+class Counter(keras.callbacks.Callback):
+    """A user's callback with state (get_state/set_state). It counts batches and epochs, not the
+    losses: under multi-worker, the epoch a run resumes in logs the running means of its own
+    batches only (the workers' metric variables are not in the chief's checkpoint)."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches, self.epochs = 0, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+    def get_state(self):
+        return {"batches": self.batches, "epochs": self.epochs}
+
+    def set_state(self, state):
+        self.batches, self.epochs = state["batches"], list(state["epochs"])
+
+
+def user_callbacks():
+    return [keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=10.0, restore_best_weights=True),
+            keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=1, factor=0.5, min_delta=10.0),
+            Counter()]
 
 
 def die():
@@ -81,6 +113,7 @@ def main():
     parser.add_argument("--per-worker-dir", action="store_true")
     parser.add_argument("--load-only", action="store_true")
     parser.add_argument("--monitor")
+    parser.add_argument("--user-callbacks", action="store_true")
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
@@ -112,8 +145,15 @@ def main():
             outside = kerasdist.run_context()
             print(json.dumps({"outside_scope": [outside.is_chief, outside.num_workers, outside.task],
                               "notes": notes}), flush=True)
+        users = user_callbacks() if args.user_callbacks else []
         checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=100)
-        history = kerasdist.resume_fit(model, data(), args.epochs, checkpoint, callbacks=callbacks, verbose=0)
+        history = kerasdist.resume_fit(model, data(), args.epochs, checkpoint, callbacks=[*users, *callbacks],
+                                       verbose=0)
+        if users:
+            print(json.dumps({"callbacks": {
+                "steps": int(model.optimizer.iterations.numpy()), "stopped_epoch": users[0].stopped_epoch,
+                "learning_rate": float(model.optimizer.learning_rate.numpy()),
+                "counter": users[2].get_state()}}), flush=True)
     else:
         with strategy.scope():
             model = build_model()

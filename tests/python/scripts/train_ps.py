@@ -48,8 +48,8 @@ class DieAfterEpoch(keras.callbacks.Callback):
         super().__init__()
         self.epoch = epoch
 
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch + 1 >= self.epoch:
+    def on_epoch_begin(self, epoch, logs=None):  # the epoch before done, its checkpoint taken
+        if epoch >= self.epoch:
             background.wait_for_all()  # its checkpoint written (saves run in the background)
             os.kill(os.getpid(), signal.SIGKILL)
 

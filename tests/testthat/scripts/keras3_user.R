@@ -24,7 +24,7 @@ with(strategy$scope(), {
 })
 
 steps_done <- model$optimizer$iterations$numpy()
-killer <- callback_lambda(on_train_batch_end = function(batch, logs) {
+killer <- callback_lambda(on_train_batch_begin = function(batch, logs) {  # the step before done and saved
   if (kill_at_step > 0 && model$optimizer$iterations$numpy() == kill_at_step) {
     # the test expects the step-4 checkpoint (saved in the background) on disk when it dies
     reticulate::import("kerasdist.checkpoint.background")$wait_for_all()

@@ -29,16 +29,21 @@ build_model <- function() {
 
 latest <- latest_checkpoint(checkpoint_dir)
 step <- if (is.null(latest)) 0L else latest$global_step
-print_step <- callback_lambda(on_train_batch_end = function(batch, logs) {
-  step <<- step + 1L
-  cat("step", step, "\n")
-  flush(stdout())
-  if (kill_at > 0 && step >= kill_at) {
-    # killed once step `kill_at` is checkpointed: its background write done
-    reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
-    tools::pskill(Sys.getpid(), tools::SIGKILL)
+print_step <- callback_lambda(
+  on_train_batch_end = function(batch, logs) {
+    step <<- step + 1L
+    cat("step", step, "\n")
+    flush(stdout())
+  },
+  on_train_batch_begin = function(batch, logs) {
+    if (kill_at > 0 && step >= kill_at) {
+      # killed once step `kill_at` is checkpointed (the checkpoint callback runs after this one
+      # at a batch's end): its background write done
+      reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
+      tools::pskill(Sys.getpid(), tools::SIGKILL)
+    }
   }
-})
+)
 history <- distributed_fit(build_model, x, y, epochs = 2, checkpoint_dir = checkpoint_dir,
                            strategy = strategy, batch_size = 32, seed = 2026, every_steps = 1,
                            keep = 2, callbacks = list(print_step), verbose = 0)
