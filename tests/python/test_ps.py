@@ -53,6 +53,7 @@ def test_resume_fit_checkpoints_on_the_chief_and_resumes_after_it_is_killed(tmp_
     restored = [json.loads(m)["restored_step"] for m in re.findall(r"^\[chief 0\] (\{\"restored_step.*\})$", out, re.M)]
     assert restored == [0, 2 * STEPS]
     assert report["epoch"] == [0, 1, 2] and report["step"] == 3 * STEPS
+    assert report["counted_batches"] == 3 * STEPS  # a callback's state came back with the checkpoint
     loss = report["history"]["loss"]
     assert loss[2] < loss[0] / 5, loss
     assert sorted(p.name for p in ckpt.iterdir()) == [*(f"ckpt-{n * STEPS}" for n in (1, 2, 3)), "runs"]
@@ -79,6 +80,7 @@ def test_a_preempted_chief_saves_the_settled_state_mid_epoch_and_the_next_run_fi
     # STEPS + 4 optimizer steps; the restart runs the other STEPS - 4.
     assert saved == [(1, 0, STEPS), (1, 4, STEPS + 4), (2, 0, 2 * STEPS)]
     assert report["epoch"] == [0, 1] and report["step"] == 2 * STEPS
+    assert report["counted_batches"] == 2 * STEPS  # restored mid-epoch, and across the resumed epoch's own fit
 
 
 def small_model():

@@ -81,6 +81,23 @@ class StopAfterEpoch(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class CountBatches(keras.callbacks.Callback):
+    """A callback with state (get_state/set_state): the batches it saw, earlier runs included."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def get_state(self):
+        return {"batches": self.batches}
+
+    def set_state(self, state):
+        self.batches = state["batches"]
+
+
 def error_of(call):
     try:
         call()
@@ -121,7 +138,8 @@ def main():
     else:
         model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model, strategy=strategy)
         print(json.dumps({"restored_step": int(model.optimizer.iterations.numpy())}), flush=True)
-        callbacks = []
+        counter = CountBatches()
+        callbacks = [counter]
         if args.die_after_epoch and os.environ.get("KERASDIST_RESTART", "0") == "0":
             callbacks.append(DieAfterEpoch(args.die_after_epoch))
         if args.term_at and os.environ.get("KERASDIST_RESTART", "0") == "0":
@@ -135,6 +153,7 @@ def main():
             "kind": description.kind, "task": description.task, "chief": description.is_chief,
             "epoch": history.epoch, "history": history.history,
             "step": int(model.optimizer.iterations.numpy()), "errors": errors,
+            "counted_batches": None if args.direct else counter.batches,
         }, out)
 
 
