@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import kerasdist
-from conftest import case_rows
+from conftest import case_rows, run_python
 from kerasdist import compat
 from kerasdist.checkpoint.callback_state import KERAS_STATE, CallbackStates, pack, state_key, unpack
 from kerasdist.s3_test_server import start_s3_server
@@ -266,3 +266,41 @@ def test_canary_a_callback_finds_the_callback_list_calling_it():
     finder = Finder()
     small_model().fit(np.zeros((4, 3)), np.zeros(4), verbose=0, callbacks=[finder])
     assert isinstance(found[0], keras.callbacks.CallbackList) and finder in found[0].callbacks
+
+
+def test_the_epoch_a_run_resumes_in_logs_the_whole_epochs_means_under_two_replicas():
+    """A mid-epoch checkpoint keeps the epoch's running means (each replica's metric variables):
+    the resumed epoch's loss and metric, in the history and to the callbacks, are those of the run
+    never interrupted, bit for bit (they covered only the batches after the resume before)."""
+    done = run_python("""
+        import tempfile
+        import keras, numpy as np, tensorflow as tf
+        import kerasdist
+        kerasdist.simulate_devices(2)
+        tf.config.experimental.enable_op_determinism()
+
+        class StopAt(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if int(self.model.optimizer.iterations.numpy()) == 11:
+                    self.model.stop_training = True
+
+        def build():
+            keras.utils.set_random_seed(3)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+            return model
+
+        x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+        args = dict(epochs=3, strategy="mirrored", batch_size=32, seed=1, every_steps=3, verbose=0)
+        whole = kerasdist.distributed_fit(build, x, x.sum(1), checkpoint_dir=tempfile.mkdtemp(), **args)
+        ckpt = tempfile.mkdtemp()
+        kerasdist.distributed_fit(build, x, x.sum(1), checkpoint_dir=ckpt, callbacks=[StopAt()], **args)
+        latest = kerasdist.latest_checkpoint(ckpt)
+        assert (latest.epoch, latest.step_in_epoch) == (1, 3), latest
+        resumed = kerasdist.distributed_fit(build, x, x.sum(1), checkpoint_dir=ckpt, **args)
+        assert resumed.model.distribute_strategy.num_replicas_in_sync == 2
+        assert resumed.history == whole.history, (resumed.history, whole.history)
+        print("OK")
+    """)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
