@@ -31,6 +31,7 @@ Events (`t` is Unix time; every event has it):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -113,6 +114,7 @@ class RunLog:
         self._broken = False
         self._step_of: Any = None  # a function giving the current step, while training
         self._last: tuple[int, float] | None = None  # the last completed step and when it ended
+        self._counted: int | None = None  # the step `steps_ended` counts from (read at `follow_steps`)
         self._step_file: StepFile | None = None
         self._written_step: int | None = None  # the step the store has (object stores: uploaded)
         self._wake = threading.Event()
@@ -143,10 +145,23 @@ class RunLog:
         except OSError as err:
             self._fail(err)
 
+    def steps_ended(self, count: int) -> None:
+        """`count` more training steps have just completed, counted from `step_of()` at
+        `follow_steps`: what `step_ended` records, without reading the model's step counter (a
+        variable read costs more than the record itself)."""
+        if self._counted is not None:
+            self._counted += count
+            self.step_ended(self._counted)
+
     def follow_steps(self, step_of: Any) -> None:
         """Until `stop_following`: upload the newest step record every heartbeat (object stores),
-        or write `step_of()` (the training step) when nothing calls `step_ended`."""
+        or write `step_of()` (the training step) when nothing calls `step_ended`; `steps_ended`
+        counts from `step_of()` now."""
         self._step_of = step_of
+        try:
+            self._counted = int(step_of())
+        except Exception:  # noqa: BLE001 - no counter to start from: the heartbeat samples step_of
+            self._counted = None
         if self._thread is None or not self._thread.is_alive():
             self._wake = threading.Event()  # its own: a thread that outlived a join still stops
             self._thread = threading.Thread(target=self._beat, args=(self._wake,), name="kerasdist-run-log",
@@ -154,13 +169,18 @@ class RunLog:
             self._thread.start()
 
     def stop_following(self) -> None:
-        """Write the step once more, then stop the heartbeat."""
+        """Write the step once more (the model's own counter, should a trainer's batch hooks have
+        counted otherwise), then stop the heartbeat."""
         thread, self._thread = self._thread, None
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+        if self._step_of is not None and self._last is not None:
+            with contextlib.suppress(Exception):  # a model being torn down: the last record stands
+                self.step_ended(int(self._step_of()))
         self._write_step()
         self._step_of = None
+        self._counted = None
 
     def forget_steps(self) -> None:
         """Stop the heartbeat without writing."""
