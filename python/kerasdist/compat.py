@@ -34,6 +34,13 @@ pointed at a closed local port (no request leaves the machine; the handler takes
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
 
+MultiWorkerMirroredStrategy configures TensorFlow's coordination service itself, with the default
+heartbeat timeout (10 s: a SIGKILLed peer was seen after 9.5 s, the survivors blocked in a
+collective meanwhile), and takes no argument to change it; it keeps a configuration made before
+it. `configure_coordination` (called by `strategy._build`) makes the strategy's own one, with
+kerasdist's timeout (`KERASDIST_PEER_TIMEOUT`, 2 s). tests/python/test_multi_worker.py fails once
+the strategy stops keeping it.
+
 Keras's saving_lib caches the attribute sets it skips when it walks a model under a key it never
 reads, so each save and load builds reference objects again, a reference Optimizer with two
 variables among them; inside a multi-worker strategy scope those variables are made by
