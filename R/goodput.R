@@ -6,7 +6,9 @@
 #' start-up (R, Python, TensorFlow, the cluster, the model, the first step),
 #' restore, checkpoint blocking (training waiting in saves), redone work (steps
 #' trained again because a failure came after the last checkpoint), evaluation,
-#' other (after training) and downtime (no process running, e.g. a requeued
+#' detection (for a start that failed: from the end of its last completed step
+#' to its end, e.g. waiting until a dead peer is declared lost), other (after
+#' training) and downtime (no process running, e.g. a requeued
 #' job waiting in the queue). Goodput is productive time over wall time.
 #'
 #' @inheritParams make_or_restore_model
@@ -20,8 +22,10 @@
 #'   `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
 #'   one row per start of the chief's process, with its `status`:
 #'   `"completed"`, `"preempted"`, `"peer lost"` or `"killed or crashed"`, its first step's
-#'   time, `recovery_seconds`, from the previous attempt's last sign of life
-#'   to this one's first step, and `workers`, the workers that trained in it: a
+#'   time, `last_step` and `last_step_at` (the last step it completed and when),
+#'   `detection_seconds` (its time after that step, when it failed),
+#'   `recovery_seconds`, from the previous attempt's failure (the end of its
+#'   last completed step) to this one's first step, and `workers`, the workers that trained in it: a
 #'   job that shrank on a lost host and grew back shows 2, 1, 2). An error if
 #'   the directory holds no run log.
 #' @family checkpoint
@@ -43,7 +47,8 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
   attempts <- lapply(report$attempts, function(a) {
     list(name = a$name, started = a$started, ended = a$ended, status = a$status,
          restored_step = a$restored_step, first_step_at = a$first_step_at, last_step = a$last_step,
-         saves = a$saves, recovery_seconds = a$recovery$total, workers = a$workers)
+         saves = a$saves, last_step_at = a$last_step_at, detection_seconds = a$seconds$detection,
+         recovery_seconds = a$recovery$total, workers = a$workers)
   })
   number <- function(value) if (is.null(value)) NA_real_ else as.numeric(value)
   structure(
@@ -61,7 +66,8 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
     attempts = rows_to_data_frame(attempts, list(
       name = NA_character_, started = as.POSIXct(NA, tz = "UTC"), ended = as.POSIXct(NA, tz = "UTC"),
       status = NA_character_, restored_step = NA_integer_, first_step_at = as.POSIXct(NA, tz = "UTC"),
-      last_step = NA_integer_, saves = NA_integer_, recovery_seconds = NA_real_, workers = NA_integer_
+      last_step = NA_integer_, saves = NA_integer_, last_step_at = as.POSIXct(NA, tz = "UTC"),
+      detection_seconds = NA_real_, recovery_seconds = NA_real_, workers = NA_integer_
     )),
     report = report
   )
@@ -79,7 +85,7 @@ print.kerasdist_goodput <- function(x, ...) {
 #' Draw a run's timeline, failures marked
 #'
 #' One bar per start of the chief's process, its parts coloured (start-up,
-#' restore, productive, checkpoint blocking, evaluation, redone), each failure
+#' restore, productive, checkpoint blocking, evaluation, redone, detection), each failure
 #' marked, the gaps between bars the downtime; the title gives the goodput.
 #'
 #' @param report What [goodput()] returned.

@@ -45,7 +45,7 @@ def seen(work: Path) -> tuple[int, float, str]:
     workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     processes = []
     for index in (0, 1):
-        processes.append(_start_worker(work, workers, index, "--die-at-step", "11", stdout=subprocess.DEVNULL,
+        processes.append(start_worker(work, workers, index, "--die-at-step", "11", stdout=subprocess.DEVNULL,
                                        stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL))
     try:
         processes[1].wait(timeout=300)
@@ -57,7 +57,7 @@ def seen(work: Path) -> tuple[int, float, str]:
             process.kill()
 
 
-def _start_worker(work: Path, workers: list[str], index: int, *fault: str, prefix: tuple[str, ...] = (),
+def start_worker(work: Path, workers: list[str], index: int, *fault: str, prefix: tuple[str, ...] = (),
                   **streams: object) -> subprocess.Popen:
     """Worker `index` of `workers` (train_multi_worker.py, a checkpoint every step in work/ckpt),
     with its `fault` options, started through `prefix` (e.g. `ip netns exec NS`)."""
@@ -66,6 +66,22 @@ def _start_worker(work: Path, workers: list[str], index: int, *fault: str, prefi
         [*prefix, sys.executable, str(MULTI_WORKER), str(work / "weights"), "--checkpoint-dir", str(work / "ckpt"),
          "--every-steps", "1", "--epochs", "40", *fault],
         text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}, **streams)  # type: ignore[call-overload]
+
+
+def stalled(work: Path, *stalls: str) -> list[tuple[int, str, str]]:
+    """Two workers started as in `seen`, training 2 epochs with train_multi_worker.py's
+    `--stall TASK:STEP:SECONDS` options (a step or save that long): (status, stdout, stderr) of each."""
+    workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
+    options = [item for stall in stalls for item in ("--stall", stall)]
+    processes = [start_worker(work, workers, index, "--epochs", "2", *options, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for index in (0, 1)]
+    try:
+        outputs = [process.communicate(timeout=300) for process in processes]
+        return [(process.returncode, *output) for process, output in zip(processes, outputs, strict=True)]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
@@ -79,7 +95,7 @@ def seen_network_down(work: Path) -> tuple[int, int, float, str, str]:
         try:
             workers = [f"{address}:8888" for address in addresses]  # each host has its own ports
             for index in (0, 1):
-                processes.append(_start_worker(
+                processes.append(start_worker(
                     work, workers, index, "--link-down-at-step", "11", "--link", links[1],
                     prefix=("ip", "netns", "exec", namespaces[index]),
                     stdout=subprocess.PIPE if index == 1 else subprocess.DEVNULL,

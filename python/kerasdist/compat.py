@@ -34,6 +34,13 @@ pointed at a closed local port (no request leaves the machine; the handler takes
 takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
 exclusion.
 
+MultiWorkerMirroredStrategy configures TensorFlow's coordination service itself, with the default
+heartbeat timeout (10 s: a SIGKILLed peer was seen after 9.5 s, the survivors blocked in a
+collective meanwhile), and takes no argument to change it; it keeps a configuration made before
+it. `configure_coordination` (called by `strategy._build`) makes the strategy's own one, with
+kerasdist's timeout (`KERASDIST_PEER_TIMEOUT`, 2 s). tests/python/test_multi_worker.py fails once
+the strategy stops keeping it.
+
 Keras's saving_lib caches the attribute sets it skips when it walks a model under a key it never
 reads, so each save and load builds reference objects again, a reference Optimizer with two
 variables among them; inside a multi-worker strategy scope those variables are made by
@@ -196,6 +203,42 @@ def explain_late_multi_worker_strategy() -> bool:
 
     strategy_class.__init__ = __init__
     return True
+
+
+# TensorFlow releases whose MultiWorkerMirroredStrategy configures the coordination service only
+# when none is configured yet, with the default heartbeat timeout (10 s: a SIGKILLed peer was seen
+# after 9.5 s) and no argument to change it (2.21 checked).
+COORDINATION_CONFIG_VERSIONS = ((2, 0), (2, 22))
+
+
+def configure_coordination(cluster_spec: Any, heartbeat_timeout_seconds: float) -> bool:
+    """Before a MultiWorkerMirroredStrategy is made: configure TensorFlow's coordination service
+    as the strategy would (standalone, its leader, the chief and worker jobs), with a heartbeat
+    timeout of `heartbeat_timeout_seconds`, so the strategy keeps it. The service declares a task
+    dead when it has sent no heartbeat for that long; heartbeats come from a C++ thread (every
+    half timeout), so a long step or save that holds Python's GIL does not stop them. Returns
+    whether it configured (False on other TensorFlow versions, or when a service is configured
+    already). tests/python/test_multi_worker.py fails when the strategy stops keeping it."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if not _version_within(tf.__version__, COORDINATION_CONFIG_VERSIONS) or context.context().coordination_service:
+        return False
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=max(1, round(heartbeat_timeout_seconds * 1000)))
+    return True
+
+
+def coordination_heartbeat_timeout_seconds() -> float | None:
+    """The heartbeat timeout of the coordination service configured in this process, or None."""
+    from tensorflow.python.eager import context
+
+    config = context.context().coordination_service
+    return config.heartbeat_timeout_in_ms / 1000 if config and config.heartbeat_timeout_in_ms else None
 
 
 # Keras releases whose saving_lib caches its attribute skip-sets under a key it never reads

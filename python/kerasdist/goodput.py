@@ -2,7 +2,7 @@
 and splits the wall time of every process start of the run into productive training and what was lost.
 
 Each attempt (a start of the chief's process) runs from its process start to its last sign of life
-(its exit, its end of training, or the last step its heartbeat wrote). Within it:
+(its exit, its end of training, or the last event its log holds). Within it:
 - start-up: from the process start to the first training step, less the restore (Python and
   TensorFlow, the cluster forming, the model and dataset built, the first step's tracing);
 - restore: reading the checkpoint it resumed from;
@@ -12,15 +12,21 @@ Each attempt (a start of the chief's process) runs from its process start to its
   checkpoint the attempt committed (its steps past the next attempt's restored step, at the
   attempt's own pace);
 - productive: the rest of the time between the first step and the end of training;
+- detection: for an attempt that failed (killed, crashed, a peer lost), from the end of the last
+  step it completed (its step record, written at each step end) to its last sign of life: the step
+  that never finished, a collective waiting on a dead peer until TensorFlow's coordination service
+  declared it lost, the process's end;
 - other: after training ended (evaluation or prediction after fit, shutting down).
 Between attempts, downtime: no process of the run was running (a requeue waiting in the
 scheduler's queue, a person restarting it). Goodput is productive time over the wall time from
 the first start to the last end.
 
-The recovery of each attempt after the first, from the previous one's last sign of life to its own
-first step, splits into: down (detection, the old process's exit, the restart: no process of ours
-running), python_and_tensorflow (the new process to `import kerasdist`), cluster (to the strategy
-formed), restore, and first_step (the model and pipeline built, the first step traced and run).
+The recovery of each attempt after the first, from the failure (the end of the previous attempt's
+last completed step; its last sign of life when it completed or was preempted) to its own first
+step, splits into: detection (the previous attempt's, above), down (from its last sign of life to
+the new process's start: the old process's exit, the restart; no process of ours running),
+python_and_tensorflow (the new process to `import kerasdist`), cluster (to the strategy formed),
+restore, and first_step (the model and pipeline built, the first step traced and run).
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from typing import Any
 from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX
 from kerasdist.checkpoint.store import open_store
 
-PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "other", "downtime")
-RECOVERY_PARTS = ("down", "python_and_tensorflow", "cluster", "restore", "first_step")
+PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "detection", "other",
+         "downtime")
+RECOVERY_PARTS = ("detection", "down", "python_and_tensorflow", "cluster", "restore", "first_step")
+FAILED = ("killed or crashed", "peer lost")  # statuses whose time after the last completed step is detection
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,12 @@ class Attempt:
             disappeared mid-fit: exited 76, nothing saved), or "killed or crashed" (the log just
             stops: SIGKILL, a lost host, an error).
         restored_step: the step it resumed from (0: from scratch); last_step: the last step it
-            trained (as far as its log knows, to about one heartbeat).
+            completed (its step record, written at every step end); last_step_at: the Unix time
+            that step ended (None in a log without a step record).
         saves: checkpoints it committed; seconds: this attempt's share of each part.
         recovery: for an attempt after the first that reached its first step, the seconds from
-            the previous attempt's last sign of life to that step, split by `RECOVERY_PARTS` (and
-            "total"); None otherwise.
+            the previous attempt's failure (see the module docstring) to that step, split by
+            `RECOVERY_PARTS` (and "total"); None otherwise.
         workers: the workers that trained in it (`RunContext.num_workers`; a job that shrank
             on a lost host and grew back shows 2, 1, 2); None in a log of an older kerasdist.
     """
@@ -71,6 +80,7 @@ class Attempt:
     seconds: dict[str, float] = field(default_factory=dict)
     recovery: dict[str, float] | None = None
     workers: int | None = None
+    last_step_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class GoodputReport:
         checkpoint_dir: where the log was read.
         wall_seconds: from the first process start to the last sign of life.
         seconds: wall time split into `PARTS` (productive, startup, restore, checkpoint_blocking,
-            redone, evaluation, other, downtime); they add up to `wall_seconds`.
+            redone, evaluation, detection, other, downtime); they add up to `wall_seconds`.
         goodput: productive / wall; goodput_excluding_downtime: productive / (wall - downtime).
         redone_steps: steps trained twice.
         failures: attempts that ended without completing (killed, crashed or preempted) and were
@@ -130,7 +140,7 @@ class GoodputReport:
             totals = sorted(r["total"] for r in recoveries)
             parts = ", ".join(f"{part} {statistics.median(r[part] for r in recoveries):.1f} s"
                               for part in RECOVERY_PARTS)
-            lines.append(f"  recovery (last sign of life to first step): median "
+            lines.append(f"  recovery (failure to first step): median "
                          f"{_seconds(statistics.median(totals))}, max {_seconds(totals[-1])}; median parts: {parts}")
         if self.suggested_interval_seconds is not None:
             now = (f"; this run saved every {_seconds(self.mean_save_interval_seconds)}"
@@ -180,8 +190,9 @@ def _read_attempts(files: Mapping[str, bytes]) -> list[tuple[str, list[dict[str,
             continue
         attempt = name[: -len(RUN_LOG_SUFFIX)]
         events = _parsed(name, data.decode(errors="replace").splitlines())
-        step_file = files.get(attempt + RUN_STEP_SUFFIX)
-        heartbeat = _parsed(attempt + RUN_STEP_SUFFIX, [step_file.decode(errors="replace")])[0] if step_file else None
+        step_file = files.get(attempt + RUN_STEP_SUFFIX, b"").decode(errors="replace")
+        record = _parsed(attempt + RUN_STEP_SUFFIX, [step_file])
+        heartbeat = record[0] if record else None  # none, or a step file created but not written yet
         if events:
             attempts.append((attempt, events, heartbeat))
     return sorted(attempts, key=lambda item: item[1][0]["t"])
@@ -207,7 +218,7 @@ def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str,
         restored = restored_steps[index]
         attempt = _attempt(name, events, heartbeat, 0 if restored is None else restored, next_restored)
         if attempts and attempt.first_step_at is not None:
-            attempt = replace(attempt, recovery=_recovery(events, attempts[-1].ended, attempt))
+            attempt = replace(attempt, recovery=_recovery(events, attempts[-1], attempt))
         attempts.append(attempt)
     seconds = {part: sum(a.seconds.get(part, 0.0) for a in attempts) for part in PARTS}
     pairs = zip(attempts, attempts[1:], strict=False)
@@ -270,7 +281,9 @@ def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] 
     part["restore"] = sum(float(e["seconds"]) for e in events if e["event"] == "restored")
     part["checkpoint_blocking"] = sum(float(e["blocked"]) for e in events if e["event"] == "save")
     part["evaluation"] = sum(float(e["seconds"]) for e in events if e["event"] == "eval")
-    training = _training_seconds(events, ended)
+    progress_at = _last_progress(events, heartbeat) if status in FAILED and first_step_at is not None else None
+    part["detection"] = ended - progress_at if progress_at is not None else 0.0
+    training = _training_seconds(events, ended, until=progress_at)
     if first_step_at is None:
         part["startup"] = ended - started - part["restore"]
     else:
@@ -285,21 +298,34 @@ def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] 
     return Attempt(name=name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
                    saves=sum(1 for e in events if e["event"] == "committed"), seconds=part,
-                   workers=int(workers) if workers is not None else None)
+                   workers=int(workers) if workers is not None else None,
+                   last_step_at=float(heartbeat["t"]) if heartbeat else None)
 
 
-def _recovery(events: list[dict[str, Any]], previous_end: float, attempt: Attempt) -> dict[str, float]:
-    """The recovery of `attempt` after the attempt that ended at `previous_end` (see the module
-    docstring); a part whose event is missing (a log of an older kerasdist) counts in the next."""
+def _last_progress(events: list[dict[str, Any]], heartbeat: dict[str, Any] | None) -> float | None:
+    """When a failed attempt's training thread last got something done: its last completed step
+    (the step record), or a save or evaluation it finished after it; None without a step record
+    (a log of an older kerasdist: no detection is counted)."""
+    if heartbeat is None:
+        return None
+    done = [float(e["t"]) for e in events if e["event"] in ("first_step", "save", "eval")]
+    return max([float(heartbeat["t"]), *done])
+
+
+def _recovery(events: list[dict[str, Any]], previous: Attempt, attempt: Attempt) -> dict[str, float]:
+    """The recovery of `attempt` after `previous` (see the module docstring); a part whose event is
+    missing (a log of an older kerasdist) counts in the next."""
     at = {e["event"]: float(e["t"]) for e in reversed(events)}  # each event's first time
     restore = attempt.seconds["restore"]
     imported = at.get("imported", attempt.started)
     ready = max(at.get("ready", imported), imported)
     first_step = float(attempt.first_step_at or ready)
-    parts = {"down": attempt.started - previous_end, "python_and_tensorflow": imported - attempt.started,
+    detection = previous.seconds.get("detection", 0.0)
+    parts = {"detection": detection, "down": attempt.started - previous.ended,
+             "python_and_tensorflow": imported - attempt.started,
              "cluster": ready - imported, "restore": restore,
              "first_step": max(0.0, first_step - ready - restore)}
-    parts["total"] = first_step - previous_end
+    parts["total"] = first_step - (previous.ended - detection)
     return {name: round(value, 3) for name, value in parts.items()}
 
 
@@ -307,16 +333,18 @@ def _redone_steps_of(last_step: int, next_restored: int | None) -> int:
     return max(0, last_step - next_restored) if next_restored is not None else 0
 
 
-def _training_seconds(events: list[dict[str, Any]], ended: float) -> float:
-    """Seconds between each first step and its end of training (or the attempt's end)."""
+def _training_seconds(events: list[dict[str, Any]], ended: float, until: float | None = None) -> float:
+    """Seconds between each first step and its end of training (or the attempt's end), none
+    after `until` (a failed attempt's last progress)."""
     total, since = 0.0, None
+    limit = ended if until is None else until
     for event in events:
         if event["event"] == "first_step":
             since = float(event["t"])
         elif event["event"] == "train_end" and since is not None:
-            total += float(event["t"]) - since
+            total += max(0.0, min(float(event["t"]), limit) - since)
             since = None
-    return total + (ended - since if since is not None else 0.0)
+    return total + (max(0.0, limit - since) if since is not None else 0.0)
 
 
 def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
@@ -334,13 +362,15 @@ def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"startup": "#bbbbbb", "restore": "#f0a030", "productive": "#4caf50", "redone": "#e53935",
-               "checkpoint_blocking": "#7e57c2", "evaluation": "#42a5f5", "other": "#eeeeee"}
+               "checkpoint_blocking": "#7e57c2", "evaluation": "#42a5f5", "detection": "#8d6e63",
+               "other": "#eeeeee"}
     origin = report.attempts[0].started
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.5 * len(report.attempts)))
     labelled: set[str] = set()
     for row, attempt in enumerate(report.attempts):
         left = attempt.started - origin
-        for part in ("startup", "restore", "productive", "checkpoint_blocking", "evaluation", "redone", "other"):
+        for part in ("startup", "restore", "productive", "checkpoint_blocking", "evaluation", "redone", "detection",
+                     "other"):
             width = attempt.seconds.get(part, 0.0)
             if width > 0:
                 ax.barh(row, width, left=left, color=colours[part], edgecolor="none",

@@ -383,13 +383,41 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
             cross_device_ops=_cross_device_ops(cross_device_ops),
         )
     if plan.kind == "multi_worker":  # too late, it raises compat.MultiWorkerStrategyTooLate
+        resolver = _resolver_for(plan, resolver) or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        from kerasdist.compat import configure_coordination
+
+        configure_coordination(resolver.cluster_spec(), peer_timeout_seconds())
         return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=_resolver_for(plan, resolver),
+            cluster_resolver=resolver,
             communication_options=_communication_options(communication),
         )
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
     return _build_tpu(plan.tpu)
+
+
+PEER_TIMEOUT_VARIABLE = "KERASDIST_PEER_TIMEOUT"
+DEFAULT_PEER_TIMEOUT = 2.0
+
+
+def peer_timeout_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """How long a multi-worker cluster waits for a silent worker before declaring it lost (its
+    process killed, its host down): `$KERASDIST_PEER_TIMEOUT` seconds, default 2. TensorFlow's
+    coordination service then ends the collectives the others wait in, and each exits 76. The
+    workers' heartbeats come from a thread of their own, so a step or a save longer than this is
+    not a lost peer; raise it for networks that can go quiet that long (e.g. 10, TensorFlow's
+    default)."""
+    text = (os.environ if environ is None else environ).get(PEER_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_PEER_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.5 <= seconds <= 3600:
+        raise ValueError(f"{PEER_TIMEOUT_VARIABLE} must be a number of seconds between 0.5 and 3600 (how long a "
+                         f"silent worker is waited for before it counts as lost), got {text!r}.")
+    return seconds
 
 
 def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
@@ -416,16 +444,44 @@ def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
     every worker alike (75) if any was signalled while it formed (`preemption`). Each worker reads
     TensorFlow's preemption notice on its own, and the signalled worker's notice may reach the
     store between two workers' reads, so they decide on what any of them read (a worker that
-    exited alone left the other failing in its first collective with 1)."""
+    exited alone left the other failing in its first collective with 1). The gather that decides
+    ends at different moments on different workers, so before exiting they meet at a barrier: a
+    worker that left at once closed the connections the other's gather still used ("Socket
+    closed", exit 1). A lost peer from here on ends the process with 76 (`exit_when_peer_lost`)."""
     from kerasdist.preemption.agreement import noticed_by_tensorflow
+    from kerasdist.preemption.exit import exit_on_lost_peer, exit_when_peer_lost, peer_lost
     from kerasdist.preemption.signals import take_back_after_cluster_start
 
+    task = f"{cluster.task_type}:{cluster.task_index}"
     noticed = noticed_by_tensorflow()
     any_noticed = False
     try:  # SIGTERM is taken back from TensorFlow even when the cluster check fails
-        any_noticed = noticed if cluster.num_workers == 1 else _check_cluster_agreement(strategy, cluster, noticed)
+        if cluster.num_workers == 1:
+            any_noticed = noticed
+        else:
+            exit_when_peer_lost(cluster.num_workers, task)
+            with exit_on_lost_peer(cluster.num_workers, task):
+                try:
+                    any_noticed = _check_cluster_agreement(strategy, cluster, noticed)
+                except Exception as err:  # a peer that read this worker's notice and left: stop alike
+                    if not (noticed and peer_lost(err, cluster.num_workers, task)):
+                        raise
+                    any_noticed = True
+            if any_noticed:
+                _meet_every_worker("kerasdist-preempted-while-forming")
     finally:
         take_back_after_cluster_start(any_noticed)
+
+
+def _meet_every_worker(barrier: str, timeout_seconds: float = 30.0) -> None:
+    """Wait until every worker got here (the coordination service's barrier); a worker that does
+    not come (gone meanwhile) only ends the wait: the caller exits anyway."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().wait_at_barrier(barrier, timeout_in_ms=int(timeout_seconds * 1000))
+    except Exception:  # noqa: BLE001 - the decision is taken; this only keeps the others' collective whole
+        pass
 
 
 def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:

@@ -75,11 +75,48 @@ def test_the_report_splits_a_known_log_into_its_parts(tmp_path):
     assert report.suggested_interval_seconds == pytest.approx(math.sqrt(2 * 1.0 * 61.0))
     assert [row["part"] for row in report.rows()] == list(PARTS)
     assert "goodput" in str(report) and "Young/Daly" in str(report)
-    # the recovery: attempt 1's last heartbeat (30) to attempt 2's first step (50); the log has no
-    # imported/ready events, so start-up counts in what follows
-    assert report.attempts[0].recovery is None
-    assert report.attempts[1].recovery == {"down": 10.0, "python_and_tensorflow": 0.0, "cluster": 0.0,
-                                           "restore": 2.0, "first_step": 8.0, "total": 20.0}
+    # the recovery: attempt 1's last completed step (30, its last sign of life too: no detection)
+    # to attempt 2's first step (50); the log has no imported/ready events, so start-up counts in
+    # what follows
+    assert report.attempts[0].recovery is None and report.attempts[0].last_step_at == 30.0
+    assert report.attempts[1].recovery == {"detection": 0.0, "down": 10.0, "python_and_tensorflow": 0.0,
+                                           "cluster": 0.0, "restore": 2.0, "first_step": 8.0, "total": 20.0}
+
+
+def test_a_failed_attempts_time_after_its_last_completed_step_is_detection_not_training(tmp_path):
+    """A chief whose peer died after step 9 (t=30) waits in a collective until the peer is
+    declared lost and exits 76 at t=38.5: those 8.5 s are detection, part of the recovery, not
+    productive; a killed attempt whose last save came after its last step counts from the save."""
+    write_log(tmp_path, "a1", [
+        {"event": "start", "t": 0.0}, {"event": "restored", "t": 1.0, "seconds": 0.5, "checkpoint": None, "step": 0},
+        {"event": "first_step", "t": 10.0, "step": 1},
+        {"event": "save", "t": 20.0, "step": 6, "blocked": 1.0},
+        {"event": "train_end", "t": 38.5, "step": 9, "status": "peer lost"}, {"event": "exit", "t": 38.6},
+    ], heartbeat={"t": 30.0, "step": 9})
+    write_log(tmp_path, "a2", [
+        {"event": "start", "t": 40.0}, {"event": "imported", "t": 42.0}, {"event": "ready", "t": 43.0},
+        {"event": "restored", "t": 44.0, "seconds": 1.0, "checkpoint": "ckpt-6", "step": 6},
+        {"event": "first_step", "t": 45.0, "step": 7},
+        {"event": "save", "t": 50.0, "step": 12, "blocked": 0.5},  # killed 0.5 s after its step-12 save
+        {"event": "committed", "t": 51.0, "step": 12, "checkpoint": "ckpt-12", "write": 0.4, "bytes": 10},
+    ], heartbeat={"t": 49.5, "step": 12})
+    report = kerasdist.goodput(tmp_path)
+    first, second = report.attempts
+    assert [first.status, second.status] == ["peer lost", "killed or crashed"]
+    assert first.seconds["detection"] == pytest.approx(8.6) and second.seconds["detection"] == pytest.approx(1.0)
+    stepping = (30 - 10) - 1.0
+    assert first.seconds["redone"] == pytest.approx(stepping * 3 / 9)  # steps 7-9 trained again
+    assert first.seconds["productive"] == pytest.approx(stepping * 6 / 9)
+    assert second.seconds["productive"] == pytest.approx((50 - 45) - 0.5)  # nothing after it: none redone
+    assert report.seconds["detection"] == pytest.approx(9.6)
+    assert sum(report.seconds.values()) == pytest.approx(report.wall_seconds)
+    assert second.recovery == {"detection": 8.6, "down": 1.4, "python_and_tensorflow": 2.0, "cluster": 1.0,
+                               "restore": 1.0, "first_step": 1.0, "total": 15.0}  # from step 9's end to 45
+    assert "detection" in str(report) and "recovery (failure to first step)" in str(report)
+    # a step file created but not written yet (the reader came between) is no step record
+    write_log(tmp_path / "empty", "a0", [{"event": "start", "t": 0.0}, {"event": "first_step", "t": 1.0, "step": 1}])
+    (tmp_path / "empty" / "runs" / "a0.step").write_text("")
+    assert kerasdist.goodput(tmp_path / "empty").attempts[0].last_step_at is None
 
 
 def test_the_report_names_each_attempts_cluster_size_when_the_job_was_resized(tmp_path):
@@ -192,6 +229,34 @@ def test_a_killed_a_preempted_and_a_completed_run_report_their_known_losses(tmp_
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert kerasdist_cli.main(["goodput", str(ckpt)]) == 0
     assert "3 attempt(s), 2 failure(s)" in capsys.readouterr().out
+
+
+def test_a_sigkill_right_after_a_step_counts_the_steps_redone_exactly(tmp_path, monkeypatch):
+    """#43: SIGKILLed at step 27 with no pause, two steps after its step-25 checkpoint
+    (saves on the training thread every 5 steps): the step record written at each step end says
+    27, so the restart that resumes from 25 redid exactly 2 steps; the kill is the failure, and the
+    time from step 27's end to the process's last sign of life is detection."""
+    monkeypatch.setenv("KERASDIST_RUN_SPOOL", str(tmp_path / "spool"))
+    report = kill_at_27_and_resume(str(tmp_path / "ckpt"), tmp_path / "out.npz", os.environ)
+    assert report.attempts[0].seconds["detection"] >= 0
+
+
+def kill_at_27_and_resume(ckpt: str, out: Path, env: dict) -> kerasdist.GoodputReport:
+    """Train 3 epochs of 10 steps, saving every 5 on the training thread, SIGKILLed right after
+    step 27; then resume to the end. The report of `ckpt`, its known losses checked."""
+    args = [sys.executable, str(ANYWHERE), ckpt, str(out), "--strategy", "default", "--every-steps", "5",
+            "--sync-save", "--epochs", "3"]
+    killed = subprocess.run([*args, "--kill-at-step", "27"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=env)
+    assert killed.returncode == -9 and "step 27" in killed.stdout, killed.stderr[-2000:]
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    report = kerasdist.goodput(ckpt)
+    first, second = report.attempts
+    assert first.status == "killed or crashed" and (first.last_step, second.restored_step) == (27, 25)
+    assert report.redone_steps == 2 and first.last_step_at is not None
+    assert second.recovery["total"] == pytest.approx(second.first_step_at - first.last_step_at, abs=0.01)
+    return report
 
 
 def small_data():

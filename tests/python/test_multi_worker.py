@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import kerasdist
@@ -192,7 +193,24 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
     table = kerasdist.checkpoint_table(tmp_path / "ckpt")  # every checkpoint, valid or not
     assert table and all(row["valid"] for row in table), table
     assert table[-1]["restart"] and table[-1]["global_step"] >= 10, table[-1]  # the chief saved each step
-    assert [a.status for a in kerasdist.goodput(tmp_path / "ckpt").attempts] == ["peer lost"]
+    attempts = kerasdist.goodput(tmp_path / "ckpt").attempts
+    assert [a.status for a in attempts] == ["peer lost"]
+    # #43: worker 0's wait for its dead peer is detection (from its last completed step to its
+    # exit), as long as the outside clock says; KERASDIST_PEER_TIMEOUT's 2 s bound it
+    assert attempts[0].seconds["detection"] == pytest.approx(waited, abs=0.5), (attempts[0].seconds, waited)
+    assert waited < 2.0 + 3.0, waited  # the timeout, plus the service's check and exit, with room for load
+
+
+def test_a_step_or_a_save_longer_than_the_peer_timeout_is_no_lost_peer(tmp_path):
+    """#43: worker 0 (the chief) spends 6 s in Python after step 5, worker 1 after step 11, 3x
+    the 2 s KERASDIST_PEER_TIMEOUT each, while the other waits in the all-reduce: heartbeats come
+    from TensorFlow's own thread, so both finish training (0), nobody is declared lost."""
+    results = lost_peer.stalled(tmp_path, "worker:0:5:6", "worker:1:11:6")
+    for index, (status, out, err) in enumerate(results):
+        assert status == 0, (index, err[-3000:])
+        assert "stalled 6.0 s" in out and '"loss"' in out, out
+        # the strategy kept the coordination service kerasdist configured (compat.configure_coordination)
+        assert '"peer_timeout": 2.0' in out, out
 
 
 def test_a_worker_whose_peers_network_goes_down_exits_76_naming_it_and_its_checkpoints_stay_valid(tmp_path):

@@ -447,6 +447,19 @@ def test_the_checkpoints_command_reads_a_bucket_configured_the_ecosystems_way(st
     assert sorted(name.rsplit(".", 1)[-1] for name in fs.ls(f"{root}/runs")) == ["jsonl", "step"]  # not a checkpoint
 
 
+def test_a_sigkill_right_after_a_step_counts_the_steps_redone_exactly_in_a_bucket(s3, tmp_path):
+    """#43 on S3: SIGKILLed right after step 27, its step-25 checkpoint saved: the killed process
+    never uploaded its last step record (uploads go once a second), but its local spool has it,
+    and the restart on this host uploads it before training: 2 steps redone, as on a disk."""
+    from test_goodput import kill_at_27_and_resume
+
+    env = {**os.environ, **s3.environment(), "KERASDIST_RUN_SPOOL": str(tmp_path / "spool")}
+    url = new_url(s3)
+    with kerasdist_env(s3.environment()):
+        kill_at_27_and_resume(url, tmp_path / "out.npz", env)
+    assert not list((tmp_path / "spool").rglob("*.step"))  # uploaded, then dropped
+
+
 def entries_in(fs, root: str) -> list[str]:
     """The names under `root` but the run log's folder (runs/, never a checkpoint)."""
     return [name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)

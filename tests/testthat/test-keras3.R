@@ -35,7 +35,7 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   report <- goodput(file.path(dir, "ckpt"))
   expect_s3_class(report, "kerasdist_goodput")
   expect_identical(report$part, c("productive", "startup", "restore", "checkpoint_blocking", "redone",
-                                  "evaluation", "other", "downtime"))
+                                  "evaluation", "detection", "other", "downtime"))
   expect_equal(sum(report$seconds), attr(report, "wall_seconds"), tolerance = 1e-3)
   attempts <- attr(report, "attempts")
   expect_identical(attempts$status, c("killed or crashed", "completed"))
@@ -44,6 +44,11 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   expect_identical(attempts$workers, c(1L, 1L))
   expect_s3_class(attempts$started, "POSIXct")
   expect_true(is.na(attempts$recovery_seconds[1]) && attempts$recovery_seconds[2] > 0)
+  # the killed start's time after its last completed step is detection; the completed one has none
+  expect_s3_class(attempts$last_step_at, "POSIXct")
+  expect_true(attempts$last_step_at[1] <= attempts$ended[1])
+  expect_equal(attempts$detection_seconds, c(as.numeric(attempts$ended[1] - attempts$last_step_at[1], units = "secs"), 0),
+               tolerance = 0.01)
   expect_true(all(attempts$first_step_at > attempts$started))
   expect_true(attr(report, "mean_save_interval_seconds") > 0)
   expect_identical(attr(report, "redone_steps"), 2L)

@@ -256,6 +256,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._batch_begin = None
         self._step += last - begin + 1
         self._batches_seen = last + 1
+        if self._log is not None:
+            self._log.steps_ended(last - begin + 1)  # on disk now: exact after a SIGKILL
         if self._log is not None and not self._first_step_logged:
             self._first_step_logged = True
             self._log.event("first_step", step=optimizer_step(self.model))

@@ -3,9 +3,19 @@ and ended, kept beside the checkpoints for `kerasdist.goodput` to turn into what
 
 Each process start of the chief (an "attempt") writes `runs/<attempt>.jsonl` in the checkpoint
 directory or bucket, one JSON event per line, rewritten whole at each event (a few per save), and
-`runs/<attempt>.step`, the newest training step and its time, rewritten by a thread at most once a
-second (every 5 s on an object store) so that a run killed without warning still says how far it
-got. The log goes through the checkpoint store but never in a checkpoint's way: it is not a
+`runs/<attempt>.step`: the last training step that completed and the time it ended, so that a run
+killed without warning still says exactly how far it got and when it stopped making progress.
+
+The step record is written at every step end that changes it, in place (one `pwrite` of a
+fixed-width record into a file kept open, a few microseconds: no rename, no fsync), so what is on
+disk when a process is SIGKILLed names its last completed step. A local directory holds it
+directly. For an object store, where an upload per step would cost more than the step, the same
+record goes to a local spool file (`spool_dir`) and a thread uploads the newest one at most once a
+second; the next attempt of the run started on the same host uploads the spool of an attempt whose
+process is gone (`_salvage`), so the store ends up with the exact record there too. A restart on
+another host sees the last upload (up to a second behind).
+
+The log goes through the checkpoint store but never in a checkpoint's way: it is not a
 checkpoint entry, nothing reads it to restore, and a failed write warns once (`RunLogWarning`)
 and stops the log, never training or a save.
 
@@ -21,18 +31,23 @@ Events (`t` is Unix time; every event has it):
 from __future__ import annotations
 
 import atexit
+import contextlib
+import hashlib
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX
+from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX, RUNS_FOLDER
 
 _IMPORTED_AT = time.time()
+_RECORD_BYTES = 80  # a step record, padded with spaces: each rewrite covers the one before
+SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their step records locally
 
 
 class RunLogWarning(UserWarning):
@@ -50,6 +65,38 @@ def process_started_at() -> float:
         return _IMPORTED_AT
 
 
+class StepFile:
+    """One fixed-width record in a local file kept open, rewritten in place by a single `pwrite`:
+    the page cache has it once the call returns, so it outlives a SIGKILL of the writer, and a
+    reader sees the old record or the new one (`read_step_record`)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write(self, data: bytes) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, data.ljust(_RECORD_BYTES), 0)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def step_record(step: int, at: float) -> bytes:
+    """The `.step` file's record: the last completed step and the Unix time it ended."""
+    return json.dumps({"t": round(at, 3), "step": step}).encode()
+
+
+def spool_dir(location: str) -> Path:
+    """The local folder of the step records of runs in the object store at `location`
+    (`$KERASDIST_RUN_SPOOL`, else the temporary directory), one per store."""
+    root = os.environ.get(SPOOL_VARIABLE) or os.path.join(tempfile.gettempdir(), f"kerasdist-runs-{os.getuid()}")
+    return Path(root) / hashlib.sha256(location.encode()).hexdigest()[:16]
+
+
 class RunLog:
     """One attempt's log in one checkpoint directory (see the module docstring); `run_log_for`
     gives the one of a store, made on its first use in this process."""
@@ -60,12 +107,16 @@ class RunLog:
         self.attempt = f"{stamp}Z-{socket.gethostname()}-{os.getpid()}"
         self.started = started
         self.store = store
+        self.local = isinstance(store.directory, Path)
         self.heartbeat_seconds = heartbeat_seconds
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._broken = False
         self._step_of: Any = None  # a function giving the current step, while training
-        self._written_step: int | None = None
+        self._last: tuple[int, float] | None = None  # the last completed step and when it ended
+        self._counted: int | None = None  # the step `steps_ended` counts from (read at `follow_steps`)
+        self._step_file: StepFile | None = None
+        self._written_step: int | None = None  # the step the store has (object stores: uploaded)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,9 +129,39 @@ class RunLog:
             self._lines.append(line)
             self._write(RUN_LOG_SUFFIX, "\n".join(self._lines) + "\n")
 
+    def step_ended(self, step: int) -> None:
+        """Training step `step` has just completed (the chief's callback, at each batch end): its
+        record goes to disk now when it changed (see the module docstring)."""
+        if self._last is not None and self._last[0] == step:
+            return
+        self._last = (step, time.time())
+        if self._broken:
+            return
+        try:
+            if self._step_file is None:
+                folder = self.store.directory / RUNS_FOLDER if self.local else spool_dir(self.store.location)
+                self._step_file = StepFile(folder / (self.attempt + RUN_STEP_SUFFIX))
+            self._step_file.write(step_record(*self._last))
+        except OSError as err:
+            self._fail(err)
+
+    def steps_ended(self, count: int) -> None:
+        """`count` more training steps have just completed, counted from `step_of()` at
+        `follow_steps`: what `step_ended` records, without reading the model's step counter (a
+        variable read costs more than the record itself)."""
+        if self._counted is not None:
+            self._counted += count
+            self.step_ended(self._counted)
+
     def follow_steps(self, step_of: Any) -> None:
-        """Write `step_of()` (the training step) every heartbeat until `stop_following`."""
+        """Until `stop_following`: upload the newest step record every heartbeat (object stores),
+        or write `step_of()` (the training step) when nothing calls `step_ended`; `steps_ended`
+        counts from `step_of()` now."""
         self._step_of = step_of
+        try:
+            self._counted = int(step_of())
+        except Exception:  # noqa: BLE001 - no counter to start from: the heartbeat samples step_of
+            self._counted = None
         if self._thread is None or not self._thread.is_alive():
             self._wake = threading.Event()  # its own: a thread that outlived a join still stops
             self._thread = threading.Thread(target=self._beat, args=(self._wake,), name="kerasdist-run-log",
@@ -88,44 +169,94 @@ class RunLog:
             self._thread.start()
 
     def stop_following(self) -> None:
-        """Write the step once more, then stop the heartbeat."""
+        """Write the step once more (the model's own counter, should a trainer's batch hooks have
+        counted otherwise), then stop the heartbeat."""
         thread, self._thread = self._thread, None
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+        if self._step_of is not None and self._last is not None:
+            with contextlib.suppress(Exception):  # a model being torn down: the last record stands
+                self.step_ended(int(self._step_of()))
         self._write_step()
         self._step_of = None
+        self._counted = None
 
     def forget_steps(self) -> None:
         """Stop the heartbeat without writing."""
         self._step_of = None
         self._wake.set()
 
+    def close(self) -> None:
+        """Close the step file; an object store's spool goes once the store has its record."""
+        step_file, self._step_file = self._step_file, None
+        if step_file is not None:
+            step_file.close()
+            if not self.local and self._last is not None and self._written_step == self._last[0]:
+                step_file.path.unlink(missing_ok=True)
+
     def _beat(self, wake: threading.Event) -> None:
         while not wake.wait(self.heartbeat_seconds):
             self._write_step()
 
     def _write_step(self) -> None:
-        step_of = self._step_of
-        if step_of is None:
-            return
-        try:
-            step = int(step_of())
-        except Exception:  # noqa: BLE001 - a model being torn down: the last step written stands
+        """Give the store the newest step record: the one `step_ended` wrote (a local store has it
+        already), else a sample of `step_of()`."""
+        last, step_of = self._last, self._step_of
+        if last is None and step_of is not None:
+            try:
+                last = (int(step_of()), time.time())
+            except Exception:  # noqa: BLE001 - a model being torn down: the last step written stands
+                return
+        if last is None or (self.local and self._step_file is not None):
             return
         with self._lock:
-            if step != self._written_step and not self._broken:
-                self._write(RUN_STEP_SUFFIX, json.dumps({"t": round(time.time(), 3), "step": step}))
-                self._written_step = step
+            if last[0] != self._written_step and not self._broken:
+                self._write(RUN_STEP_SUFFIX, step_record(*last).decode())
+                self._written_step = last[0]
 
     def _write(self, suffix: str, text: str) -> None:
         try:
             self.store.write_run_file(self.attempt + suffix, text.encode())
         except Exception as err:  # noqa: BLE001 - the log never stops training or a save
-            self._broken = True
-            warnings.warn(RunLogWarning(
-                f"kerasdist: the run log in {self.store.location} could not be written ({err}); training "
-                "and checkpoints go on, and goodput() will not see the rest of this run."), stacklevel=3)
+            self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        self._broken = True
+        warnings.warn(RunLogWarning(
+            f"kerasdist: the run log in {self.store.location} could not be written ({err}); training "
+            "and checkpoints go on, and goodput() will not see the rest of this run."), stacklevel=4)
+
+
+def _salvage(store: Any) -> None:
+    """Upload the spooled step records of this host's earlier attempts on `store` whose process is
+    gone (SIGKILLed before its last upload), then drop them: the store then has the exact last step."""
+    folder = spool_dir(store.location)
+    if not folder.is_dir():
+        return
+    host = socket.gethostname()
+    for path in folder.glob(f"*{RUN_STEP_SUFFIX}"):
+        attempt = path.name[: -len(RUN_STEP_SUFFIX)]
+        owner, _, pid = attempt.rpartition("-")
+        if not owner.endswith(f"-{host}") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            record = path.read_bytes().strip()
+            if record:
+                store.write_run_file(attempt + RUN_STEP_SUFFIX, record)
+            path.unlink()
+        except Exception:  # noqa: BLE001 - a record left is only a less exact report, never an error
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process
+    return True
 
 
 _LOGS: list[RunLog] = []
@@ -136,7 +267,9 @@ def run_log_for(store: Any, context: Any) -> RunLog:
     events (`context`: the `RunContext` training runs in)."""
     log = next((log for log in _LOGS if log.store.same_as(store)), None)
     if log is None:
-        log = RunLog(store, heartbeat_seconds=1.0 if isinstance(store.directory, Path) else 5.0)
+        log = RunLog(store, heartbeat_seconds=1.0)
+        if not log.local:
+            _salvage(store)
         if not _LOGS:  # the first log since the last close_logs
             atexit.register(close_logs)
         _LOGS.append(log)
@@ -153,8 +286,9 @@ def close_logs() -> None:
     gone would hold the exit up for its retries (their end of training is recorded already)."""
     while _LOGS:
         log = _LOGS.pop()
-        if isinstance(log.store.directory, Path):
+        if log.local:
             log.stop_following()
             log.event("exit")
         else:
             log.forget_steps()
+        log.close()

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "preempted, restart me"; schedulers' recipes requeue on it
 
@@ -90,6 +91,25 @@ def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -
     others = [f"{kind}:{index}" for kind, index in _TASK.findall(message) if f"{kind}:{index}" != task]
     peer = f"{remote[1]}:{remote[2]}" if remote else (others[0] if others else None)
     return PeerLostExit(peer, cause)
+
+
+def exit_when_peer_lost(num_workers: int, task: str | None) -> None:
+    """For the rest of a multi-worker process: an error for a lost peer that nothing caught (raised
+    outside a fit: while the model is built, between fits) ends the process with 76, said on
+    stderr, not with 1 and a traceback (the scheduler's recipe reads 1 as a crash of the user's
+    code). Other errors go to the hook that was there."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        lost = peer_lost(error, num_workers, task) if isinstance(error, Exception) else None
+        if lost is None:
+            previous(kind, error, trace)
+            return
+        sys.stderr.write(f"{lost}\n")
+        sys.stderr.flush()
+        os._exit(PEER_LOST_EXIT_CODE)  # TensorFlow's exit handlers may wait for the peer that is gone
+
+    sys.excepthook = hook
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 usage: train_anywhere.py CHECKPOINT_DIR OUT.npz [--strategy auto|default|mirrored] [--devices N]
                          [--batch-size 32] [--epochs 2] [--every-steps 1]
                          [--kill-at-step S] [--kill-task TASK] [--kill-signal KILL|TERM]
-                         [--pause-before-kill SECONDS]
+                         [--pause-before-kill SECONDS] [--sync-save]
                          [--api distributed_fit|resume_fit]
 distributed_fit on 320 samples (a Dense model, global batch 32: 10 steps an epoch), a checkpoint
 every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; under the launcher
@@ -74,6 +74,7 @@ def main():
     parser.add_argument("--kill-task")
     parser.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM"])
     parser.add_argument("--pause-before-kill", type=float, default=0.0)
+    parser.add_argument("--sync-save", action="store_true", help="save on the training thread (async_save=False)")
     parser.add_argument("--api", default="distributed_fit", choices=["distributed_fit", "resume_fit"])
     args = parser.parse_args()
     if args.devices > 1:
@@ -97,7 +98,7 @@ def main():
         model = kerasdist.distributed_fit(
             build_model, x, y, epochs=args.epochs, checkpoint_dir=args.checkpoint_dir, strategy=strategy,
             batch_size=args.batch_size, seed=SEED, every_steps=args.every_steps, keep=2,
-            callbacks=callbacks, verbose=0,
+            callbacks=callbacks, verbose=0, async_save=not args.sync_save,
         ).model
     else:
         def epochs_data(first, last, skip):
@@ -105,7 +106,8 @@ def main():
                                           initial_epoch=first, epochs=last, skip_batches=skip)
 
         model = kerasdist.make_or_restore_model(args.checkpoint_dir, build_model, strategy=strategy)
-        checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2)
+        checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=2,
+                                                   async_save=not args.sync_save)
         kerasdist.resume_fit(model, EpochRange(epochs_data, args.batch_size), args.epochs, checkpoint,
                              callbacks=callbacks, verbose=0)
     out = args.out if context.is_chief else args.out.replace(".npz", f"-{context.task.replace(':', '')}.npz")

@@ -3,6 +3,7 @@
 usage: train_multi_worker.py OUT_PREFIX [--checkpoint-dir DIR] [--every-steps N] [--no-fixes]
                              [--epochs E] [--die-at-step S] [--per-worker-dir] [--load-only]
                              [--monitor DIR] [--link-down-at-step S --link DEV] [--user-callbacks]
+                             [--stall TASK:STEP:SECONDS ...]
 Writes OUT_PREFIX-<task index>.npz with the final weights. With --no-fixes the Keras multi-worker
 patches are removed first, to show whether upstream fit works on its own. With --die-at-step,
 worker 1 kills itself with SIGKILL after that step on the launcher's first attempt; with
@@ -15,6 +16,8 @@ DIR/notes.txt through chief_path and prints run_context() as seen outside the st
 With --user-callbacks, EarlyStopping (restore_best_weights; it stops after epoch 3),
 ReduceLROnPlateau and a counter with get_state/set_state train along on every worker, and each
 worker prints what they did ({"callbacks": ...}).
+With --stall worker:0:5:6, worker 0 spends 6 s in Python (a busy loop holding the GIL, as a slow
+step or save would) after step 5, while the others wait in the next all-reduce (any attempt).
 """
 
 import argparse
@@ -23,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -95,6 +99,13 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def stall(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # Python bytecode, not a sleep: what a slow save or step does
+        pass
+    print(f"stalled {seconds} s", flush=True)
+
+
 def link_down(link):
     subprocess.run(["ip", "link", "set", link, "down"], check=True)
     print("link down", flush=True)
@@ -114,13 +125,15 @@ def main():
     parser.add_argument("--load-only", action="store_true")
     parser.add_argument("--monitor")
     parser.add_argument("--user-callbacks", action="store_true")
+    parser.add_argument("--stall", action="append", default=[])
     args = parser.parse_args()
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
     if args.no_fixes:
         compat.remove_multi_worker_fixes()
     description = kerasdist.describe_strategy(strategy)
-    print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief}), flush=True)
+    print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief,
+                      "peer_timeout": compat.coordination_heartbeat_timeout_seconds()}), flush=True)
     index = description.task.split(":")[1] if description.task else "0"
     if args.checkpoint_dir and args.per_worker_dir:
         args.checkpoint_dir = os.path.join(args.checkpoint_dir, f"worker-{index}")
@@ -135,6 +148,9 @@ def main():
                 callbacks.append(AtStep(args.die_at_step, die))
             if args.link_down_at_step:
                 callbacks.append(AtStep(args.link_down_at_step, lambda: link_down(args.link)))
+        for task, step, seconds in (item.rsplit(":", 2) for item in args.stall):
+            if task == description.task:
+                callbacks.append(AtStep(int(step), lambda seconds=float(seconds): stall(seconds)))
         if args.monitor:
             callbacks += [keras.callbacks.CSVLogger(os.path.join(args.monitor, "log.csv")),
                           keras.callbacks.TensorBoard(os.path.join(args.monitor, "tb"))]
