@@ -29,6 +29,39 @@ def forced() -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def multi_worker() -> dict:
+    """2 workers launched on 127.0.0.1 and one process on one device (the reference), every
+    multi-worker case in each (tests/python/scripts/upstream_multi_worker.py)."""
+    import re
+    import subprocess
+
+    script = [str(SCRIPTS / "upstream_multi_worker.py"), *forced()]
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "launch", "-n", "2", "--", sys.executable, *script],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers = [json.loads(m) for m in re.findall(r"^\[worker \d\] (\{.*\})$", done.stdout, re.M)]
+    one = subprocess.run([sys.executable, *script, "--single"], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert len(workers) == 2, done.stdout[-3000:]
+    return {"workers": workers, "single": json.loads(one.stdout.strip().splitlines()[-1])}
+
+
+@pytest.mark.parametrize(("report", "upstream"), [
+    ("keras_20329", "Attempt to convert a value (PerReplica"),
+    ("ray_47464", "Attempt to convert a value (PerReplica"),
+    ("tensorflow_72388", "Invalid reduction dimension 0"),
+])
+def test_multi_worker_report_fails_as_released_and_trains_after_the_import(multi_worker, report, upstream):
+    """As released (the canary) each worker fails the upstream way; with `import kerasdist` both
+    workers log the same losses, those of one device. When a canary fails, Keras fixed it: see
+    compat.apply_multi_worker_fixes."""
+    first, second = multi_worker["workers"]
+    assert first[f"{report}_plain"] == second[f"{report}_plain"] == upstream
+    assert first[report] == second[report]
+    assert_same_losses([first[report], multi_worker["single"][report]])
+
+
+@pytest.fixture(scope="module")
 def mirrored(tmp_path_factory) -> dict:
     """One process, 3 simulated CPU devices, every mirrored case (tests/python/scripts/upstream_mirrored.py)."""
     import subprocess
