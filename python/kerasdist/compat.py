@@ -87,9 +87,12 @@ from tensorflow.python.ops import gen_dataset_ops
 # Keras releases whose multi-worker fit needs the patches (3.15.1 checked; 3.16 unknown yet).
 MULTI_WORKER_FIX_VERSIONS = ((3, 0), (3, 16))
 
+# Keras's TensorFlow trainer class: TensorFlowTrainer up to 3.15, Trainer in 3.16.0.dev (a rename
+# that would otherwise break `import kerasdist` on the next Keras; make upstream-check found it).
+TRAINER = getattr(tf_trainer, "TensorFlowTrainer", None) or tf_trainer.Trainer
 _applied = False
 _original_reduce_per_replica = tf_trainer.reduce_per_replica
-_original_symbolic_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+_original_symbolic_build = TRAINER._maybe_symbolic_build
 
 
 def keras_needs_multi_worker_fixes(version: str = keras.__version__) -> bool:
@@ -111,7 +114,7 @@ def apply_multi_worker_fixes(force: bool = False) -> bool:
     if _applied or not (force or keras_needs_multi_worker_fixes()):
         return _applied
     tf_trainer.reduce_per_replica = _reduce_per_replica
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
     _applied = True
     return True
 
@@ -126,7 +129,7 @@ def remove_multi_worker_fixes() -> None:
 
 def _restore_symbolic_build_if_unused() -> None:
     if not _applied and not _uneven_applied:
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _original_symbolic_build
+        TRAINER._maybe_symbolic_build = _original_symbolic_build
 
 
 def is_multi_worker(strategy: Any) -> bool:
@@ -176,7 +179,7 @@ def local_batch(strategy: Any, batch: Any) -> Any:
 # split unevenly over the replicas, and weight such a split wrongly (3.15.1 checked).
 UNEVEN_BATCH_FIX_VERSIONS = ((3, 0), (3, 16))
 _uneven_applied = False
-_original_compute_loss = tf_trainer.TensorFlowTrainer.compute_loss
+_original_compute_loss = TRAINER.compute_loss
 _original_scale_loss = loss_module.scale_loss_for_distribution
 _original_unscale_loss = loss_module.unscale_loss_for_distribution
 _replica_share = threading.local()
@@ -194,8 +197,8 @@ def apply_uneven_batch_fixes(force: bool = False) -> bool:
     global _uneven_applied
     if _uneven_applied or not (force or keras_needs_uneven_batch_fixes()):
         return _uneven_applied
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    tf_trainer.TensorFlowTrainer.compute_loss = _compute_loss
+    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
+    TRAINER.compute_loss = _compute_loss
     loss_module.scale_loss_for_distribution = _scale_loss
     loss_module.unscale_loss_for_distribution = _unscale_loss
     _uneven_applied = True
@@ -205,7 +208,7 @@ def apply_uneven_batch_fixes(force: bool = False) -> bool:
 def remove_uneven_batch_fixes() -> None:
     """Undo `apply_uneven_batch_fixes` (for tests that check upstream behaviour)."""
     global _uneven_applied
-    tf_trainer.TensorFlowTrainer.compute_loss = _original_compute_loss
+    TRAINER.compute_loss = _original_compute_loss
     loss_module.scale_loss_for_distribution = _original_scale_loss
     loss_module.unscale_loss_for_distribution = _original_unscale_loss
     _uneven_applied = False
@@ -331,7 +334,7 @@ def keras_as_released() -> Iterator[None]:
         for was_applied, apply in zip(applied, (apply_multi_worker_fixes, apply_uneven_batch_fixes,
                                                 apply_optimizer_variables_fix), strict=True):
             if was_applied:
-                apply()
+                apply(force=True)  # as it was, whatever the version
 
 
 # TensorFlow releases whose MultiWorkerMirroredStrategy, made too late, says only this (2.21 checked).

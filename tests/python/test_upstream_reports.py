@@ -121,15 +121,14 @@ def test_keras_23085_custom_loop_trains_after_the_import_as_one_device_does(mirr
 
 def test_import_puts_the_uneven_batch_and_optimizer_fixes_in_place():
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
-    from keras.src.backend.tensorflow import trainer as tf_trainer
     from keras.src.losses import loss as loss_module
 
     assert compat.keras_needs_uneven_batch_fixes() and compat.keras_needs_optimizer_variables_fix()
-    assert tf_trainer.TensorFlowTrainer.compute_loss is compat._compute_loss
+    assert compat.TRAINER.compute_loss is compat._compute_loss
     assert loss_module.scale_loss_for_distribution is compat._scale_loss
     assert tf_optimizer.TFOptimizer.add_variable is compat._add_variable
     with compat.keras_as_released():
-        assert tf_trainer.TensorFlowTrainer.compute_loss is compat._original_compute_loss
+        assert compat.TRAINER.compute_loss is compat._original_compute_loss
         assert tf_optimizer.TFOptimizer.add_variable is compat._original_add_variable
-    assert tf_trainer.TensorFlowTrainer._maybe_symbolic_build is compat._maybe_symbolic_build
+    assert compat.TRAINER._maybe_symbolic_build is compat._maybe_symbolic_build
     assert not compat.keras_needs_uneven_batch_fixes("3.16.0")
