@@ -12,6 +12,25 @@ them in place (`apply_multi_worker_fixes`): code that makes its own MultiWorkerM
 as TensorFlow's guides do, trains with plain `model.fit` too. tests/python/test_multi_worker.py
 runs an unpatched 2-worker fit and fails once upstream fit works, so the shim can be dropped.
 
+A global batch that does not split evenly over a mirrored strategy's replicas (64 over 3: 22, 22
+and 20 rows) fails at Keras's first step: the same symbolic build averages the replicas' slices
+(`InvalidArgumentError: Inputs to operation AddN ... must have the same size and shape`). And where
+it does not fail (a last partial batch), Keras weights each replica's mean loss by 1/replicas, not
+by its rows, so the gradient is not the global batch's mean. `apply_uneven_batch_fixes` (at import)
+builds from the local slices under any strategy, and while Keras's `compute_loss` runs in a
+mirrored replica, its loss scaling multiplies by rows / all replicas' rows (a cross-replica sum of
+one scalar), which is 1/replicas on an even split: fit, evaluate, predict and kerasdist's trainers
+then give one device's result. tests/python/test_upstream_reports.py fails once Keras builds from
+an uneven batch, and once it weights the replicas by their rows.
+
+A user's own `strategy.run` loop with a stateful optimizer (Adam, SGD with momentum) under
+MirroredStrategy on TensorFlow 2.21 fails at its first step ("You must feed a value for
+placeholder tensor 'cond/else/_1/cond/Placeholder'", keras-team/keras#23085): the optimizer makes
+its variables inside the traced step. `apply_optimizer_variables_fix` (at import) makes them under
+`tf.init_scope()`, as keras#23087 (after 3.15.1) does; tests/python/test_upstream_reports.py fails
+once the released Keras has it. `keras_as_released()` takes every Keras patch away for a block
+(the canaries), and `make upstream-check` runs them all against keras-nightly (docs/upstream.md).
+
 A MultiWorkerMirroredStrategy made after TensorFlow's runtime started fails with TensorFlow's
 "Collective ops must be configured at program startup", which says neither what started it nor
 what to do. From R it is worse: keras3 starts the runtime the moment Python's keras is imported,
