@@ -9,6 +9,8 @@ workaround:
 - still needed: the reporter's code fails the upstream way as released, and trains with the patch;
 - no longer needed: the code works as released (drop the patch, end its version gate);
 - broken: it fails as released and the patch does not make it train (or the museum itself fails).
+Then the other shims' canary tests (CANARIES): "still needed" while a canary holds, "check" when
+it fails (upstream changed, or the shim's version gate ends before this version).
 
 usage: tools/upstream_check.py [--python .venv/bin/python] [--markdown]
 """
@@ -23,10 +25,29 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "python" / "scripts"
 TOLERANCE = 1e-5
+# The other compat shims' canaries (each passes while upstream still behaves as the shim assumes):
+# the workaround, and its test.
+CANARIES = {
+    "saving_lib skip-set cache key (warm_saving_skipsets)":
+        "test_multi_worker.py::test_upstream_saving_still_caches_its_skipsets_under_a_key_it_never_reads",
+    "save_model refuses file objects (keras_model_bytes)":
+        "test_storage.py::test_keras_public_save_still_refuses_file_objects",
+    "saving internals the background snapshot uses":
+        "test_background_save.py::test_keras_version_is_one_the_snapshot_was_checked_on",
+    "tf.data Grappler per iterator (map_on_cpu)":
+        "test_data.py::test_tf_data_still_runs_grappler_on_each_plain_map_function_but_not_on_kerasdists",
+    "marked int32 functions fail (map_on_cpu)":
+        "test_data.py::test_a_marked_function_with_an_int32_result_still_fails_upstream",
+    "PreemptionCheckpointHandler on GCE CPU VMs":
+        "test_preemption.py::test_upstream_handler_still_does_nothing_on_gce_cpu_vms",
+    "SlurmClusterResolver on CPU-only nodes":
+        "test_strategy.py::test_upstream_slurm_resolver_still_fails_on_cpu_only_nodes",
+}
 
 
 def scratch_env(python: str) -> Path:
@@ -119,6 +140,44 @@ def rows(python: str) -> tuple[list[tuple[str, str, str, str]], dict]:
     return table, versions if mirrored else {}
 
 
+def _why(failure: Any) -> str:
+    """The failing line of a junit failure (`>   assert ...`) and its message."""
+    lines = [line[1:].strip() for line in (failure.text or "").splitlines() if line.startswith(">")]
+    return " / ".join(part for part in (lines[-1] if lines else "", failure.get("message") or "") if part)
+
+
+def canary_rows(python: str) -> list[tuple[str, str, str, str]]:
+    """The other shims' canary tests, run under `python`: a pass means upstream still behaves as
+    the shim assumes; a failure means look (upstream changed, or the shim's version gate ends
+    before this version and the test says so)."""
+    import xml.etree.ElementTree as ElementTree
+
+    tests = ROOT / "tests" / "python"
+    with tempfile.TemporaryDirectory(prefix="kerasdist-canaries-") as folder:
+        report = Path(folder) / "junit.xml"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                        *(str(tests / node) for node in CANARIES.values())],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+        outcomes = {}
+        if report.exists():
+            for case in ElementTree.parse(report).iter("testcase"):
+                failure = case.find("failure")
+                if failure is None:
+                    failure = case.find("error")
+                outcomes[case.get("name")] = None if failure is None else _why(failure)
+    table = []
+    for what, node in CANARIES.items():
+        name = node.split("::")[1]
+        if name not in outcomes:
+            table.append((what, "-", "broken", "the canary did not run"))
+        elif outcomes[name] is None:
+            table.append((what, "canary holds", "still needed", name))
+        else:
+            table.append((what, "canary fails", "check", outcomes[name].splitlines()[0][:140]))
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
@@ -126,6 +185,7 @@ def main() -> int:
     args = parser.parse_args()
     python = os.path.abspath(args.python) if args.in_place else str(scratch_env(args.python))
     table, versions = rows(python)
+    table += canary_rows(python)
     print(f"kerasdist upstream check: Keras {versions.get('keras', '?')}, TensorFlow {versions.get('tensorflow', '?')}")
     print("| workaround | as released | status | with the patch |")
     print("| --- | --- | --- | --- |")
