@@ -12,24 +12,14 @@ them in place (`apply_multi_worker_fixes`): code that makes its own MultiWorkerM
 as TensorFlow's guides do, trains with plain `model.fit` too. tests/python/test_multi_worker.py
 runs an unpatched 2-worker fit and fails once upstream fit works, so the shim can be dropped.
 
-A global batch that does not split evenly over a mirrored strategy's replicas (64 over 3: 22, 22
-and 20 rows) fails at Keras's first step: the same symbolic build averages the replicas' slices
-(`InvalidArgumentError: Inputs to operation AddN ... must have the same size and shape`). And where
-it does not fail (a last partial batch), Keras weights each replica's mean loss by 1/replicas, not
-by its rows, so the gradient is not the global batch's mean. `apply_uneven_batch_fixes` (at import)
-builds from the local slices under any strategy, and while Keras's `compute_loss` runs in a
-mirrored replica, its loss scaling multiplies by rows / all replicas' rows (a cross-replica sum of
-one scalar), which is 1/replicas on an even split: fit, evaluate, predict and kerasdist's trainers
-then give one device's result. tests/python/test_upstream_reports.py fails once Keras builds from
-an uneven batch, and once it weights the replicas by their rows.
-
-A user's own `strategy.run` loop with a stateful optimizer (Adam, SGD with momentum) under
-MirroredStrategy on TensorFlow 2.21 fails at its first step ("You must feed a value for
-placeholder tensor 'cond/else/_1/cond/Placeholder'", keras-team/keras#23085): the optimizer makes
-its variables inside the traced step. `apply_optimizer_variables_fix` (at import) makes them under
-`tf.init_scope()`, as keras#23087 (after 3.15.1) does; tests/python/test_upstream_reports.py fails
-once the released Keras has it. `keras_as_released()` takes every Keras patch away for a block
-(the canaries), and `make upstream-check` runs them all against keras-nightly (docs/upstream.md).
+An uneven global batch under a mirrored strategy (64 over 3: 22, 22, 20 rows) fails in the same
+symbolic build (AddN of the slices), and Keras weights each replica's mean loss by 1/replicas, not
+by its rows. `apply_uneven_batch_fixes` builds from the local slices under any strategy and, in a
+mirrored replica's `compute_loss`, scales by rows / all rows (one scalar all-reduce): one device's
+result. A user's own `strategy.run` loop with Adam or SGD-momentum fails on TF 2.21 (keras#23085):
+`apply_optimizer_variables_fix` makes optimizer variables under `tf.init_scope()`, as keras#23087
+does. tests/python/test_upstream_reports.py fails once Keras fixes either; `keras_as_released()`
+lifts every Keras patch for a block, and `make upstream-check` runs them on keras-nightly.
 
 A MultiWorkerMirroredStrategy made after TensorFlow's runtime started fails with TensorFlow's
 "Collective ops must be configured at program startup", which says neither what started it nor
@@ -263,13 +253,10 @@ def _current_share() -> Any:
     """The share `_compute_loss` recorded for the step being traced (or run eagerly) by this
     replica's thread, if any."""
     share = getattr(_replica_share, "value", None)
-    if share is None:
+    in_graph = share is not None and hasattr(share, "graph")  # an eager tensor has no graph
+    if share is None or tf.executing_eagerly() == in_graph:
         return None
-    if tf.executing_eagerly() != (not hasattr(share, "graph")):
-        return None
-    if hasattr(share, "graph") and share.graph is not tf.compat.v1.get_default_graph():
-        return None  # recorded while another function was traced
-    return share
+    return None if in_graph and share.graph is not tf.compat.v1.get_default_graph() else share
 
 
 def _scale_loss(value: Any) -> Any:
