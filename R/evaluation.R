@@ -12,10 +12,11 @@
 #' smaller batch included. Works on a model restored with
 #' [make_or_restore_model()] (without `build_fn`) in a new R session.
 #'
-#' keras3's own `evaluate()` on the same model fails when the first batch
-#' splits unevenly over the replicas (a batch size not divisible by them, or
-#' fewer samples than the batch size): an upstream Keras bug that this
-#' function works around.
+#' keras3's own `evaluate()` on the same model, with Keras 3.15 as released,
+#' fails when the first batch splits unevenly over the replicas (a batch size
+#' not divisible by them, or fewer samples than the batch size): an upstream
+#' Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
+#' `evaluate()` and `predict()` too.
 #'
 #' @param model A compiled keras3 model, built or restored in a strategy's
 #'   scope (or in none).

@@ -67,9 +67,10 @@ from kerasdist.training import (
 
 __version__ = about.VERSION  # the one definition is about.py's (hatch and the CLI read it there)
 startup.apply_requested_devices()
-# Keras 3's multi-worker fit, for strategies users make too (a no-op unless one is in use), and a
-# multi-worker strategy made too late says why.
-compat.apply_multi_worker_fixes()
+# Keras 3's multi-worker fit, a batch split unevenly over mirrored replicas, and optimizer variables
+# made in a user's traced step (keras#23085), for strategies users make too (each a no-op where not
+# in use); a multi-worker strategy made too late says why.
+compat.apply_keras_fixes()
 compat.explain_late_multi_worker_strategy()
 preemption.signals.ignore_while_exiting()  # after TensorFlow's import: runs before its exit handlers
 startup.exit_without_last_collections()

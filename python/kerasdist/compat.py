@@ -1,76 +1,19 @@
 """Workarounds for upstream bugs, each small, gated on the versions that need it, and tested.
 
-Keras 3 `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow#72388):
-  1. `TensorFlowTrainer._maybe_symbolic_build` reduces the first input batch with
-     `strategy.reduce("MEAN", batch)`, which fails on a multi-worker PerReplica structure. The
-     symbolic build needs only shapes and dtypes, so one local replica's batch is enough.
-  2. `reduce_per_replica` reduces scalar losses and metrics with `axis=0` on multi-worker, which
-     fails ("Invalid reduction dimension 0 for input with 0 dimensions"); scalars are reduced
-     across replicas with `axis=None`.
-Both patches change behaviour only when the strategy is multi-worker, so `import kerasdist` puts
-them in place (`apply_multi_worker_fixes`): code that makes its own MultiWorkerMirroredStrategy,
-as TensorFlow's guides do, trains with plain `model.fit` too. tests/python/test_multi_worker.py
-runs an unpatched 2-worker fit and fails once upstream fit works, so the shim can be dropped.
-
-A MultiWorkerMirroredStrategy made after TensorFlow's runtime started fails with TensorFlow's
-"Collective ops must be configured at program startup", which says neither what started it nor
-what to do. From R it is worse: keras3 starts the runtime the moment Python's keras is imported,
-so `tf$distribute$MultiWorkerMirroredStrategy()` after `library(keras3)` always fails.
-`explain_late_multi_worker_strategy` (applied at import too) raises `MultiWorkerStrategyTooLate`
-instead, TensorFlow's sentence kept; tests/python/test_multi_worker.py fails once TensorFlow's
-message changes.
-
-TensorFlow's SlurmClusterResolver fails on CPU-only nodes (it asks nvidia-smi for GPUs, and with
-gpus_per_node=0 divides the GPUs into steps of 0: "range() arg 3 must not be zero"). On such nodes
-`slurm_resolver` gives the same layout through a SimpleClusterResolver;
-tests/python/test_strategy.py fails once upstream works without GPUs.
-
-TensorFlow's `PreemptionCheckpointHandler` (the multi-worker preemption agreement kerasdist uses,
-`preemption/agreement.py`) asks the GCE metadata server whether it runs on Google Cloud when it
-is made (an HTTP request of up to 5 s), and on a GCE CPU (or TPU) VM it then does nothing at all:
-SIGTERM would neither be agreed on nor saved. The agreement itself only needs the coordination
-service, the same on any host, so the handler is made inside `gce_metadata_probe_off`: the probe
-pointed at a closed local port (no request leaves the machine; the handler takes the path it
-takes everywhere else). tests/python/test_preemption.py fails once upstream drops the GCE CPU
-exclusion.
-
-MultiWorkerMirroredStrategy configures TensorFlow's coordination service itself, with the default
-heartbeat timeout (10 s: a SIGKILLed peer was seen after 9.5 s, the survivors blocked in a
-collective meanwhile), and takes no argument to change it; it keeps a configuration made before
-it. `configure_coordination` (called by `strategy._build`) makes the strategy's own one, with
-kerasdist's timeout (`KERASDIST_PEER_TIMEOUT`, 2 s). tests/python/test_multi_worker.py fails once
-the strategy stops keeping it.
-
-Keras's saving_lib caches the attribute sets it skips when it walks a model under a key it never
-reads, so each save and load builds reference objects again, a reference Optimizer with two
-variables among them; inside a multi-worker strategy scope those variables are made by
-collectives, which a restore on the chief alone then mismatches. `warm_saving_skipsets` fills the
-cache under the key that is read, outside the scope; tests/python/test_multi_worker.py fails once
-upstream reads the key it writes.
-
-tf.data instantiates a dataset's functions again for every new iterator, as multi-device functions
-that Grappler optimizes each time, however small (captured_function.cc); a function marked
-`experimental_ints_on_device` is instantiated on the pipeline's own device without Grappler (why:
-see bench/README.md, "tf.data optimized every pipeline function again"). `map_on_cpu` and
-`flat_map_on_cpu` build kerasdist's own pipeline steps so; on the CPU, where those pipelines run,
-the mark changes nothing else (integers live in host memory either way). Functions that return
-int32 tensors are left unmarked (see `map_on_cpu`).
-tests/python/test_data.py fails once upstream stops optimizing plain `map` functions, and once a
-marked function with an int32 result stops failing.
-
-Keras's `model.save` has no way to take a model's state quickly and write the file later, which
-background checkpoint saves need. `checkpoint/snapshot.py` runs Keras's own model walk
-(`saving_lib._save_state`) with a store that records what it is given, and replays it into
-Keras's own HDF5 store in the background. That uses saving internals, so it is gated on the Keras
-versions checked (`keras_snapshot_supported`); tests/python/test_background_save.py fails on any
-other version, and when the snapshot's files stop matching `model.save`'s.
-
-Keras's public `save_model` refuses a file object ("Invalid filepath extension": it checks the
-name's extension first), though the saving library under it writes a `.keras` archive to one. A
-checkpoint is made in memory before it is written anywhere (`checkpoint/snapshot.py`, so that object
-stores and background saves get bytes), so `keras_model_bytes` calls the library directly, and
-falls back to a temporary file where the library moved. tests/python/test_storage.py fails once
-the public function takes file objects, so the shim can go.
+Each one, why it is needed and the test that fails once upstream changes (so the shim can go) is
+described in docs/upstream.md ("How each workaround works"). Here, in this order:
+- Keras 3 `fit` under MultiWorkerMirroredStrategy (keras#20585, tensorflow#72388), an uneven
+  global batch under a mirrored strategy, keras#23085's optimizer variables: applied at import,
+  lifted for a block by `keras_as_released()`;
+- a MultiWorkerMirroredStrategy made too late (`explain_late_multi_worker_strategy`);
+- the coordination service's heartbeat timeout (`configure_coordination`);
+- Keras saving's skip-set cache (`warm_saving_skipsets`);
+- the preemption handler's GCE probe (`gce_metadata_probe_off`) and TensorFlow's
+  SlurmClusterResolver on CPU-only nodes (`slurm_resolver`);
+- tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
+- Keras's saving internals for background snapshots (`keras_snapshot_supported`,
+  `keras_model_bytes`);
+- the `CallbackList` a callback is called from (`calling_callback_list`).
 """
 
 from __future__ import annotations
@@ -80,21 +23,27 @@ import functools
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow import optimizer as tf_optimizer
 from keras.src.backend.tensorflow import trainer as tf_trainer
+from keras.src.losses import loss as loss_module
 from tensorflow.python.data.ops import dataset_ops, structured_function
 from tensorflow.python.ops import gen_dataset_ops
 
 # Keras releases whose multi-worker fit needs the patches (3.15.1 checked; 3.16 unknown yet).
 MULTI_WORKER_FIX_VERSIONS = ((3, 0), (3, 16))
 
+# Keras's TensorFlow trainer class: TensorFlowTrainer up to 3.15, Trainer in 3.16.0.dev (a rename
+# that would otherwise break `import kerasdist` on the next Keras; make upstream-check found it).
+TRAINER = getattr(tf_trainer, "TensorFlowTrainer", None) or tf_trainer.Trainer
 _applied = False
 _original_reduce_per_replica = tf_trainer.reduce_per_replica
-_original_symbolic_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+_original_symbolic_build = TRAINER._maybe_symbolic_build
 
 
 def keras_needs_multi_worker_fixes(version: str = keras.__version__) -> bool:
@@ -109,14 +58,14 @@ def _version_within(version: str, bounds: tuple[tuple[int, int], tuple[int, int]
     return low <= major_minor < high
 
 
-def apply_multi_worker_fixes() -> bool:
-    """Patch Keras's multi-worker fit if this Keras needs it; idempotent. Returns whether the
-    patches are in place."""
+def apply_multi_worker_fixes(force: bool = False) -> bool:
+    """Patch Keras's multi-worker fit if this Keras needs it (or `force`); idempotent. Returns
+    whether the patches are in place."""
     global _applied
-    if _applied or not keras_needs_multi_worker_fixes():
+    if _applied or not (force or keras_needs_multi_worker_fixes()):
         return _applied
     tf_trainer.reduce_per_replica = _reduce_per_replica
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
     _applied = True
     return True
 
@@ -125,8 +74,13 @@ def remove_multi_worker_fixes() -> None:
     """Undo `apply_multi_worker_fixes` (for tests that check upstream behaviour)."""
     global _applied
     tf_trainer.reduce_per_replica = _original_reduce_per_replica
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _original_symbolic_build
     _applied = False
+    _restore_symbolic_build_if_unused()
+
+
+def _restore_symbolic_build_if_unused() -> None:
+    if not _applied and not _uneven_applied:
+        TRAINER._maybe_symbolic_build = _original_symbolic_build
 
 
 def is_multi_worker(strategy: Any) -> bool:
@@ -149,18 +103,186 @@ def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
 
 
 def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+    """Build from this process's replicas' slices of the first batch, concatenated (the build
+    needs only shapes and dtypes), instead of Keras's cross-replica MEAN of it."""
     strategy = self._distribute_strategy
-    if strategy is None or iterator is None or not is_multi_worker(strategy):
+    local = _uneven_applied or (_applied and is_multi_worker(strategy))
+    if strategy is None or iterator is None or not local:
         return _original_symbolic_build(self, iterator=iterator, data_batch=data_batch)
     for _, _, batches in iterator:
-        data_batch = tf.nest.map_structure(
-            lambda value: strategy.experimental_local_results(value)[0]
-            if isinstance(value, tf.distribute.DistributedValues) else value,
-            next(batches),
-        )
+        data_batch = local_batch(strategy, next(batches))
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+
+
+def local_batch(strategy: Any, batch: Any) -> Any:
+    """A distributed batch as one batch of this process: its replicas' slices, concatenated."""
+    def concat(value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return tf.concat(strategy.experimental_local_results(value), axis=0)
+        return value
+
+    return tf.nest.map_structure(concat, batch)
+
+
+# Keras releases whose fit, evaluate and predict under a mirrored strategy fail on a global batch
+# split unevenly over the replicas, and weight such a split wrongly (3.15.1 checked).
+UNEVEN_BATCH_FIX_VERSIONS = ((3, 0), (3, 16))
+_uneven_applied = False
+_original_compute_loss = TRAINER.compute_loss
+_original_scale_loss = loss_module.scale_loss_for_distribution
+_original_unscale_loss = loss_module.unscale_loss_for_distribution
+_replica_share = threading.local()
+
+
+def keras_needs_uneven_batch_fixes(version: str = keras.__version__) -> bool:
+    """Whether this Keras version is known to mishandle a batch split unevenly over replicas."""
+    return _version_within(version, UNEVEN_BATCH_FIX_VERSIONS)
+
+
+def apply_uneven_batch_fixes(force: bool = False) -> bool:
+    """Make Keras's fit/evaluate/predict take a global batch that does not split evenly over a
+    mirrored strategy's replicas (64 over 3, or a last partial batch), with the single-device
+    result; idempotent. `force`: whatever the version. Returns whether the patches are in place."""
+    global _uneven_applied
+    if _uneven_applied or not (force or keras_needs_uneven_batch_fixes()):
+        return _uneven_applied
+    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
+    TRAINER.compute_loss = _compute_loss
+    loss_module.scale_loss_for_distribution = _scale_loss
+    loss_module.unscale_loss_for_distribution = _unscale_loss
+    _uneven_applied = True
+    return True
+
+
+def remove_uneven_batch_fixes() -> None:
+    """Undo `apply_uneven_batch_fixes` (for tests that check upstream behaviour)."""
+    global _uneven_applied
+    TRAINER.compute_loss = _original_compute_loss
+    loss_module.scale_loss_for_distribution = _original_scale_loss
+    loss_module.unscale_loss_for_distribution = _original_unscale_loss
+    _uneven_applied = False
+    _restore_symbolic_build_if_unused()
+
+
+def _compute_loss(self: Any, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
+                  training: bool = True) -> Any:
+    """Keras's `compute_loss` (where every loss it scales for distribution is made), with this
+    replica's share of the global batch's rows known to that scaling while the step is traced.
+    A model whose own `compute_loss` never calls this one keeps Keras's 1/replicas."""
+    _replica_share.value = _rows_share(x)
+    return _original_compute_loss(self, x, y, y_pred, sample_weight, training=training)
+
+
+def _rows_share(x: Any) -> Any:
+    """rows of this replica / rows of all replicas, inside a mirrored strategy's replica
+    function; None elsewhere (one replica, the symbolic build, another strategy)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync < 2:
+        return None
+    if not isinstance(context.strategy, (tf.distribute.MirroredStrategy,
+                                         tf.distribute.MultiWorkerMirroredStrategy)):
+        return None
+    first = next((value for value in tf.nest.flatten(x) if value is not None), None)
+    if first is None or not tf.is_tensor(first):
+        return None
+    rows = tf.cast(tf.shape(first)[0], tf.float32)
+    return tf.math.divide_no_nan(rows, context.all_reduce("SUM", rows))
+
+
+def _current_share() -> Any:
+    """The share `_compute_loss` recorded for the step being traced (or run eagerly) by this
+    replica's thread, if any."""
+    share = getattr(_replica_share, "value", None)
+    in_graph = share is not None and hasattr(share, "graph")  # an eager tensor has no graph
+    if share is None or tf.executing_eagerly() == in_graph:
+        return None
+    return None if in_graph and share.graph is not tf.compat.v1.get_default_graph() else share
+
+
+def _scale_loss(value: Any) -> Any:
+    """A replica's mean loss times its share of the rows, where Keras multiplies by
+    1/replicas: summed over the replicas, the mean over the global batch, also when the replicas
+    have different numbers of rows."""
+    share = _current_share()
+    if share is None:
+        return _original_scale_loss(value)
+    return value * tf.cast(share, value.dtype)
+
+
+def _unscale_loss(value: Any) -> Any:
+    share = _current_share()
+    if share is None:
+        return _original_unscale_loss(value)
+    return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))  # a replica with 0 rows: 0
+
+
+# Keras releases whose TensorFlow optimizers create their variables (Adam's moments, SGD's
+# momentum) where the first `apply_gradients` runs: inside the user's traced step under
+# `strategy.run` that fails on TensorFlow 2.21 (keras-team/keras#23085; fixed by keras#23087,
+# after 3.15.1).
+OPTIMIZER_VARIABLES_FIX_VERSIONS = ((3, 0), (3, 16))
+_optimizer_applied = False
+_original_add_variable = tf_optimizer.TFOptimizer.add_variable
+
+
+def keras_needs_optimizer_variables_fix(version: str = keras.__version__) -> bool:
+    return _version_within(version, OPTIMIZER_VARIABLES_FIX_VERSIONS)
+
+
+def apply_optimizer_variables_fix(force: bool = False) -> bool:
+    """Create TensorFlow optimizer variables outside the function being traced, as keras#23087
+    does; idempotent. `force`: whatever the version. Returns whether the patch is in place."""
+    global _optimizer_applied
+    if _optimizer_applied or not (force or keras_needs_optimizer_variables_fix()):
+        return _optimizer_applied
+    tf_optimizer.TFOptimizer.add_variable = _add_variable
+    _optimizer_applied = True
+    return True
+
+
+def remove_optimizer_variables_fix() -> None:
+    """Undo `apply_optimizer_variables_fix` (for tests that check upstream behaviour)."""
+    global _optimizer_applied
+    tf_optimizer.TFOptimizer.add_variable = _original_add_variable
+    _optimizer_applied = False
+
+
+def _add_variable(self: Any, *args: Any, **kwargs: Any) -> Any:
+    with tf.init_scope():
+        return _original_add_variable(self, *args, **kwargs)
+
+
+def apply_keras_fixes(force: bool = False) -> None:
+    """Every Keras patch above that this Keras needs (what `import kerasdist` does); `force`: all
+    of them, whatever the version (make upstream-check tries them on the next Keras so)."""
+    apply_multi_worker_fixes(force)
+    apply_uneven_batch_fixes(force)
+    apply_optimizer_variables_fix(force)
+
+
+def remove_keras_fixes() -> None:
+    """Keras as released, for tests that check upstream behaviour."""
+    remove_multi_worker_fixes()
+    remove_uneven_batch_fixes()
+    remove_optimizer_variables_fix()
+
+
+@contextlib.contextmanager
+def keras_as_released() -> Iterator[None]:
+    """Within the block, Keras without kerasdist's patches (the canaries run the reporters'
+    code so); the patches that were in place come back after it."""
+    applied = (_applied, _uneven_applied, _optimizer_applied)
+    remove_keras_fixes()
+    try:
+        yield
+    finally:
+        remove_keras_fixes()  # also what the block put in place
+        for was_applied, apply in zip(applied, (apply_multi_worker_fixes, apply_uneven_batch_fixes,
+                                                apply_optimizer_variables_fix), strict=True):
+            if was_applied:
+                apply(force=True)  # as it was, whatever the version
 
 
 # TensorFlow releases whose MultiWorkerMirroredStrategy, made too late, says only this (2.21 checked).

@@ -11,30 +11,21 @@ splits each global batch into contiguous per-replica slices, also a last partial
 sample-weighted mean loss equal the single-device values) and concatenates the replicas'
 predictions in order, with no padding rows.
 
-What it gets wrong, worked around here (kept out of compat.py, which other modules share):
-before the first step, `TensorFlowTrainer._maybe_symbolic_build` turns the first distributed
-batch into one tensor with `strategy.reduce("MEAN", batch, axis=None)`. When that batch is split
-unevenly (a batch size not divisible by the replicas, or fewer rows than the batch size) the
-replicas' slices differ in shape and the reduce fails with `InvalidArgumentError: Inputs to
-operation AddN of type AddN must have the same size and shape`. The symbolic build needs only the
-shapes and dtypes of one batch, so `_local_batch_build` hands it the replicas' slices concatenated
-instead, on the one model, for the length of one call. `KERAS_UNEVEN_BATCH_FIX_VERSIONS` says
-which Keras releases get it; tests/python/test_evaluation.py fails once upstream handles an
-uneven first batch.
+What it gets wrong: before the first step, `TensorFlowTrainer._maybe_symbolic_build` turns the
+first distributed batch into one tensor with `strategy.reduce("MEAN", batch, axis=None)`, which
+fails when that batch is split unevenly (`InvalidArgumentError: Inputs to operation AddN ... must
+have the same size and shape`). `import kerasdist` fixes that for every fit, evaluate and predict
+(compat.apply_uneven_batch_fixes).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 
 __all__ = ["distributed_evaluate", "distributed_predict"]
-
-# Keras releases whose symbolic build fails on an unevenly split first batch (3.15.1 checked).
-KERAS_UNEVEN_BATCH_FIX_VERSIONS = ((3, 0), (3, 16))
 
 
 def distributed_evaluate(
@@ -82,8 +73,7 @@ def distributed_evaluate(
     """
     _check_model(model, "distributed_evaluate", needs_compile=True)
     dataset = _one_pass(model, x, y, sample_weight, batch_size, per_replica_batch_size)
-    with _local_batch_build(model):
-        logs = model.evaluate(dataset, callbacks=callbacks, verbose=verbose, return_dict=True)
+    logs = model.evaluate(dataset, callbacks=callbacks, verbose=verbose, return_dict=True)
     return {name: float(value) for name, value in logs.items()}
 
 
@@ -123,8 +113,7 @@ def distributed_predict(
     _check_model(model, "distributed_predict", needs_compile=False)
     dataset = _one_pass(model, x, None, None, batch_size, per_replica_batch_size)
     dataset = dataset.map(_features_only)
-    with _local_batch_build(model):
-        return model.predict(dataset, callbacks=callbacks, verbose=verbose)
+    return model.predict(dataset, callbacks=callbacks, verbose=verbose)
 
 
 def _check_model(model: Any, caller: str, needs_compile: bool) -> None:
@@ -182,46 +171,3 @@ def _one_pass(model, x, y, sample_weight, batch_size, per_replica_batch_size):
 def _features_only(*element):
     """A batch of x, (x,) or (x, y[, w]) -> x (a dataset given to predict may carry labels)."""
     return element[0]
-
-
-def keras_needs_uneven_batch_fix(version: str = keras.__version__) -> bool:
-    """Whether this Keras version's symbolic build is known to fail on an uneven first batch."""
-    major_minor = tuple(int(part) for part in version.split(".")[:2])
-    low, high = KERAS_UNEVEN_BATCH_FIX_VERSIONS
-    return low <= major_minor < high
-
-
-@contextlib.contextmanager
-def _local_batch_build(model: Any) -> Iterator[None]:
-    """For one call: build `model` from the first batch's per-replica slices, concatenated,
-    instead of Keras's cross-replica MEAN (which fails when the slices differ in shape). The
-    override is an attribute of this model object only; whatever the class does (also
-    compat.py's multi-worker patch) still runs, with the batch given."""
-    if not keras_needs_uneven_batch_fix() or model._distribute_strategy is None:
-        yield
-        return
-    build = model._maybe_symbolic_build  # the class's method, bound (patched or not)
-
-    def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
-        if iterator is not None and data_batch is None:
-            for _, _, batches in iterator:
-                data_batch = _concat_replicas(model.distribute_strategy, next(batches))
-                break
-        return build(data_batch=data_batch)
-
-    object.__setattr__(model, "_maybe_symbolic_build", maybe_symbolic_build)
-    try:
-        yield
-    finally:
-        object.__delattr__(model, "_maybe_symbolic_build")
-
-
-def _concat_replicas(strategy: Any, batch: Any) -> Any:
-    import tensorflow as tf
-
-    def concat(value: Any) -> Any:
-        if isinstance(value, tf.distribute.DistributedValues):
-            return tf.concat(strategy.experimental_local_results(value), axis=0)
-        return value
-
-    return tf.nest.map_structure(concat, batch)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import kerasdist
 from conftest import run_python
-from kerasdist.evaluation import keras_needs_uneven_batch_fix
+from kerasdist import compat
 
 
 def last_json(result) -> dict:
@@ -191,17 +191,15 @@ for rows, batch in ((13, 4), (13, 5), (13, 16), (3, 4), (1, 2)):
         "predict_ds": float(np.abs(predicted_ds - predicted).max()) if predicted_ds.shape == predicted.shape else -1,
     })
 
-# Upstream pin: Keras's own evaluate fails on a first batch split unevenly (5 rows: 3 + 2).
+# Upstream pin: Keras's own evaluate, as released, fails on a first batch split unevenly (5 rows: 3 + 2).
+from kerasdist import compat
 upstream = "works"
-try:
-    mirrored.evaluate(kerasdist.make_dataset(x, y, batch_size=5, shuffle=False, epochs=1), verbose=0)
-except tf.errors.InvalidArgumentError as err:
-    upstream = "AddN" if "AddN must have the same size and shape" in str(err) else str(err)
 x, y = rng.normal(size=(13, 4)).astype("float32"), rng.integers(0, 3, 13)
-try:
-    mirrored.evaluate(kerasdist.make_dataset(x, y, batch_size=5, shuffle=False, epochs=1), verbose=0)
-except tf.errors.InvalidArgumentError as err:
-    upstream = "AddN" if "AddN must have the same size and shape" in str(err) else str(err)
+with compat.keras_as_released():
+    try:
+        mirrored.evaluate(kerasdist.make_dataset(x, y, batch_size=5, shuffle=False, epochs=1), verbose=0)
+    except tf.errors.InvalidArgumentError as err:
+        upstream = "AddN" if "AddN must have the same size and shape" in str(err) else str(err)
 print(json.dumps({"replicas": strategy.num_replicas_in_sync, "cases": report, "upstream": upstream}))
 """
 
@@ -216,9 +214,9 @@ def test_evaluate_and_predict_under_2_replicas_equal_one_device():
         assert case["metrics"] < 1e-6 and case["metrics_ds"] < 1e-6, case
         assert case["shape"] == [case["rows"], 3], case  # every row once, no padding
         assert case["predict"] < 1e-6 and 0 <= case["predict_ds"] < 1e-6, case  # in the input's row order
-    # When this fails, Keras builds from an uneven first batch: drop _local_batch_build, or end
-    # KERAS_UNEVEN_BATCH_FIX_VERSIONS before that release.
-    assert keras_needs_uneven_batch_fix()
+    # When this fails, Keras builds from an uneven first batch: end compat's
+    # UNEVEN_BATCH_FIX_VERSIONS before that release.
+    assert compat.keras_needs_uneven_batch_fixes()
     assert report["upstream"] == "AddN"
 
 

@@ -377,7 +377,7 @@ def test_import_puts_the_version_gated_fixes_in_place():
 
     assert compat.keras_needs_multi_worker_fixes() and compat._applied
     assert tf_trainer.reduce_per_replica is compat._reduce_per_replica
-    assert tf_trainer.TensorFlowTrainer._maybe_symbolic_build is compat._maybe_symbolic_build
+    assert compat.TRAINER._maybe_symbolic_build is compat._maybe_symbolic_build
     assert compat.explain_late_multi_worker_strategy()  # already in place: idempotent
     assert not compat.keras_needs_multi_worker_fixes("3.16.0")
     assert not compat._version_within("2.22.0", compat.LATE_COLLECTIVES_VERSIONS)

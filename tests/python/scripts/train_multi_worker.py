@@ -130,7 +130,7 @@ def main():
     keras.utils.set_random_seed(7)
     strategy = kerasdist.select_strategy()
     if args.no_fixes:
-        compat.remove_multi_worker_fixes()
+        compat.remove_keras_fixes()
     description = kerasdist.describe_strategy(strategy)
     print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief,
                       "peer_timeout": compat.coordination_heartbeat_timeout_seconds()}), flush=True)
