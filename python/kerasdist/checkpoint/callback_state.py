@@ -74,8 +74,7 @@ STATELESS = (keras.callbacks.History, keras.callbacks.ProgbarLogger, keras.callb
 def has_state(callback: Any) -> bool:
     """Whether a checkpoint keeps `callback`'s state: a Keras callback of `KERAS_STATE`, or one
     with `get_state` and `set_state`."""
-    return _keras_state(callback) is not None or (
-        callable(getattr(callback, "get_state", None)) and callable(getattr(callback, "set_state", None)))
+    return _keras_state(callback) is not None or _user_protocol(callback)
 
 
 def _keras_state(callback: Any) -> KerasState | None:
@@ -91,7 +90,7 @@ def _user_protocol(callback: Any) -> bool:
 
 def state_key(callback: Any) -> str:
     """The name a callback's state is kept under: its class and distinguishing arguments, e.g.
-    `EarlyStopping(monitor=loss, mode=min)`, `TensorBoard(log_dir=logs)`; a user's callback may
+    `EarlyStopping(monitor=loss, mode=auto)`, `TensorBoard(log_dir=logs)`; a user's callback may
     give its own with a `state_key` attribute."""
     kind = type(callback).__name__
     own = getattr(callback, "state_key", None)
