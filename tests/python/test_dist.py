@@ -155,6 +155,8 @@ def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_make
 NEW_R_USER_FIT = textwrap.dedent("""
     library(keras3)
     library(kerasdist)
+    before <- latest_checkpoint("ckpt")  # the first call to use Python: kerasdist's, not keras3's (see below)
+    cat("resuming from:", if (is.null(before)) 0L else before$global_step, "\n")
     build <- function() {
       keras_model_sequential(input_shape = 4) |> layer_dense(8, activation = "relu") |> layer_dense(1) |>
         compile(optimizer = "adam", loss = "mse")
@@ -164,7 +166,6 @@ NEW_R_USER_FIT = textwrap.dedent("""
         tools::pskill(Sys.getpid(), tools::SIGTERM)
     })
     x <- matrix(seq_len(256) / 256, ncol = 4)
-    cat("resuming from:", if (dir.exists("ckpt")) latest_checkpoint("ckpt")$global_step else 0L, "\n")
     history <- distributed_fit(build, x, rowSums(x), epochs = 3, checkpoint_dir = "ckpt", batch_size = 8,
                                strategy = "default", every_steps = 2, verbose = 0, callbacks = term)
     cat("python:", kerasdist_python(), "\\n")
