@@ -109,10 +109,15 @@ kerasdist_py_require <- function(storage = NULL) {
   if (!reticulate::py_available(initialize = FALSE)) {
     reticulate::py_require(requirements)
   } else if (!add_to_running_python(requirements)) {
-    warning(warningCondition(sprintf(paste0(
-      "Python already runs (%s) and reticulate cannot add packages to it: restart R and call ",
-      "kerasdist_py_require() before the first keras3 or kerasdist call."
-    ), reticulate::py_config()$python), call = sys.call(), class = "kerasdist_warning"))
+    python <- reticulate::py_config()$python
+    venv <- virtualenv_of(python)
+    warning(warningCondition(if (!isTRUE(reticulate::py_config()$ephemeral) && !is.null(venv)) {
+      sprintf("Python runs from the virtualenv %s, which reticulate does not manage: run `kerasdist::install_kerasdist(\"%s\", storage = %s)` once, then restart R.",
+              venv, venv, paste(deparse(storage), collapse = ""))
+    } else {
+      sprintf(paste0("Python already runs (%s) and reticulate cannot add packages to it: restart R and call ",
+                     "kerasdist_py_require() before the first keras3 or kerasdist call."), python)
+    }, call = sys.call(), class = "kerasdist_warning"))
   }
   invisible(requirements)
 }
