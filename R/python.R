@@ -174,10 +174,11 @@ append_uv_constraint <- function(file) {
 # too late (python/kerasdist/compat.py), so code that makes its own strategy with
 # tensorflow::tf$distribute and trains with keras3's fit() needs only library(kerasdist). Quiet:
 # a Python without kerasdist is reported by the first kerasdist call, not by TensorFlow's import.
-# reticulate runs load hooks after the outermost import ends, and runs them again (all pending
-# ones) for every new module imported inside a hook: an import of kerasdist from here, while the
-# user's own import of kerasdist (which brings TensorFlow) is what fired the hook, nested the hooks
-# until R ran out of C stack. kerasdist already in sys.modules means its compat fixes are applied.
+# A user's own reticulate::import("kerasdist") brings TensorFlow in and so fires this hook: with
+# kerasdist in sys.modules its fixes are applied, and no second import is started from inside the
+# hook (reticulate runs every pending load hook again for each module imported inside one). The
+# "C stack usage" message R users met on first use was reticulate's own search for a Python
+# (prebuild_ephemeral_python), not this hook.
 import_with_tensorflow <- function() {
   if (!is.null(.kerasdist$module) || isTRUE(.kerasdist$importing)) return(invisible())
   if (python_module_imported("kerasdist")) return(invisible())
