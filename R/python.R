@@ -151,9 +151,6 @@ append_uv_constraint <- function(file) {
 # starting it), so that a user's own reticulate::import("keras") before any kerasdist call gets the
 # same interpreter; and have kerasdist's Python imported with TensorFlow, whoever imports it.
 .onLoad <- function(libname, pkgname) {
-  # keras3 declares TensorFlow (its build: CUDA on Linux with a GPU, else CPU) when it is loaded;
-  # without it, library(kerasdist) alone would declare an environment with no TensorFlow.
-  requireNamespace("keras3", quietly = TRUE)
   if (!reticulate::py_available(initialize = FALSE)) {
     storage <- getOption("kerasdist.storage")
     if (!is.null(storage) && !all(storage %in% c("s3", "gcs"))) {
@@ -236,6 +233,10 @@ activate_python <- function() {
   if (reticulate::py_available(initialize = FALSE)) return(list(python = NULL, by = NULL))
   chosen <- chosen_python()
   if (is.null(chosen$python)) {
+    # keras3 declares TensorFlow (its build: CUDA on Linux with a GPU, else CPU) when it is loaded;
+    # library(kerasdist) alone does not load it (loading it at library(kerasdist) would register
+    # keras3's load hook before a user's own multi-worker strategy, tests/testthat/scripts/user_strategy.R).
+    requireNamespace("keras3", quietly = TRUE)
     started <- tryCatch({
       prebuild_ephemeral_python()
       reticulate::py_available(initialize = TRUE)

@@ -87,6 +87,7 @@ test_that("with no Python chosen, loading kerasdist declares its Python package 
     Sys.unsetenv(c("KERASDIST_PYTHON", "RETICULATE_PYTHON"))
     Sys.setenv(UV_CONSTRAINT = "/elsewhere/keras-constraints.txt")  # keras3's own, kept
     setwd(tempdir())
+    loadNamespace("keras3")  # library(keras3), which declares TensorFlow
     loadNamespace("kerasdist")
     declared <- list(packages = reticulate::py_require()$packages, constraint = Sys.getenv("UV_CONSTRAINT"),
                      python = kerasdist::kerasdist_python())
