@@ -12,7 +12,7 @@
 #'
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an
 #'   object-store URL: `"s3://bucket/run"` (needs the Python package s3fs:
-#'   `install_kerasdist(storage = "s3")`), `"gs://bucket/run"` (gcsfs:
+#'   `kerasdist_py_require(storage = "s3")`), `"gs://bucket/run"` (gcsfs:
 #'   `storage = "gcs"`), `"memory://run"` (in-process, for tests) or
 #'   `"file:///path"`. On object stores a checkpoint counts once its completion
 #'   record is uploaded, last; unfinished uploads are never restored.

@@ -41,10 +41,7 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
     kerasdist_abort("envname must be the name of, or a path to, a virtualenv (one string).", call = sys.call())
   }
   if (!isTRUE(gpu) && !isFALSE(gpu)) kerasdist_abort("gpu must be TRUE or FALSE.", call = sys.call())
-  if (!is.null(storage) && (!is.character(storage) || !all(storage %in% c("s3", "gcs")))) {
-    kerasdist_abort(sprintf('storage must be NULL or one or both of "s3" and "gcs", got %s.',
-                            paste(format(storage), collapse = " ")), call = sys.call())
-  }
+  check_storage(storage, sys.call())
   package <- python_package_source(source)
   checkout <- file.path(package, "tools", "constraints.txt")
   constraints <- if (file.exists(checkout)) checkout else bundled_python_file("constraints.txt")

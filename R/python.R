@@ -4,15 +4,24 @@
 
 #' The Python interpreter kerasdist uses
 #'
-#' kerasdist runs on a Python environment with TensorFlow, Keras 3 and the
-#' `kerasdist` module. It is found, in this order, from: the option
+#' kerasdist runs on a Python with TensorFlow, Keras 3 and the `kerasdist`
+#' module. A Python chosen explicitly wins, in this order: the option
 #' `kerasdist.python`; the environment variable `KERASDIST_PYTHON`; a `.venv`
-#' in the working directory or one of its parents (the one `make demo` creates);
-#' `RETICULATE_PYTHON`; the `"r-keras"` virtualenv that [install_kerasdist()]
-#' (and `keras3::install_keras()`) create. If reticulate has already started
-#' Python (for example because keras3 ran first), that Python is used.
+#' in the working directory or one of its parents (the one `make demo` creates
+#' in a source checkout); `RETICULATE_PYTHON`; the `"r-keras"` virtualenv that
+#' [install_kerasdist()] (and `keras3::install_keras()`) create. If reticulate
+#' has already started Python (for example because keras3 ran first), that
+#' Python is used.
 #'
-#' @returns The path of the Python executable, or `NULL` if none was found.
+#' With none of these, kerasdist takes the path keras3 takes: `library(kerasdist)`
+#' declares its Python package (the copy that came with the R package) and the
+#' versions it is tested with through [reticulate::py_require()], and reticulate
+#' builds one cached environment holding what keras3 and kerasdist need the
+#' first time Python is used (a minute or two, once; later sessions reuse it).
+#' See [kerasdist_py_require()] for bucket support.
+#'
+#' @returns The path of the Python executable, or `NULL` if reticulate will set
+#'   up its own when Python is first used.
 #' @family setup
 #' @examples
 #' kerasdist_python()
@@ -21,16 +30,22 @@ kerasdist_python <- function() {
   if (reticulate::py_available(initialize = FALSE)) {
     return(reticulate::py_config()$python)
   }
+  chosen_python()$python
+}
+
+# The Python chosen explicitly, and what chose it (for messages): list(python, by), both NULL if none.
+chosen_python <- function() {
   candidates <- c(
-    getOption("kerasdist.python", ""),
-    Sys.getenv("KERASDIST_PYTHON"),
-    find_project_venv(getwd()),
-    Sys.getenv("RETICULATE_PYTHON"),
-    shared_keras_venv()
+    "options(kerasdist.python)" = getOption("kerasdist.python", ""),
+    KERASDIST_PYTHON = Sys.getenv("KERASDIST_PYTHON"),
+    "a .venv in the working directory" = find_project_venv(getwd()),
+    RETICULATE_PYTHON = Sys.getenv("RETICULATE_PYTHON"),
+    'the "r-keras" virtualenv' = shared_keras_venv()
   )
   found <- candidates[nzchar(candidates) & file.exists(candidates)]
+  if (length(found) == 0) return(list(python = NULL, by = NULL))
   # Not normalizePath(): it would resolve the venv's symlink to the base interpreter.
-  if (length(found) == 0) NULL else path.expand(found[[1]])
+  list(python = path.expand(found[[1]]), by = names(found)[[1]])
 }
 
 # The virtualenv keras3 and kerasdist share after install_kerasdist(), if it exists.
@@ -50,12 +65,103 @@ find_project_venv <- function(dir) {
   }
 }
 
-# On load, point reticulate at kerasdist's Python (without starting it), so that a user's own
-# reticulate::import("keras") before any kerasdist call gets the same interpreter; and have
-# kerasdist's Python imported with TensorFlow, whoever imports it.
+#' Declare kerasdist's Python requirements (the keras3 way)
+#'
+#' `library(kerasdist)` calls this for you: it declares, with
+#' [reticulate::py_require()], the kerasdist Python package that came with the
+#' R package, and appends the versions kerasdist is tested with (TensorFlow
+#' 2.21, Keras 3.15, NumPy 2.2, ...) to the `UV_CONSTRAINT` environment
+#' variable, as keras3 passes its own. Nothing is installed then: the first
+#' time Python is used, reticulate builds one cached environment with what
+#' keras3 and kerasdist need. keras3 chooses TensorFlow's build (the CUDA build
+#' on Linux with a GPU); a Python chosen explicitly (see [kerasdist_python()])
+#' is used as it is.
+#'
+#' Call it yourself, before the first keras3 or kerasdist call, to add
+#' checkpoints in buckets, or set `options(kerasdist.storage = "s3")` (e.g. in
+#' `.Rprofile`) before `library(kerasdist)`. After Python has started, it
+#' adds the packages to reticulate's running environment where reticulate can
+#' (its own environment, reticulate >= 1.45).
+#'
+#' @param storage Object stores for `checkpoint_dir` URLs: `"s3"` (fsspec and
+#'   s3fs, for `s3://` and S3-compatible stores) and/or `"gcs"` (fsspec and
+#'   gcsfs, for `gs://`); `NULL` for local checkpoint directories only.
+#' @returns The Python requirements declared, invisibly.
+#' @family setup
+#' @seealso [install_kerasdist()] for a persistent virtualenv instead.
+#' @examples
+#' \dontrun{
+#' library(keras3)
+#' library(kerasdist)
+#' kerasdist_py_require(storage = "s3")  # before the first call that uses Python
+#' }
+#' @export
+kerasdist_py_require <- function(storage = NULL) {
+  check_storage(storage, sys.call())
+  requirements <- python_requirements(storage)
+  if (is.null(requirements)) {
+    kerasdist_abort(paste0(
+      "This installation of the kerasdist R package carries no Python package (its installer copies it ",
+      "from the source's python/ folder): reinstall kerasdist from its source tarball."
+    ), type = "RuntimeError", call = sys.call())
+  }
+  append_uv_constraint(bundled_python_file("constraints.txt"))
+  if (!reticulate::py_available(initialize = FALSE)) {
+    reticulate::py_require(requirements)
+  } else if (!add_to_running_python(requirements)) {
+    python <- reticulate::py_config()$python
+    venv <- virtualenv_of(python)
+    warning(warningCondition(if (!isTRUE(reticulate::py_config()$ephemeral) && !is.null(venv)) {
+      sprintf("Python runs from the virtualenv %s, which reticulate does not manage: run `kerasdist::install_kerasdist(\"%s\", storage = %s)` once, then restart R.",
+              venv, venv, paste(deparse(storage), collapse = ""))
+    } else {
+      sprintf(paste0("Python already runs (%s) and reticulate cannot add packages to it: restart R and call ",
+                     "kerasdist_py_require() before the first keras3 or kerasdist call."), python)
+    }, call = sys.call(), class = "kerasdist_warning"))
+  }
+  invisible(requirements)
+}
+
+check_storage <- function(storage, call) {
+  if (!is.null(storage) && (!is.character(storage) || !all(storage %in% c("s3", "gcs")))) {
+    kerasdist_abort(sprintf('storage must be NULL or one or both of "s3" and "gcs", got %s.',
+                            paste(format(storage), collapse = " ")), call = call)
+  }
+}
+
+# The kerasdist Python package bundled with the R package as a local path requirement, then what
+# each object store needs (the `s3` and `gcs` extras of pyproject.toml, as their own packages: an
+# extra on the path requirement could not be added once Python runs). NULL without the bundle.
+python_requirements <- function(storage = NULL) {
+  source <- bundled_python_file("source")
+  if (!file.exists(file.path(source, "pyproject.toml"))) return(NULL)
+  stores <- c(s3 = "s3fs", gcs = "gcsfs")[intersect(c("s3", "gcs"), storage)]
+  c(paste0("kerasdist@", normalizePath(source)), if (length(stores)) c("fsspec", unname(stores)))
+}
+
+# keras3's way of passing pins to uv: files appended to UV_CONSTRAINT, space-separated, once each.
+append_uv_constraint <- function(file) {
+  if (!file.exists(file)) return(invisible())
+  files <- strsplit(Sys.getenv("UV_CONSTRAINT"), " ", fixed = TRUE)[[1]]
+  Sys.setenv(UV_CONSTRAINT = paste(unique(c(files[nzchar(files)], file)), collapse = " "))
+}
+
+# On load, declare kerasdist's requirements (nothing is installed or started: reticulate builds the
+# environment when Python is first used); if a Python was chosen, point reticulate at it (without
+# starting it), so that a user's own reticulate::import("keras") before any kerasdist call gets the
+# same interpreter; and have kerasdist's Python imported with TensorFlow, whoever imports it.
 .onLoad <- function(libname, pkgname) {
   if (!reticulate::py_available(initialize = FALSE)) {
-    python <- kerasdist_python()
+    storage <- getOption("kerasdist.storage")
+    if (!is.null(storage) && !all(storage %in% c("s3", "gcs"))) {
+      warning('options(kerasdist.storage) must be NULL or one or both of "s3" and "gcs"; ignored.', call. = FALSE)
+    }
+    requirements <- python_requirements(storage)
+    if (!is.null(requirements)) {
+      append_uv_constraint(bundled_python_file("constraints.txt"))
+      reticulate::py_require(requirements)
+    }
+    python <- chosen_python()$python
     if (!is.null(python)) prefer_python(python)
   }
   reticulate::py_register_load_hook("tensorflow", import_with_tensorflow)
@@ -65,8 +171,14 @@ find_project_venv <- function(dir) {
 # too late (python/kerasdist/compat.py), so code that makes its own strategy with
 # tensorflow::tf$distribute and trains with keras3's fit() needs only library(kerasdist). Quiet:
 # a Python without kerasdist is reported by the first kerasdist call, not by TensorFlow's import.
+# A user's own reticulate::import("kerasdist") brings TensorFlow in and so fires this hook: with
+# kerasdist in sys.modules its fixes are applied, and no second import is started from inside the
+# hook (reticulate runs every pending load hook again for each module imported inside one). The
+# "C stack usage" message R users met on first use was reticulate's own search for a Python
+# (prebuild_ephemeral_python), not this hook.
 import_with_tensorflow <- function() {
   if (!is.null(.kerasdist$module) || isTRUE(.kerasdist$importing)) return(invisible())
+  if (python_module_imported("kerasdist")) return(invisible())
   if (!python_module_installed("kerasdist")) return(invisible())
   tryCatch(kerasdist_module(), error = function(err) NULL)
   invisible()
@@ -83,8 +195,8 @@ prefer_python <- function(python) {
 kerasdist_module <- function() {
   if (is.null(.kerasdist$module)) {
     started_by_others <- reticulate::py_available(initialize = FALSE)
-    activate_python()
-    require_kerasdist_python(started_by_others)
+    chosen <- activate_python()
+    require_kerasdist_python(started_by_others, chosen)
     if (isTRUE(getOption("kerasdist.verbose"))) python_environ()$update(list(KERASDIST_VERBOSE = "1"))
     hold_keras_load_hooks()
     .kerasdist$importing <- TRUE  # TensorFlow's load hook (import_with_tensorflow) runs inside
@@ -115,39 +227,119 @@ run_held_keras_load_hooks <- function() {
   for (hook in hooks) hook()
 }
 
+# Starts Python if nobody has: the chosen one, or else reticulate's own environment from the
+# requirements declared at load. Returns what chose it (chosen_python()), for the messages.
 activate_python <- function() {
-  if (reticulate::py_available(initialize = FALSE)) return(invisible())
-  python <- kerasdist_python()
-  if (is.null(python)) {
-    setup_error(paste0(
-      "No Python environment for kerasdist was found: run `make demo` in the kerasdist ",
-      "checkout, or set options(kerasdist.python = \"/path/to/python\")."
-    ))
+  if (reticulate::py_available(initialize = FALSE)) return(list(python = NULL, by = NULL))
+  chosen <- chosen_python()
+  if (is.null(chosen$python)) {
+    # keras3 declares TensorFlow (its build: CUDA on Linux with a GPU, else CPU) when it is loaded;
+    # library(kerasdist) alone does not load it (loading it at library(kerasdist) would register
+    # keras3's load hook before a user's own multi-worker strategy, tests/testthat/scripts/user_strategy.R).
+    requireNamespace("keras3", quietly = TRUE)
+    started <- tryCatch({
+      prebuild_ephemeral_python()
+      reticulate::py_available(initialize = TRUE)
+    }, error = function(err) err)
+    if (!isTRUE(started)) {
+      cause <- if (inherits(started, "error")) conditionMessage(started) else "no Python was found"
+      setup_error(sprintf(paste0(
+        "reticulate could not set up the Python environment for keras3 and kerasdist (%s): ",
+        "make PyPI reachable (reticulate installs from it with uv, once) and call again."
+      ), first_line(cause)))
+    }
+    return(chosen)
   }
-  Sys.setenv(RETICULATE_PYTHON = python)
-  reticulate::use_python(python, required = TRUE)
+  Sys.setenv(RETICULATE_PYTHON = chosen$python)
+  reticulate::use_python(chosen$python, required = TRUE)
   if (!reticulate::py_available(initialize = TRUE)) {
-    setup_error(sprintf("Python at %s could not be started: run `make demo` to rebuild .venv.", python))
+    setup_error(sprintf("The Python at %s (from %s) could not be started: unset %s and kerasdist sets up its own.",
+                        chosen$python, chosen$by, chosen$by))
   }
+  chosen
 }
 
-# One sentence and the one call that fixes it, whoever started Python.
-require_kerasdist_python <- function(started_by_others) {
-  missing <- Filter(Negate(python_module_installed), c("tensorflow", "kerasdist"))
+# reticulate 1.46 builds its own environment with uv while it starts Python; with uv told to use
+# the system's Pythons (UV_PYTHON_PREFERENCE=system or only-system, e.g. where uv cannot download
+# one) its search for them asks which Python it would start, which builds the environment again,
+# and so on until "C stack usage ... is too close to the limit" (minutes later; it then goes on).
+# Built first through the exported uv_run_tool() (the same uv command, so the same cached
+# environment) and chosen by path, Python starts at once. Gated on the versions that recurse.
+prebuild_ephemeral_python <- function() {
+  preference <- Sys.getenv("UV_PYTHON_PREFERENCE")
+  if (utils::packageVersion("reticulate") > "1.46.0" || !preference %in% c("system", "only-system")) {
+    return(invisible())
+  }
+  requirements <- reticulate::py_require()
+  python <- reticulate::uv_run_tool("python", c("-c", shQuote("import sys; print(sys.executable)")),
+                                    with = requirements$packages, python_version = requirements$python_version,
+                                    exclude_newer = requirements$exclude_newer, stdout = TRUE)
+  python <- utils::tail(python, 1)
+  if (length(python) == 1 && file.exists(python)) reticulate::use_python(python, required = TRUE)
+  invisible()
+}
+
+first_line <- function(text) sub("\n.*$", "", trimws(text))
+
+# One sentence and the one thing that fixes it, whoever started Python. In reticulate's own
+# environment, started before kerasdist was loaded (keras3 ran first), kerasdist adds itself
+# (py_require() after start, reticulate >= 1.45) rather than asking for a restart.
+require_kerasdist_python <- function(started_by_others, chosen = list(python = NULL, by = NULL)) {
+  missing <- missing_modules()
   if (length(missing) == 0) return(invisible())
-  python <- reticulate::py_config()$python
+  config <- reticulate::py_config()
+  if (started_by_others && isTRUE(config$ephemeral)) {
+    add_to_running_python(python_requirements(getOption("kerasdist.storage")))
+    if (length(missing <- missing_modules()) == 0) return(invisible())
+  }
+  python <- config$python
   modules <- paste0("'", missing, "'", collapse = " and ")
-  setup_error(if (started_by_others) {
-    sprintf(paste0(
-      "reticulate already runs the Python at %s (started by keras3 or another package before kerasdist), ",
-      "which has no %s module: run `kerasdist::install_kerasdist()` once, then restart R."
-    ), python, modules)
+  venv <- virtualenv_of(python)
+  setup_error(if (isTRUE(config$ephemeral) && is.null(python_requirements())) {
+    paste0("This installation of the kerasdist R package carries no Python package (its installer copies it ",
+           "from the source's python/ folder): reinstall kerasdist from its source tarball.")
+  } else if (isTRUE(config$ephemeral)) {
+    sprintf(paste0("reticulate's Python environment at %s was started before kerasdist could add itself and ",
+                   "has no %s module: restart R and call library(kerasdist) before anything uses Python."),
+            python, modules)
+  } else if (!is.null(venv)) {
+    sprintf(paste0("%s Python at %s%s has no %s module: run `kerasdist::install_kerasdist(\"%s\")` once, ",
+                   "then restart R."),
+            if (started_by_others) "reticulate already runs the" else "The", python,
+            if (!is.null(chosen$by)) sprintf(" (from %s)", chosen$by) else
+              if (started_by_others) " (started by keras3 or another package before kerasdist), which" else "",
+            modules, venv)
   } else {
-    sprintf(paste0(
-      "The Python at %s has no %s module: run `kerasdist::install_kerasdist()` once (or `make demo` ",
-      "in the kerasdist checkout), then restart R."
-    ), python, modules)
+    sprintf(paste0("%s Python at %s%s has no %s module: restart R without %s choosing it, and ",
+                   "kerasdist sets up its own."),
+            if (started_by_others) "reticulate already runs the" else "The", python,
+            if (started_by_others) " (started by keras3 or another package before kerasdist), which" else "",
+            modules, if (is.null(chosen$by)) "RETICULATE_PYTHON or reticulate::use_python()" else chosen$by)
   })
+}
+
+missing_modules <- function() Filter(Negate(python_module_installed), c("tensorflow", "kerasdist"))
+
+# The virtualenv a Python belongs to (the folder with pyvenv.cfg), or NULL.
+virtualenv_of <- function(python) {
+  dir <- dirname(dirname(python))
+  if (file.exists(file.path(dir, "pyvenv.cfg"))) dir else NULL
+}
+
+# After Python has started, reticulate (>= 1.45) can add requirements to its own environment: it
+# builds an environment with them all and puts it on top of the running one. Elsewhere (an older
+# reticulate, or a Python chosen by path) the requirements are left for the next session.
+add_to_running_python <- function(requirements) {
+  if (length(requirements) == 0) return(FALSE)
+  if (utils::packageVersion("reticulate") < "1.45" || !isTRUE(reticulate::py_config()$ephemeral)) {
+    return(FALSE)
+  }
+  message("kerasdist: adding ", paste(sub("@.*$", "", requirements), collapse = ", "),
+          " to reticulate's Python environment")
+  tryCatch({
+    reticulate::py_require(requirements)
+    TRUE
+  }, error = function(err) FALSE, warning = function(w) FALSE)
 }
 
 # Without importing it (py_module_available() imports, which would start TensorFlow too early).
@@ -155,13 +347,16 @@ python_module_installed <- function(module) {
   !is.null(reticulate::import("importlib.util")$find_spec(module))
 }
 
+python_module_imported <- function(module) {
+  reticulate::py_to_r(reticulate::import("sys", convert = FALSE)$modules$`__contains__`(module))
+}
+
 python_environ <- function() reticulate::import("os", convert = FALSE)$environ
 
 # Whether Python's keras has been imported (after which keras3's load hook has started
 # TensorFlow's devices).
 keras_imported <- function() {
-  reticulate::py_available(initialize = FALSE) &&
-    reticulate::py_to_r(reticulate::import("sys", convert = FALSE)$modules$`__contains__`("keras"))
+  reticulate::py_available(initialize = FALSE) && python_module_imported("keras")
 }
 
 setup_error <- function(message) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -147,3 +148,106 @@ def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_make
     assert f"package: {library}/kerasdist" in out
     assert f"python: {tmp_path}/virtualenvs/r-keras/bin/python" in out
     assert "epochs: 2" in out and "checkpoints: 8 16" in out
+
+
+# The keras3 path (issue #45): no Python set up by hand. reticulate builds one cached environment
+# with uv from what keras3 and kerasdist declare (py_require); these tests share one uv cache.
+NEW_R_USER_FIT = textwrap.dedent("""
+    library(keras3)
+    library(kerasdist)
+    before <- latest_checkpoint("ckpt")  # the first call to use Python: kerasdist's, not keras3's (see below)
+    cat("resuming from:", if (is.null(before)) 0L else before$global_step, "\n")
+    build <- function() {
+      keras_model_sequential(input_shape = 4) |> layer_dense(8, activation = "relu") |> layer_dense(1) |>
+        compile(optimizer = "adam", loss = "mse")
+    }
+    term <- callback_lambda(on_train_batch_end = function(batch, logs) {
+      if (nzchar(Sys.getenv("TERM_AT")) && batch == as.integer(Sys.getenv("TERM_AT")))
+        tools::pskill(Sys.getpid(), tools::SIGTERM)
+    })
+    x <- matrix(seq_len(256) / 256, ncol = 4)
+    history <- distributed_fit(build, x, rowSums(x), epochs = 3, checkpoint_dir = "ckpt", batch_size = 8,
+                               strategy = "default", every_steps = 2, verbose = 0, callbacks = term)
+    cat("python:", kerasdist_python(), "\\n")
+    cat("kerasdist from:", reticulate::import("kerasdist")$`__file__`, "\\n")
+    cat("checkpoints:", list_checkpoints("ckpt")$global_step, "\\n")
+""")
+
+
+@pytest.fixture(scope="module")
+def r_library(dist, made_once) -> Path:
+    """The R tarball installed into an empty library (keras3 and reticulate come from R's own)."""
+
+    def make(library: Path) -> Path:
+        run(["R", "CMD", "INSTALL", "-l", library, dist / f"kerasdist_{VERSION}.tar.gz"], library, clean_environment())
+        return library
+
+    return made_once("r-library", make)
+
+
+@pytest.fixture(scope="module")
+def uv_setup(made_once) -> dict[str, str]:
+    """uv from PyPI in a folder of its own and one cache for these tests (the first build takes
+    about 80 s, later ones reuse it). uv uses the system's Python: it cannot download one here."""
+
+    def make(folder: Path) -> Path:
+        run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", folder / "uv",
+             "-c", CONSTRAINTS, "uv"], folder, clean_environment())
+        return folder
+
+    folder = made_once("uv", make)
+    return {"RETICULATE_UV": str(folder / "uv" / "bin" / "uv"), "UV_CACHE_DIR": str(folder / "cache"),
+            "UV_PYTHON_PREFERENCE": "only-system", "R_USER_CACHE_DIR": str(folder / "r-cache")}
+
+
+def new_r_user(r_library: Path, uv_setup: dict[str, str], tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A user's R session: nothing but the R packages installed, no virtualenv, no Python variable.
+    Without PYTHONDONTWRITEBYTECODE (set on this machine), as on a user's: the environment's
+    Python then caches its bytecode once, as it would for them."""
+    env = clean_environment(R_LIBS=str(r_library), WORKON_HOME=str(tmp_path / "virtualenvs"),
+                            TF_CPP_MIN_LOG_LEVEL="2", **uv_setup, **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def rscript(script: str, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(["Rscript", "-e", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_library_keras3_and_kerasdist_set_python_up_then_a_sigterm_exits_75_and_a_new_process_resumes(
+        r_library, uv_setup, tmp_path):
+    env = new_r_user(r_library, uv_setup, tmp_path)
+    term = rscript(NEW_R_USER_FIT, tmp_path, {**env, "TERM_AT": "3"})  # keras3 counts batches from 1
+    output = term.stdout + term.stderr
+    assert term.returncode == 75, output[-3000:]  # saved, then exited for a launcher to restart
+    assert "C stack usage" not in output and "make demo" not in output, output[-3000:]
+
+    resumed = rscript(NEW_R_USER_FIT, tmp_path, env)
+    out = resumed.stdout
+    assert resumed.returncode == 0, (out + resumed.stderr)[-3000:]
+    python = re.search(r"^python: (\S+)", out, re.M)[1]
+    assert python.startswith(uv_setup["UV_CACHE_DIR"]), out  # reticulate's environment, built by uv
+    assert re.search(rf"^kerasdist from: {re.escape(python.rsplit('/bin/', 1)[0])}/lib/.*site-packages/kerasdist/",
+                     out, re.M), out  # the Python package bundled with the R package, installed there
+    resumed_from = int(re.search(r"^resuming from: (\d+)", out, re.M)[1])
+    assert 3 <= resumed_from < 8, out  # the step the SIGTERM saved, in the first epoch of 8 steps
+    assert re.search(r"^checkpoints: .*\b24\s*$", out, re.M), out  # then on to the end of epoch 3
+
+
+def test_kerasdist_after_keras3_started_its_python_adds_itself_to_that_environment(r_library, uv_setup, tmp_path):
+    env = new_r_user(r_library, uv_setup, tmp_path)
+    script = textwrap.dedent("""
+        library(keras3)
+        print(op_add(1, 2))            # keras3 starts reticulate's Python, without kerasdist in it
+        library(kerasdist)
+        digits <- load_digits(flatten = TRUE)
+        cat("digits:", dim(digits$x), "\\n")
+        cat("python:", kerasdist_python(), "\\n")
+    """)
+    done = rscript(script, tmp_path, env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "digits: 1797 64" in done.stdout
+    assert "kerasdist: adding kerasdist to reticulate's Python environment" in output
+    assert re.search(r"^python: " + re.escape(uv_setup["UV_CACHE_DIR"]), done.stdout, re.M), done.stdout

@@ -118,7 +118,7 @@ def test_a_missing_plugin_is_named_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if gcsfs were not installed
     with pytest.raises(ImportError, match=re.escape("needs the gcsfs package, which is not installed: "
                                                     "pip install 'kerasdist[gcs]' (or gcsfs); from R: "
-                                                    'kerasdist::install_kerasdist(storage = "gcs")')):
+                                                    'kerasdist::kerasdist_py_require(storage = "gcs")')):
         kerasdist.make_or_restore_model("gs://bucket/run", build_model)
     with pytest.raises(ImportError, match="gcsfs"):
         fit("gs://bucket/run", 1)

@@ -431,7 +431,7 @@ test_that("an object-store URL is never a local folder, and a missing plugin is 
   ))
   err <- expect_error(make_or_restore_model("gs://bucket/run", build_model), class = "kerasdist_ImportError")
   expect_match(conditionMessage(err), "needs the gcsfs package, which is not installed: pip install 'kerasdist[gcs]'", fixed = TRUE)
-  expect_match(conditionMessage(err), 'from R: kerasdist::install_kerasdist(storage = "gcs")', fixed = TRUE)
+  expect_match(conditionMessage(err), 'from R: kerasdist::kerasdist_py_require(storage = "gcs")', fixed = TRUE)
   expect_false(grepl("Traceback", conditionMessage(err)))
 })
 

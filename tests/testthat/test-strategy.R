@@ -82,14 +82,30 @@ test_that("simulate_devices after TensorFlow started is a readable R error", {
   expect_match(message, "^simulate_devices\\(2\\) came too late")
 })
 
-test_that("no Python environment gives one sentence with the fix", {
-  result <- in_fresh_r(function() {
+test_that("with no Python chosen, loading kerasdist declares its Python package and pins for reticulate and starts nothing", {
+  result <- callr::r(function() {
     Sys.unsetenv(c("KERASDIST_PYTHON", "RETICULATE_PYTHON"))
-    options(kerasdist.python = NULL)
+    Sys.setenv(UV_CONSTRAINT = "/elsewhere/keras-constraints.txt")  # keras3's own, kept
     setwd(tempdir())
-    tryCatch(kerasdist::select_strategy(), kerasdist_setup_error = function(e) conditionMessage(e))
-  })
-  expect_match(result, "^No Python environment for kerasdist was found: run `make demo`")
+    loadNamespace("keras3")  # library(keras3), which declares TensorFlow
+    loadNamespace("kerasdist")
+    declared <- list(packages = reticulate::py_require()$packages, constraint = Sys.getenv("UV_CONSTRAINT"),
+                     python = kerasdist::kerasdist_python())
+    kerasdist::kerasdist_py_require(storage = c("s3", "gcs"))
+    c(declared, list(with_storage = reticulate::py_require()$packages,
+                     bad = tryCatch(kerasdist::kerasdist_py_require(storage = "azure"), error = conditionMessage),
+                     started = reticulate::py_available(initialize = FALSE)))
+  }, libpath = .libPaths(), env = c(callr::rcmd_safe_env(), WORKON_HOME = tempfile("no-virtualenvs-")))
+  source <- normalizePath(system.file("python", "source", package = "kerasdist"))
+  expect_true(paste0("kerasdist@", source) %in% result$packages)
+  expect_true("keras" %in% result$packages)  # keras3's, in the same environment
+  constraints <- strsplit(result$constraint, " ")[[1]]  # the earlier ones (keras3's too) kept, kerasdist's last
+  expect_identical(constraints[[1]], "/elsewhere/keras-constraints.txt")
+  expect_identical(utils::tail(constraints, 1), system.file("python", "constraints.txt", package = "kerasdist"))
+  expect_null(result$python)
+  expect_true(all(c("fsspec", "s3fs", "gcsfs") %in% result$with_storage))
+  expect_match(result$bad, 'storage must be NULL or one or both of "s3" and "gcs", got azure')
+  expect_false(result$started)  # nothing installed or started until Python is used
 })
 
 test_that("a Python without TensorFlow is named, with the command that fixes it", {
@@ -101,5 +117,7 @@ test_that("a Python without TensorFlow is named, with the command that fixes it"
     options(kerasdist.python = python)
     tryCatch(kerasdist::select_strategy(), kerasdist_setup_error = function(e) conditionMessage(e))
   }, python = file.path(bare, "bin", "python"))
-  expect_match(result, "The Python at .* has no 'tensorflow' .*: run `kerasdist::install_kerasdist\\(\\)` .*`make demo`")
+  expect_match(result, paste0("^The Python at .* \\(from options\\(kerasdist.python\\)\\) has no 'tensorflow'",
+                              "( and 'kerasdist')? module: run `kerasdist::install_kerasdist\\(\".*bare-venv-.*\"\\)` once, then restart R\\.$"))
+  expect_false(grepl("make demo|checkout", result))
 })

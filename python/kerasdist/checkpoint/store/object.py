@@ -34,10 +34,11 @@ from kerasdist.checkpoint.layout import (
 from kerasdist.checkpoint.store.protocol import marker_last
 
 # scheme -> (the fsspec plugin that serves it, what to install: from Python, and from R)
+# (R's kerasdist_py_require() adds it to reticulate's environment, or says what to do elsewhere)
 _S3_INSTALL = ("pip install 'kerasdist[s3]' (or s3fs); from R: "
-               'kerasdist::install_kerasdist(storage = "s3"), then restart R')
+               'kerasdist::kerasdist_py_require(storage = "s3")')
 _GCS_INSTALL = ("pip install 'kerasdist[gcs]' (or gcsfs); from R: "
-                'kerasdist::install_kerasdist(storage = "gcs"), then restart R')
+                'kerasdist::kerasdist_py_require(storage = "gcs")')
 OBJECT_SCHEMES = {
     "s3": ("s3fs", _S3_INSTALL),
     "s3a": ("s3fs", _S3_INSTALL),
