@@ -109,3 +109,17 @@ def test_distributed_fit_refuses_bad_arguments_before_any_checkpoint_is_read(tmp
             kerasdist.distributed_fit(_small_model, epochs=1, checkpoint_dir=str(tmp_path / "ckpt"),
                                       strategy="default", verbose=0, **args)
     assert not [w for w in seen if issubclass(w.category, CheckpointWarning)]
+
+
+def test_the_table_of_defaults_in_the_training_guide_is_what_the_functions_take():
+    import inspect
+
+    from kerasdist.strategy import DEFAULT_PEER_TIMEOUT
+
+    guide = _section((ROOT / "docs" / "training.md").read_text(), "## Defaults")
+    rows = re.findall(r"^\| `(\w+)\((\w+)=\)` \| `([^`]+)` \|", guide, re.M)
+    assert len(rows) >= 10
+    for function, argument, documented in rows:
+        default = inspect.signature(getattr(kerasdist, function)).parameters[argument].default
+        assert documented == (f'"{default}"' if isinstance(default, str) else repr(default)), (function, argument)
+    assert f"| `KERASDIST_PEER_TIMEOUT` | `{DEFAULT_PEER_TIMEOUT:g}` |" in guide
