@@ -78,3 +78,11 @@ def test_the_reliability_record_opens_with_the_figures_its_sections_record():
         assert anchor in sections, f"{what}: no section #{anchor}"
         bold = re.search(r"\*\*(.+?)\*\*", figure).group(1)
         assert "**" + bold in sections[anchor], f"{what}: {bold} is not what #{anchor} records"
+
+
+def test_the_records_links_within_a_page_name_its_headings():
+    for record in (ROOT / "RELIABILITY.md", ROOT / "bench" / "README.md"):
+        text = record.read_text()
+        headings = {_anchor(title) for title in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
+        missing = sorted(set(re.findall(r"\]\(#([\w-]+)\)", text)) - headings)
+        assert missing == [], f"{record.name}: {missing}"
