@@ -6,12 +6,19 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # a mirror, e.g. KERASDIST_R_REPOS=file:///path/to/cran-mirror make test (space-separated list).
 export KERASDIST_R_REPOS ?= https://cloud.r-project.org
 
-.PHONY: demo test setup docs bench dist gpu-check upstream-check
+.PHONY: demo test setup setup-demo docs bench dist gpu-check upstream-check
 
+# Everything: what the demo needs, then the test and docs tools, the object-store servers,
+# Chromium and (as root) Slurm.
 setup:
 	@tools/setup.sh
 
-demo: setup
+# Only what the demo runs on (TensorFlow, Keras, matplotlib, R and keras3), so `make demo` from
+# nothing is quick; `make test` installs the rest.
+setup-demo:
+	@tools/setup.sh demo
+
+demo: setup-demo
 	@echo "== Python: python -m kerasdist info --devices 2"
 	@$(PYTHON) -m kerasdist info --devices 2
 	@echo

@@ -8,7 +8,7 @@
 #' @family setup
 #' @seealso Python: `kerasdist.kerasdist_info()`; `python -m kerasdist info`.
 #' @examplesIf !is.null(kerasdist_python())
-#' cat(kerasdist_info())
+#' kerasdist_info()   # prints; the text is also returned, invisibly
 #' @export
 kerasdist_info <- function(kind = "auto") {
   text <- call_python(kerasdist_module()$kerasdist_info, kind)

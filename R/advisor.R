@@ -38,10 +38,12 @@
 #' @param verbose Print a line as each strategy starts and ends.
 #' @param speed_options Also time the recommended strategy with
 #'   `mixed_precision = TRUE` (`mixed_bfloat16` on a CPU, `mixed_float16` on a
-#'   GPU) and with `jit_compile = TRUE` (XLA), each in a process of its own, and
+#'   GPU) and with `jit_compile = TRUE` (XLA), in one more process of that
+#'   strategy that times the model plain and with each option, interleaved
+#'   round by round (so each speedup compares runs of the same moment), and
 #'   say in `reason` whether either helps (more than 5% faster) and so is worth
-#'   passing to [distributed_fit()] or [custom_fit()]. Off by default: two more
-#'   runs.
+#'   passing to [distributed_fit()] or [custom_fit()]. Off by default: one more
+#'   process.
 #' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data
 #'   frame, one row per strategy: replicas, devices, steps_per_second,
 #'   examples_per_second, step_ms, compute_ms, input_wait_ms, input_only_ms,

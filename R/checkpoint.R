@@ -118,6 +118,10 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #' The newest valid checkpoint and where training resumes
 #'
 #' @inheritParams make_or_restore_model
+#' @param checkpoint_dir Directory of checkpoints (never created: a missing one
+#'   has no checkpoint, `NULL`),
+#'   or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`,
+#'   `"file://..."`), as in [make_or_restore_model()].
 #' @returns `NULL` when there is none, else a list: `path`, `epoch` (the epoch
 #'   to run next, 0-based, i.e. the number of completed epochs when
 #'   `step_in_epoch` is 0), `step_in_epoch`, `global_step` (batches trained in
@@ -125,7 +129,8 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   updates), `history`, `metrics` and `writer` (the task that wrote it, e.g. `"worker:0"`, or
 #'   `NULL` outside a cluster) and `settings` (the run's `mixed_precision`,
 #'   `jit_compile` and `gradient_accumulation_steps`, which a resumed run must
-#'   repeat), and, for `make_dataset` data, `global_batch_size` and
+#'   repeat), and, for `make_dataset` data (the dataset itself, or a function
+#'   of the epoch returning one), `global_batch_size` and
 #'   `epoch_order` (the name of the function that ordered the epochs; a run
 #'   resumed inside an epoch by a kerasdist that orders epochs otherwise warns),
 #'   `saved_at` (seconds since 1970, UTC) and `size` (bytes of its files).
@@ -149,6 +154,10 @@ latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
 #' All valid checkpoints, oldest first
 #'
 #' @inheritParams make_or_restore_model
+#' @param checkpoint_dir Directory of checkpoints (never created: a missing one
+#'   gives no rows),
+#'   or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`,
+#'   `"file://..."`), as in [make_or_restore_model()].
 #' @returns A data frame, one row per valid checkpoint, ordered by the epoch
 #'   and step recorded in each: `path`, `epoch`, `step_in_epoch`,
 #'   `global_step`, `saved_at` (a `POSIXct`, UTC), `size` (bytes of its
@@ -186,6 +195,10 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
 #' Reads only.
 #'
 #' @inheritParams make_or_restore_model
+#' @param checkpoint_dir Directory of checkpoints (never created: a missing
+#'   local one is an error naming it),
+#'   or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`,
+#'   `"file://..."`), as in [make_or_restore_model()].
 #' @returns A data frame, one row per checkpoint, oldest first: `path`,
 #'   `global_step`, `epoch`, `step_in_epoch`, `saved_at` (a `POSIXct`, UTC),
 #'   `size` (bytes), `writer`, `valid`, `problem` (why a damaged or partial

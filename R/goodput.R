@@ -12,6 +12,10 @@
 #' job waiting in the queue). Goodput is productive time over wall time.
 #'
 #' @inheritParams make_or_restore_model
+#' @param checkpoint_dir Directory of checkpoints whose `runs/` holds the run
+#'   log (never created: one without a run log is an error naming it),
+#'   or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`,
+#'   `"file://..."`), as in [make_or_restore_model()].
 #' @returns A data frame with one row per part (`part`, `seconds`, `share` of
 #'   the wall time), of class `kerasdist_goodput` (its print shows the whole
 #'   report), with attributes `goodput`, `goodput_excluding_downtime`,

@@ -11,7 +11,8 @@
 #' When a process fails (a non-zero exit status, status 75 "preempted,
 #' checkpoint saved" included, or killed by a signal), the whole group is
 #' stopped (SIGTERM, then SIGKILL after `grace_period` seconds) and started
-#' again on fresh ports, up to `max_restarts` times, so that training resumes
+#' again on fresh ports, up to `max_restarts` times (0 by default: without
+#' `max_restarts` a failure ends the run), so that training resumes
 #' from its latest checkpoint. The run succeeds when every worker exits with
 #' status 0; with parameter servers (`num_ps > 0`) the cluster also has a
 #' `"chief"` task, ParameterServerStrategy's coordinator, and the run succeeds
@@ -45,14 +46,16 @@
 #'   included, or `NULL` for none; when reached the group is stopped and
 #'   `exit_code` is 124.
 #' @param grace_period Seconds between SIGTERM and SIGKILL when a group is
-#'   stopped (time for checkpoints to save on SIGTERM).
+#'   stopped (time for checkpoints to save on SIGTERM); 0 or more (0 sends
+#'   SIGKILL at once).
 #' @param env Named list or character vector of extra environment variables
 #'   for every process.
 #' @param cwd Working directory of the processes, or `NULL` for the current
 #'   one.
 #' @returns A list of class `kerasdist_launch_result`, invisibly:
 #'   `exit_code` (0 on success; the failing process's status, 128 + N if
-#'   signal N killed it, 124 on timeout), `ok`, `restarts`, `failed` (e.g.
+#'   signal N killed it, 124 on timeout or when a task did not come up within
+#'   `startup_timeout`), `ok`, `restarts`, `failed` (e.g.
 #'   `"worker 1 was killed by SIGKILL"`, or `NULL`), `failures` (every failure
 #'   that stopped a group, oldest first), `timed_out`, `message`, `cluster`,
 #'   `port_retries` and `exit_codes` (per attempt, every task's exit status

@@ -116,6 +116,9 @@ def stage_guides(staging: Path, docs: Path) -> None:
     shutil.copytree(docs / "images", staging / "images")
     for source, page in ROOT_PAGES.items():
         (staging / page).write_text((ROOT / source).read_text())
+    (staging / "history").mkdir()  # bench/README.md's earlier runs, linked as history/NAME.md
+    for page in sorted((ROOT / "bench" / "history").glob("*.md")):
+        shutil.copy(page, staging / "history" / page.name)
     shutil.copy(ROOT / "bench" / "results" / "summary.png", staging / "summary.png")
 
 

@@ -1,25 +1,44 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian machine: R from Debian, a pinned .venv, kerasdist in both
 # languages. Each step is skipped when its stamp is newer than what it depends on.
+#   tools/setup.sh demo   what `make demo` runs on: TensorFlow, Keras, matplotlib, R, keras3
+#   tools/setup.sh        everything (`make test`, docs, bench, dist): the demo's set, then the test
+#                         and docs tools, the object-store servers, Chromium and (as root) Slurm
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-full}
+case "$MODE" in demo|full) ;; *) echo "usage: tools/setup.sh [demo]" >&2; exit 2 ;; esac
 
 # R and what keras3's stack needs from Debian; keras3, tensorflow and a current reticulate (Debian has
 # 1.28, keras3 needs >= 1.42) come from the R repositories in KERASDIST_R_REPOS (CRAN by default).
-DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev r-cran-testthat r-cran-knitr r-cran-rmarkdown
-  r-cran-roxygen2 r-cran-callr r-cran-withr r-cran-jsonlite pandoc r-cran-rcpp r-cran-rcpptoml r-cran-here
+DEMO_DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev
+  r-cran-callr r-cran-withr r-cran-jsonlite r-cran-rcpp r-cran-rcpptoml r-cran-here
   r-cran-png r-cran-rappdirs r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
   r-cran-rlang r-cran-magrittr r-cran-processx r-cran-yaml r-cran-whisker r-cran-tidyselect
-  r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports
-  chromium"  # chromium: the documentation site is checked in a real browser (tests/python/test_docs_site.py)
+  r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-matrix r-cran-backports"
+# Only the tests and the documentation use these: testthat, the vignettes' knitr and rmarkdown
+# (pandoc), roxygen2 (make docs), chromium (the site is checked in a real browser,
+# tests/python/test_docs_site.py).
+TEST_DEBIAN_PACKAGES="r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc chromium"
 # The Slurm cluster tests (tests/python/test_slurm.py, tools/slurm_cluster.py) need root, so these
 # are installed only when the set-up runs as root (as CI does); elsewhere those tests skip.
 SLURM_PACKAGES="slurm-wlm munge iproute2 util-linux"
+# The demo's Python packages, at the versions tools/constraints.txt pins (it pins the rest too).
+DEMO_PYTHON_PACKAGES="tensorflow-cpu keras tensorboard numpy matplotlib hatchling"
 STAMPS=.venv/.stamps
+
+debian_packages() {
+  echo "$DEMO_DEBIAN_PACKAGES"
+  if [ "$MODE" = full ]; then
+    echo "$TEST_DEBIAN_PACKAGES"
+    [ "$(id -u)" -eq 0 ] && echo "$SLURM_PACKAGES"
+  fi
+  return 0
+}
 
 need_debian_packages() {
   local pkg
-  for pkg in $DEBIAN_PACKAGES $( [ "$(id -u)" -eq 0 ] && echo "$SLURM_PACKAGES" ); do
+  for pkg in $(debian_packages); do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || return 0
   done
   return 1
@@ -29,8 +48,8 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_debian_packages() {
   if need_debian_packages; then
-    local packages="$DEBIAN_PACKAGES"
-    [ "$(id -u)" -eq 0 ] && packages="$packages $SLURM_PACKAGES"
+    local packages
+    packages=$(debian_packages | tr '\n' ' ')
     echo "setup: installing Debian packages: $packages"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends $packages >/dev/null
@@ -43,7 +62,16 @@ install_python_env() {
     python3 -m venv .venv
   fi
   mkdir -p "$STAMPS"
-  if [ ! -f "$STAMPS/pip" ] || [ tools/constraints.txt -nt "$STAMPS/pip" ]; then
+  if [ "$MODE" = demo ] && [ -f "$STAMPS/pip" ] && [ "$STAMPS/pip" -nt tools/constraints.txt ]; then
+    :  # the full set is in place, the demo's included
+  elif [ "$MODE" = demo ]; then
+    if [ ! -f "$STAMPS/pip-demo" ] || [ tools/constraints.txt -nt "$STAMPS/pip-demo" ]; then
+      echo "setup: installing the demo's pinned Python packages into .venv"
+      # shellcheck disable=SC2086
+      .venv/bin/pip install -q --disable-pip-version-check -c tools/constraints.txt $DEMO_PYTHON_PACKAGES
+      touch "$STAMPS/pip-demo"
+    fi
+  elif [ ! -f "$STAMPS/pip" ] || [ tools/constraints.txt -nt "$STAMPS/pip" ]; then
     echo "setup: installing pinned Python packages into .venv"
     .venv/bin/pip install -q --disable-pip-version-check -r tools/constraints.txt
     touch "$STAMPS/pip"

@@ -143,9 +143,11 @@ def bench_strategies(
         verbose: print a line as each strategy starts and ends.
         speed_options: also time the recommended strategy with `mixed_precision=True` (the model
             built under `mixed_float16` on a GPU, `mixed_bfloat16` on a CPU) and with
-            `jit_compile=True` (XLA), each in a process of its own, and say in `reason` whether
-            either helps (more than 5% faster) and so is worth passing to `distributed_fit` or
-            `custom_fit`. Off by default: two more runs.
+            `jit_compile=True` (XLA), in one more process of that strategy that times the model
+            plain and with each option, interleaved round by round (each speedup compares runs
+            of the same moment), and say in `reason` whether either helps (more than 5% faster)
+            and so is worth passing to `distributed_fit` or `custom_fit`. Off by default: one
+            more process.
 
     Returns:
         A `StrategyBenchmark`: `timings` (one `StrategyTiming` per strategy), `recommendation`

@@ -25,8 +25,9 @@ class ClusterInfo:
 
     Attributes:
         source: "TF_CONFIG", "Slurm" or "none".
-        cluster: task type -> list of "host:port" addresses (empty for Slurm, whose addresses
-            TensorFlow's SlurmClusterResolver works out).
+        cluster: task type -> list of "host:port" addresses (for Slurm, the workers laid out
+            as TensorFlow's SlurmClusterResolver does, `slurm_cluster`; empty when the step's
+            node list is not in the environment).
         task_type: this process's role, or None outside a cluster.
         task_index: this process's index within its role, or None.
         num_workers: tasks that train: workers, plus the chief except in parameter-server

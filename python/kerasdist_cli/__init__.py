@@ -184,7 +184,7 @@ def _positive_seconds(text: str) -> float:
 def _add_launch(commands) -> None:
     launch = commands.add_parser(
         "launch",
-        help="run a command as a local TF_CONFIG cluster, restarting it on failure",
+        help="run a command as a local TF_CONFIG cluster, restarting it on failure (--max-restarts)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="kerasdist launch -n N [--ps P] [--max-restarts R] [--min-workers M] [--warm-start] "
               "[--host HOST] [--timeout S] -- COMMAND ...",
@@ -206,7 +206,10 @@ def _add_launch(commands) -> None:
         ),
         epilog=(
             "exit status: 0 when the run finished; the failing process's status (128+N if\n"
-            "killed by signal N) when restarts ran out; 124 on --timeout; 2 on bad input.\n\n"
+            "killed by signal N) when restarts ran out; 124 on --timeout, or when a task did\n"
+            "not come up within --startup-timeout and restarts ran out; 130 when the launcher\n"
+            "was interrupted (Ctrl-C, SIGTERM) and stopped the group; 2 on bad input.\n"
+            "--max-restarts defaults to 0: without it a failure ends the run.\n\n"
             "example:\n  kerasdist launch -n 2 --max-restarts 3 -- train.py --epochs 5"
         ),
     )

@@ -228,7 +228,25 @@ def test_a_killed_a_preempted_and_a_completed_run_report_their_known_losses(tmp_
     assert printed["redone_steps"] == 3 and len(printed["attempts"]) == 3
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert kerasdist_cli.main(["goodput", str(ckpt)]) == 0
-    assert "3 attempt(s), 2 failure(s)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "3 attempt(s), 2 failure(s)" in text
+    assert _shape(text) == _shape(_documented_goodput()), "docs/checkpoints.md's sample output is stale"
+
+
+def _shape(report_text: str) -> list[str]:
+    """The report's lines with their figures left out (the same run prints other times)."""
+    import re
+
+    lines = [line for line in report_text.splitlines() if line.strip() and not line.startswith("timeline:")]
+    return [" ".join(re.sub(r"\d+(\.\d+)?", "#", line.split(":", 1)[1] if i == 0 else line).split())
+            for i, line in enumerate(lines)]
+
+
+def _documented_goodput() -> str:
+    """The sample output of `kerasdist goodput` in docs/checkpoints.md (the same run as above)."""
+    text = (ROOT / "docs" / "checkpoints.md").read_text()
+    block = text.split("$ kerasdist goodput ckpt --plot timeline.png\n", 1)[1].split("```", 1)[0]
+    return block
 
 
 def test_a_sigkill_right_after_a_step_counts_the_steps_redone_exactly(tmp_path, monkeypatch):

@@ -1,5 +1,9 @@
-"""The Python and R code blocks of README.md and of every guide page in docs/ run as written
-(each in a fresh process and directory), and the pages' relative links resolve.
+"""The Python and R code blocks of README.md and of every guide page in docs/ run as written, the
+way a reader runs them: every Python block of a page in order, in one Python process and one
+working directory (a namespace shared from block to block, as in one session), and every R block
+of a page the same way in one Rscript; and the pages' relative links resolve. So two blocks of a
+page that would clash (one `checkpoint_dir` for two different models) fail here: blocks that
+cannot share a directory name distinct ones.
 
 Every block runs; an HTML comment on the line before a block says what else it needs:
 
@@ -10,11 +14,13 @@ Every block runs; an HTML comment on the line before a block says what else it n
 - `<!-- not run: REASON -->`: the block is reported as skipped with that reason (a one-time
   installation that downloads TensorFlow into the user's home).
 
-Test ids name the page and the line the block's code starts on: `docs/checkpoints.md-python-line40`.
+Test ids name the page and the language: `docs/checkpoints.md-python`; a failure names the block
+by the line its code starts on (`=== block line 40 ===` in the output).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -109,30 +115,95 @@ def shell_command(line: str) -> list[str]:
     return [sys.executable, *words[1:]] if words[0] == "python" else words
 
 
-@pytest.mark.parametrize("lang,code,before,command", all_blocks())
-def test_readme_block_runs(lang, code, before, command, tmp_path):
-    if not_run := NOT_RUN.fullmatch(before):
-        pytest.skip(not_run["reason"])
+def page_languages() -> list:
+    """(page, language) for every page with a block in that language."""
+    return [pytest.param(page, lang, id=f"{page_name(page)}-{lang}")
+            for page in PAGES for lang in ("python", "r")
+            if any(param.values[0] == lang for param in page_blocks(page))]
+
+
+# One process runs a page's blocks of one language in order: a block saved as a script is written
+# and its command run (its output passed on); any other block runs in the process itself.
+PYTHON_DRIVER = """\
+import json, subprocess, sys
+namespace = {"__name__": "__main__"}
+for step in json.load(open(sys.argv[1])):
+    print(f"\\n=== block line {step['line']} ===", flush=True)
+    if step["argv"]:
+        with open(step["name"], "w") as script:
+            script.write(step["code"] + "\\n")
+        status = subprocess.run(step["argv"]).returncode
+        if status:
+            sys.exit(f"the command after the block of line {step['line']} exited {status}")
+    else:
+        exec(compile(step["code"], f"block line {step['line']}", "exec"), namespace)
+    sys.stdout.flush()
+"""
+R_DRIVER = """\
+for (step in jsonlite::fromJSON(commandArgs(TRUE)[1], simplifyVector = FALSE)) {
+  cat(sprintf("\\n=== block line %d ===\\n", step$line))
+  if (length(step$argv)) stop("a block saved as a script is not supported for R pages")
+  source(exprs = parse(text = step$code, keep.source = FALSE), local = globalenv(), print.eval = TRUE)
+}
+"""
+
+
+def _steps(page: Path, lang: str, work: Path) -> tuple[list[dict], list[str], list[int], list[int]]:
+    """The blocks to run (the files they need copied into `work`), the reasons of those not run,
+    and the lines of the blocks whose launched runs are checked."""
+    steps, skipped, launched, saved = [], [], [], []
+    for param in page_blocks(page):
+        block_lang, code, before, command = param.values
+        if block_lang != lang:
+            continue
+        line = int(param.id.rsplit("line", 1)[1])
+        if not_run := NOT_RUN.fullmatch(before):
+            skipped.append(f"line {line}: {not_run['reason']}")
+            continue
+        step = {"line": line, "code": code, "argv": [], "name": ""}
+        if run_with := RUN_WITH.fullmatch(before):
+            shutil.copy(ROOT / run_with["source"], work / run_with["name"])
+            launched.append(line)
+        if saved_as := SAVED_AS.fullmatch(before):
+            lines = [text for text in command.splitlines() if text.strip()]
+            assert len(lines) == 1, f"one command expected after the block, got:\n{command}"
+            step.update(argv=shell_command(lines[0]), name=saved_as["name"])
+            saved.append(line)
+        steps.append(step)
+    return steps, skipped, launched, saved
+
+
+def _outputs(stdout: str) -> dict[int, str]:
+    """Each block's part of the page's output, by the line its code starts on."""
+    parts = re.split(r"^=== block line (\d+) ===$", stdout, flags=re.M)
+    return {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+@pytest.mark.parametrize("page,lang", page_languages())
+def test_page_blocks_run_in_order_in_one_directory(page, lang, tmp_path):
+    work = tmp_path / "page"
+    work.mkdir()
+    steps, skipped, launched, saved = _steps(page, lang, work)
+    if not steps:
+        pytest.skip("; ".join(skipped))
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERASDIST_PYTHON": sys.executable}
-    if run_with := RUN_WITH.fullmatch(before):
-        shutil.copy(ROOT / run_with["source"], tmp_path / run_with["name"])
-    if saved_as := SAVED_AS.fullmatch(before):
-        (tmp_path / saved_as["name"]).write_text(code + "\n")
-        lines = [line for line in command.splitlines() if line.strip()]
-        assert len(lines) == 1, f"one command expected after the block, got:\n{command}"
-        argv = shell_command(lines[0])
-    elif lang == "python":
-        argv = [sys.executable, "-c", code]
+    if lang == "python":
+        (tmp_path / "driver.py").write_text(PYTHON_DRIVER)
+        argv = [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "steps.json")]
     else:
         rscript = shutil.which("Rscript")
         assert rscript, "Rscript is needed to run the pages' R blocks"
-        argv = [rscript, "-e", code]
-    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        (tmp_path / "driver.R").write_text(R_DRIVER)
+        argv = [rscript, str(tmp_path / "driver.R"), str(tmp_path / "steps.json")]
+    result = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300 * len(steps))
     assert result.returncode == 0, (
-        f"{lang} block failed:\n{code}\n--- stdout ---\n{result.stdout[-3000:]}\n"
-        f"--- stderr ---\n{result.stderr[-3000:]}")
-    if run_with:  # examples/launch_train.*: every worker says it trained
-        trained = re.findall(r"^\[(worker \d)\] trained 5 epochs on 2 replicas", result.stdout, re.M)
-        assert sorted(trained) == ["worker 0", "worker 1"], result.stdout[-3000:]
-    if saved_as:  # the parameter-server script: the chief trained every epoch
-        assert re.search(r"^\[chief 0\] Epoch 5/5$", result.stdout, re.M), result.stdout[-3000:]
+        f"{page_name(page)}: {lang} blocks failed (the last '=== block line N ===' is the one):\n"
+        f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-4000:]}")
+    outputs = _outputs(result.stdout)
+    assert sorted(outputs) == sorted(step["line"] for step in steps), result.stdout[-3000:]
+    for line in launched:  # examples/launch_train.*: every worker says it trained
+        trained = re.findall(r"^\[(worker \d)\] trained 5 epochs on 2 replicas", outputs[line], re.M)
+        assert sorted(trained) == ["worker 0", "worker 1"], outputs[line][-3000:]
+    for line in saved:  # the parameter-server script: the chief trained every epoch
+        assert re.search(r"^\[chief 0\] Epoch 5/5$", outputs[line], re.M), outputs[line][-3000:]

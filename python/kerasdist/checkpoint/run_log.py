@@ -25,7 +25,7 @@ Events (`t` is Unix time; every event has it):
     formed), restored (checkpoint or null, step, seconds),
     train_begin (step), first_step (step), save (step, blocked: seconds the training thread
     waited), committed (step, checkpoint, write seconds, bytes), eval (seconds), train_end (step,
-    status "completed" or "preempted"), exit (the interpreter ended by itself; local logs only).
+    status "completed", "preempted" or "peer lost"), exit (the interpreter ended by itself; local logs only).
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def launch(
         cwd: working directory of the processes (and of a relative script path).
         startup_timeout: seconds within which every worker and ps task must come up (its
             TensorFlow server accepting connections on its port); a task that does not is named
-            ("worker 1 did not come up within 60 s ...") and counts as a failure. None (the
+            ("worker 1 did not come up within 60 s ...") and counts as a failure (exit code
+            124 when it ends the run). None (the
             default) waits as long as TensorFlow does, which is forever.
         min_workers: the fewest workers to go on with when failures outlast `max_restarts`;
             None (the default) is `num_workers`: never fewer. Not with parameter servers.
@@ -119,7 +120,8 @@ def launch(
     Raises:
         ValueError: naming the argument, before anything starts: `num_workers` < 1,
             `num_ps` < 0, `max_restarts` < 0, `min_workers` not within 1..`num_workers` (or
-            set with parameter servers), `timeout` or `grace_period` not positive, an
+            set with parameter servers), `timeout` or `startup_timeout` not positive,
+            `grace_period` negative (0 sends SIGKILL at once), an
             empty `command`, a command or script that does not exist, a `host` this machine
             cannot bind.
     """

@@ -67,7 +67,9 @@ class LaunchResult:
     Attributes:
         exit_code: 0 when every worker (or, with parameter servers, the chief) finished; the
             failing process's status otherwise (128 + N if signal N killed it), 124 when
-            `timeout` was reached, 130 when the launcher was interrupted.
+            `timeout` was reached or a task did not come up within `startup_timeout`. An
+            interrupted `launch()` raises KeyboardInterrupt (after stopping the group); the
+            `kerasdist launch` command then exits 130 (`INTERRUPTED_EXIT_CODE`).
         restarts: how many times the whole group was restarted.
         failures: every failure that stopped a group, oldest first (the last one ended the run
             when `exit_code` is not 0 and the run did not time out).

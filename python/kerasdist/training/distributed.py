@@ -167,7 +167,6 @@ def distributed_fit(
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
     checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
-    check_resumed_settings_of(checkpoints, settings)
 
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
@@ -189,6 +188,8 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, common)
 
     check_jit(settings, context)
+    # every argument (the data's included) is checked above, before the newest checkpoint is read
+    check_resumed_settings_of(checkpoints, settings)
     with precision_policy(settings):
         model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
         model.jit_compile = settings.jit_compile
