@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerasdist
+from kerasdist.checkpoint.model_state import seed_states
 
 out = Path(sys.argv[1])
 keras.utils.set_random_seed(7)
@@ -24,7 +25,6 @@ data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(4)
 ckpt = out / "ckpt"
 model = kerasdist.make_or_restore_model(ckpt, build_model)
 kerasdist.resume_fit(model, data, 2, kerasdist.checkpoint_callback(ckpt, keep=1), verbose=0)
-from kerasdist.checkpoint.model_state import seed_states
 arrays = {f"weight_{i}": w for i, w in enumerate(model.get_weights())}
 arrays.update({f"optimizer_{i}": np.asarray(v.numpy()) for i, v in enumerate(model.optimizer.variables)})
 arrays.update({f"seed_{i}": s for i, s in enumerate(seed_states(model))})
