@@ -22,7 +22,9 @@ export KERASDIST_PYTHON="$PYTHON"
 # r_python 26 s, advisor 77 s); about twice that while other test runs load the same cores.
 # checkpoint has since become 4 variants x (a warm-up + 3 rounds) of 10-epoch fits: about 3.5 min
 # by its epoch time (1.4 s at 4096 samples), not yet timed in a whole quiet run; save_contention
-# about 50 s.
+# about 50 s. checkpoint_scale (issue #47: 60 MB and 600 MB of model state, 2 rounds, a fresh
+# process per restore) took 4 min 45 s on 2026-11-27 with another engineer's tests running (load 5-7);
+# its 2.4 GB size is `BENCH_ARGS_checkpoint_scale="--sizes 2.4G" bench/run.sh checkpoint_scale`.
 BENCHMARKS=(
   "data|bench_data.py|--reps 15 --epochs 5"
   "data_r|bench_data.R|2e5 100 5"
@@ -36,6 +38,7 @@ BENCHMARKS=(
   "advisor|bench_advisor.py|"
   "cli|bench_cli.py|--repeats 10"
   "warm_start|bench_warm_start.py|--repeats 5"
+  "checkpoint_scale|bench_checkpoint_scale.py|--sizes 60M,600M --repeats 2"
 )
 
 names=()
