@@ -196,8 +196,10 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
     attempts = kerasdist.goodput(tmp_path / "ckpt").attempts
     assert [a.status for a in attempts] == ["peer lost"]
     # #43: worker 0's wait for its dead peer is detection (from its last completed step to its
-    # exit), as long as the outside clock says; KERASDIST_PEER_TIMEOUT's 2 s bound it
-    assert attempts[0].seconds["detection"] == pytest.approx(waited, abs=0.5), (attempts[0].seconds, waited)
+    # exit), as long as the outside clock says within 0.5 s; the outside clock also counts the
+    # interpreter's end after kerasdist's exit event (up to a second more on a loaded machine)
+    detection = attempts[0].seconds["detection"]
+    assert waited - 1.5 <= detection <= waited + 0.5, (attempts[0].seconds, waited)
     assert waited < 2.0 + 3.0, waited  # the timeout, plus the service's check and exit, with room for load
 
 

@@ -247,8 +247,9 @@ def test_a_lost_batch_host_requeues_the_job_which_resumes_on_both_hosts_bitwise_
     for task in range(2):
         assert chaos.bitwise_equal(run.weights(task), reference.weights(task)), (task, output[-3000:])
     assert trial["attempts"][0] != "completed" and trial["attempts"][-1] == "completed", trial
-    # host 0 ran the chief: its save of step 8 may have been in flight, that of step 7 was not
-    assert trial["restored_step"] >= 7 and trial["redone_steps"] == 0, trial
+    # host 0 ran the chief: its save of step 8 may have been in flight (a background save, lost with
+    # the host), that of step 7 was not; redone steps count exactly since #43, so that one step
+    assert trial["restored_step"] >= 7 and trial["redone_steps"] <= 1, trial
 
 
 def test_r_training_script_is_preempted_requeued_and_completes_equal(slurm_cluster, r_reference):

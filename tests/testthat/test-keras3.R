@@ -214,7 +214,7 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   exited <- run_rscript(script, dir)
   expect_identical(exited$status, 75L, info = paste(exited$console, collapse = "\n"))
   expect_false(file.exists(file.path(dir, "preempted.rds")))  # it exited inside resume_fit
-  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 4L)  # the next step boundary
+  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 3L)  # the step it came in
   expect_false(any(grepl("SystemExit|Traceback", exited$console)))
 
   dir <- withr::local_tempdir()

@@ -1,4 +1,5 @@
-# Trains with resume_fit and sends itself SIGTERM at global step 3 (saved at the next step boundary). Under Rscript the process must
+# Trains with resume_fit and sends itself SIGTERM at the end of global step 3 (saved at that step's end:
+# the checkpoint callback runs after this one). Under Rscript the process must
 # exit with status 75 after the save; with options(kerasdist.exit_on_preemption = FALSE) (what an
 # interactive session gets) resume_fit stops with a kerasdist_preempted condition instead.
 library(keras3)
