@@ -43,12 +43,14 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
     strategy = context.strategy
     _build_optimizer_quietly(model)  # its variables are made by collectives: on every worker alike
     header: dict[str, Any] = {}
+    chief_callbacks: bytes | None = None  # what the chief restored of the other callbacks
     if context.is_chief:
         try:
             info = manager.restore(model)
             restored = manager.callback_state(model, read=False)
+            chief_callbacks = restored[1] if restored is not None else None
             header = {"checkpoint": None if info is None else dataclasses.asdict(info),
-                      "callbacks": restored is not None and restored[1] is not None}
+                      "callbacks": chief_callbacks is not None}
         except Exception as err:
             _broadcast_json(strategy, True, {"error": f"{type(err).__name__}: {err}"})
             raise
@@ -64,8 +66,7 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
     state = _broadcast_bytes(strategy, context.is_chief, _state_bytes(variables) if context.is_chief else b"")
     callbacks = None
     if header["callbacks"]:  # the other callbacks' state, as the chief read it
-        mine = manager.callback_state(model, read=False) if context.is_chief else None
-        callbacks = _broadcast_bytes(strategy, context.is_chief, mine[1] if mine and mine[1] else b"")
+        callbacks = _broadcast_bytes(strategy, context.is_chief, chief_callbacks or b"")
     if context.is_chief:
         return manager.resume_point(model)
     _assign_state(variables, state, manager)

@@ -117,29 +117,29 @@ class CheckpointManager:
         """Where training of `model` continues: the checkpoint this manager restored into it,
         while the model has not trained since (the very read that restored it, even if the
         directory changed meanwhile); otherwise the newest valid checkpoint."""
-        restored_by = manager_of(model) if model is not None else None
-        if restored_by is not None and restored_by._restored is not None and (
+        restored = self._restored_into(model) if model is not None else None
+        return restored[0] if restored is not None else self.latest()
+
+    def _restored_into(self, model: Any) -> tuple[CheckpointInfo, bytes | None] | None:
+        """(checkpoint, callbacks' state) that this directory's manager restored into `model`,
+        while the model has not trained since; else None."""
+        restored_by = manager_of(model)
+        if restored_by is None or restored_by._restored is None or not (
             restored_by is self or restored_by.store.same_as(self.store)
         ):
-            restored_model, info, _ = restored_by._restored
-            if restored_model() is model and optimizer_step(model) == info.global_step:
-                return info
-        return self.latest()
+            return None
+        restored_model, info, blob = restored_by._restored
+        return (info, blob) if restored_model() is model and optimizer_step(model) == info.global_step else None
 
     def callback_state(self, model: Any, read: bool = True) -> tuple[CheckpointInfo, bytes | None] | None:
         """The checkpoint `model` stands at (its step) and the state of the callbacks it kept
         (None when it kept none), or None when no checkpoint holds the model's step: the one the
         model was restored from, else (when `read`) the newest valid one if it is of this step."""
-        restored_by = manager_of(model)
-        step = optimizer_step(model)
-        if restored_by is not None and restored_by._restored is not None and (
-            restored_by is self or restored_by.store.same_as(self.store)
-        ):
-            restored_model, info, blob = restored_by._restored
-            if restored_model() is model and step == info.global_step:
-                return info, blob
+        restored = self._restored_into(model)
+        if restored is not None:
+            return restored
         latest = self.latest() if read else None
-        if latest is None or latest.global_step != step:
+        if latest is None or latest.global_step != optimizer_step(model):
             return None
         return latest, _callbacks_blob(self.store, self.store.entry_of(latest.path))
 
