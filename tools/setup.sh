@@ -11,7 +11,9 @@ case "$MODE" in demo|full) ;; *) echo "usage: tools/setup.sh [demo]" >&2; exit 2
 
 # R and what keras3's stack needs from Debian; keras3, tensorflow and a current reticulate (Debian has
 # 1.28, keras3 needs >= 1.42) come from the R repositories in KERASDIST_R_REPOS (CRAN by default).
-DEMO_DEBIAN_PACKAGES="python3 python3-venv r-base-core r-base-dev
+# libpython3-dev: Debian's python3 is linked statically and reticulate needs the shared libpython
+# ("was not built with a shared library" from R otherwise; seen in a debootstrapped Debian 12).
+DEMO_DEBIAN_PACKAGES="python3 python3-venv libpython3-dev r-base-core r-base-dev
   r-cran-callr r-cran-withr r-cran-jsonlite r-cran-rcpp r-cran-rcpptoml r-cran-here
   r-cran-png r-cran-rappdirs r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
   r-cran-rlang r-cran-magrittr r-cran-processx r-cran-yaml r-cran-whisker r-cran-tidyselect
