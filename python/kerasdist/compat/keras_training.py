@@ -44,18 +44,17 @@ def apply_multi_worker_fixes(force: bool = False) -> bool:
     """Patch Keras's multi-worker fit if this Keras needs it (or `force`); idempotent. Returns
     whether the patches are in place."""
     global _applied
-    if _applied or not (force or keras_needs_multi_worker_fixes()):
-        return _applied
-    tf_trainer.reduce_per_replica = _reduce_per_replica
-    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
-    _applied = True
-    return True
+    if not _applied and (force or keras_needs_multi_worker_fixes()):
+        _set_attributes({(tf_trainer, "reduce_per_replica"): _reduce_per_replica,
+                         (TRAINER, "_maybe_symbolic_build"): _maybe_symbolic_build})
+        _applied = True
+    return _applied
 
 
 def remove_multi_worker_fixes() -> None:
     """Undo `apply_multi_worker_fixes` (for tests that check upstream behaviour)."""
     global _applied
-    tf_trainer.reduce_per_replica = _original_reduce_per_replica
+    _set_attributes({(tf_trainer, "reduce_per_replica"): _original_reduce_per_replica})
     _applied = False
     _restore_symbolic_build_if_unused()
 
@@ -63,6 +62,12 @@ def remove_multi_worker_fixes() -> None:
 def _restore_symbolic_build_if_unused() -> None:
     if not _applied and not _uneven_applied:
         TRAINER._maybe_symbolic_build = _original_symbolic_build
+
+
+def _set_attributes(values: dict[tuple[Any, str], Any]) -> None:
+    """Set each (owner, attribute name) of `values` to its value: a patch put in place or undone."""
+    for (owner, name), value in values.items():
+        setattr(owner, name, value)
 
 
 def is_multi_worker(strategy: Any) -> bool:
@@ -128,22 +133,21 @@ def apply_uneven_batch_fixes(force: bool = False) -> bool:
     mirrored strategy's replicas (64 over 3, or a last partial batch), with the single-device
     result; idempotent. `force`: whatever the version. Returns whether the patches are in place."""
     global _uneven_applied
-    if _uneven_applied or not (force or keras_needs_uneven_batch_fixes()):
-        return _uneven_applied
-    TRAINER._maybe_symbolic_build = _maybe_symbolic_build
-    TRAINER.compute_loss = _compute_loss
-    loss_module.scale_loss_for_distribution = _scale_loss
-    loss_module.unscale_loss_for_distribution = _unscale_loss
-    _uneven_applied = True
-    return True
+    if not _uneven_applied and (force or keras_needs_uneven_batch_fixes()):
+        _set_attributes({(TRAINER, "_maybe_symbolic_build"): _maybe_symbolic_build,
+                         (TRAINER, "compute_loss"): _compute_loss,
+                         (loss_module, "scale_loss_for_distribution"): _scale_loss,
+                         (loss_module, "unscale_loss_for_distribution"): _unscale_loss})
+        _uneven_applied = True
+    return _uneven_applied
 
 
 def remove_uneven_batch_fixes() -> None:
     """Undo `apply_uneven_batch_fixes` (for tests that check upstream behaviour)."""
     global _uneven_applied
-    TRAINER.compute_loss = _original_compute_loss
-    loss_module.scale_loss_for_distribution = _original_scale_loss
-    loss_module.unscale_loss_for_distribution = _original_unscale_loss
+    _set_attributes({(TRAINER, "compute_loss"): _original_compute_loss,
+                     (loss_module, "scale_loss_for_distribution"): _original_scale_loss,
+                     (loss_module, "unscale_loss_for_distribution"): _original_unscale_loss})
     _uneven_applied = False
     _restore_symbolic_build_if_unused()
 
@@ -217,11 +221,10 @@ def apply_optimizer_variables_fix(force: bool = False) -> bool:
     """Create TensorFlow optimizer variables outside the function being traced, as keras#23087
     does; idempotent. `force`: whatever the version. Returns whether the patch is in place."""
     global _optimizer_applied
-    if _optimizer_applied or not (force or keras_needs_optimizer_variables_fix()):
-        return _optimizer_applied
-    tf_optimizer.TFOptimizer.add_variable = _add_variable
-    _optimizer_applied = True
-    return True
+    if not _optimizer_applied and (force or keras_needs_optimizer_variables_fix()):
+        tf_optimizer.TFOptimizer.add_variable = _add_variable
+        _optimizer_applied = True
+    return _optimizer_applied
 
 
 def remove_optimizer_variables_fix() -> None:
