@@ -39,6 +39,12 @@ CANARIES = {
         "test_storage.py::test_keras_public_save_still_refuses_file_objects",
     "saving internals the background snapshot uses":
         "test_background_save.py::test_keras_version_is_one_the_snapshot_was_checked_on",
+    "saving walk replayed = model.save (record_save, write_keras_zip)":
+        "test_compat.py::test_the_recorded_walk_replayed_writes_model_saves_files",
+    "Variable.assign_add not atomic (atomic_variable_increments, ps)":
+        "test_compat.py::test_keras_variable_increments_are_still_a_read_and_a_separate_write",
+    "Variable.assign_add patch, forced (atomic_variable_increments)":
+        "test_compat.py::test_within_the_block_increments_are_one_atomic_op_and_keras_comes_back_after_it",
     "tf.data Grappler per iterator (map_on_cpu)":
         "test_data.py::test_tf_data_still_runs_grappler_on_each_plain_map_function_but_not_on_kerasdists",
     "marked int32 functions fail (map_on_cpu)":

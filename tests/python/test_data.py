@@ -468,10 +468,11 @@ def test_a_marked_function_with_an_int32_result_still_fails_upstream():
     their int32 results are _DeviceRetval nodes, and tf.data's inject_prefetch (autotuning on)
     then refuses a function with two results. Fails once upstream accepts them."""
     from kerasdist import compat
+    from kerasdist.compat import tf_data
 
     pair = lambda i: (tf.cast(i, tf.int32), tf.cast(i, tf.int32))  # noqa: E731
-    marked = compat._marked_function(pair, "Dataset.map()", tf.data.Dataset.range(2))
-    dataset = compat._SingleDeviceFunctionDataset(tf.data.Dataset.range(2), marked, flat=False)
+    marked = tf_data._marked_function(pair, "Dataset.map()", tf.data.Dataset.range(2))
+    dataset = tf_data._SingleDeviceFunctionDataset(tf.data.Dataset.range(2), marked, flat=False)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Expected only one fetch node"):
         list(dataset)
     assert [a.numpy().tolist() for a, _ in compat.map_on_cpu(tf.data.Dataset.range(2), pair)] == [0, 1]

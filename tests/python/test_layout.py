@@ -100,10 +100,10 @@ def test_no_import_binds_another_modules_name_under_a_private_alias():
 
 
 def test_no_private_name_is_imported_from_other_packages_outside_compat():
-    """Upstream's private names are workarounds: they live in compat.py, gated on versions."""
+    """Upstream's private names are workarounds: they live in the compat package, gated on versions."""
     taken = []
     for path in MODULES:
-        if path.name == "compat.py":
+        if path.parent == PACKAGE / "compat":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] not in TOP_LEVEL:
@@ -111,6 +111,57 @@ def test_no_private_name_is_imported_from_other_packages_outside_compat():
                 taken += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}"
                           for name in names if _is_private(name)]
     assert taken == []
+
+
+UPSTREAM = {"keras", "tensorflow", "tf_keras"}
+
+
+def _upstream_names(tree: ast.AST) -> set[str]:
+    """The names a module binds by importing from Keras or TensorFlow (modules, classes, functions)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] in UPSTREAM}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UPSTREAM:
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _written_roots(tree: ast.AST) -> list[tuple[str, int]]:
+    """(name, line) of the name at the root of every attribute assigned, deleted or setattr'ed."""
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    written = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                "setattr", "delattr") and node.args:
+            targets = [ast.Attribute(value=node.args[0])]
+        else:
+            continue
+        written += [(name, node.lineno) for target in targets
+                    if isinstance(target, ast.Attribute) and (name := root(target))]
+    return written
+
+
+def test_no_module_outside_compat_patches_keras_or_tensorflow():
+    """Replacing a function in Keras's or TensorFlow's classes or modules is a workaround: it lives
+    in the compat package, gated on versions, with a canary."""
+    patched = []
+    for path in MODULES:
+        if path.parent == PACKAGE / "compat":
+            continue
+        tree = ast.parse(path.read_text())
+        upstream = _upstream_names(tree)
+        patched += [f"{path.relative_to(PACKAGE.parent)}:{line} {name}" for name, line in _written_roots(tree)
+                    if name in upstream]
+    assert patched == []
 
 
 def test_imports_form_no_circle():

@@ -56,7 +56,7 @@ def test_two_workers_fit_identically_and_match_one_process(tmp_path, capfd):
 
 
 def test_upstream_multi_worker_fit_still_needs_the_shim(tmp_path, capfd):
-    """Fails once Keras's own multi-worker fit works: then drop kerasdist/compat.py."""
+    """Fails once Keras's own multi-worker fit works: then drop compat/keras_training.py's multi-worker fixes."""
     assert compat.keras_needs_multi_worker_fixes()
     result = launch(tmp_path, "--no-fixes")
     captured = capfd.readouterr()
@@ -258,6 +258,7 @@ def test_multi_worker_strategy_created_after_tensorflow_ran_says_what_to_move():
         """
         import tensorflow as tf, kerasdist
         from kerasdist import compat
+        from kerasdist.compat import tf_distribute
         tf.data.Dataset.range(3)  # TensorFlow starts before the strategy: too late for collectives
         for make in (lambda: kerasdist.select_strategy("multi_worker"), tf.distribute.MultiWorkerMirroredStrategy):
             try:
@@ -265,7 +266,7 @@ def test_multi_worker_strategy_created_after_tensorflow_ran_says_what_to_move():
             except compat.MultiWorkerStrategyTooLate as err:
                 print("explained:", err)
         try:
-            compat._original_multi_worker_init(tf.distribute.MultiWorkerMirroredStrategy.__new__(
+            tf_distribute._original_multi_worker_init(tf.distribute.MultiWorkerMirroredStrategy.__new__(
                 tf.distribute.MultiWorkerMirroredStrategy))
         except RuntimeError as err:
             print("upstream:", err)
@@ -376,9 +377,11 @@ def test_import_puts_the_version_gated_fixes_in_place():
     explains a late strategy; neither applies to versions outside their ranges."""
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    assert compat.keras_needs_multi_worker_fixes() and compat._applied
-    assert tf_trainer.reduce_per_replica is compat._reduce_per_replica
-    assert compat.TRAINER._maybe_symbolic_build is compat._maybe_symbolic_build
+    from kerasdist.compat import keras_training
+
+    assert compat.keras_needs_multi_worker_fixes() and keras_training._applied
+    assert tf_trainer.reduce_per_replica is keras_training._reduce_per_replica
+    assert compat.TRAINER._maybe_symbolic_build is keras_training._maybe_symbolic_build
     assert compat.explain_late_multi_worker_strategy()  # already in place: idempotent
     assert not compat.keras_needs_multi_worker_fixes("3.16.0")
-    assert not compat._version_within("2.22.0", compat.LATE_COLLECTIVES_VERSIONS)
+    assert not compat.version_within("2.22.0", compat.LATE_COLLECTIVES_VERSIONS)

@@ -15,6 +15,7 @@ from tensorflow.python.distribute.failure_handling import failure_handling, fail
 
 import kerasdist
 from kerasdist import compat
+from kerasdist.compat import tf_cluster
 from kerasdist.preemption import agreement
 from kerasdist.preemption.exit import exit_on_lost_peer, peer_lost
 
@@ -29,13 +30,13 @@ def test_upstream_handler_still_does_nothing_on_gce_cpu_vms():
 
 
 def test_the_metadata_probe_is_pointed_at_a_closed_local_port_and_answers_at_once():
-    assert failure_handling_util._GCE_METADATA_URL_ENV_VARIABLE == compat._GCE_METADATA_VARIABLE
-    before = os.environ.get(compat._GCE_METADATA_VARIABLE)
+    assert failure_handling_util._GCE_METADATA_URL_ENV_VARIABLE == tf_cluster._GCE_METADATA_VARIABLE
+    before = os.environ.get(tf_cluster._GCE_METADATA_VARIABLE)
     start = time.monotonic()
     with compat.gce_metadata_probe_off():
         assert failure_handling_util.on_gcp() is False
     assert time.monotonic() - start < 2  # refused locally; upstream's own probe may wait 5 s
-    assert os.environ.get(compat._GCE_METADATA_VARIABLE) == before
+    assert os.environ.get(tf_cluster._GCE_METADATA_VARIABLE) == before
 
 
 def test_one_process_gets_no_agreement_and_keeps_its_own_sigterm_handling():

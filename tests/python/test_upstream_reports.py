@@ -1,6 +1,6 @@
 """The museum of upstream reports: each report's minimal code (synthetic data), run as Keras is
 released, where it must still fail the upstream way (a canary: when one passes, upstream fixed it
-and the shim in kerasdist/compat.py can go), and with `import kerasdist`, where it must train as
+and the shim in kerasdist/compat/ can go), and with `import kerasdist`, where it must train as
 one device does. docs/upstream.md lists them.
 
 Also covered elsewhere, not repeated here: TensorFlow's multi-worker tutorial (keras#20585) in
@@ -123,12 +123,14 @@ def test_import_puts_the_uneven_batch_and_optimizer_fixes_in_place():
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
     from keras.src.losses import loss as loss_module
 
+    from kerasdist.compat import keras_training
+
     assert compat.keras_needs_uneven_batch_fixes() and compat.keras_needs_optimizer_variables_fix()
-    assert compat.TRAINER.compute_loss is compat._compute_loss
-    assert loss_module.scale_loss_for_distribution is compat._scale_loss
-    assert tf_optimizer.TFOptimizer.add_variable is compat._add_variable
+    assert compat.TRAINER.compute_loss is keras_training._compute_loss
+    assert loss_module.scale_loss_for_distribution is keras_training._scale_loss
+    assert tf_optimizer.TFOptimizer.add_variable is keras_training._add_variable
     with compat.keras_as_released():
-        assert compat.TRAINER.compute_loss is compat._original_compute_loss
-        assert tf_optimizer.TFOptimizer.add_variable is compat._original_add_variable
-    assert compat.TRAINER._maybe_symbolic_build is compat._maybe_symbolic_build
+        assert compat.TRAINER.compute_loss is keras_training._original_compute_loss
+        assert tf_optimizer.TFOptimizer.add_variable is keras_training._original_add_variable
+    assert compat.TRAINER._maybe_symbolic_build is keras_training._maybe_symbolic_build
     assert not compat.keras_needs_uneven_batch_fixes("3.16.0")

@@ -10,11 +10,10 @@ members and layout; the weights file holds the same groups, datasets and attribu
 order), which `keras.models.load_model` and `CheckpointManager.restore` read as usual.
 
 How it stays cheap. `model.save` (Keras 3.15's `saving_lib._save_model_to_fileobj`) serializes the
-config, then walks the model (`saving_lib._save_state`), handing each saveable an `H5IOStore` to
-put its variables in, and writes each value into an HDF5 file as it comes. The snapshot runs the
-same walk with a store that only records what it is given (`_RecordingStore`): every path,
-metadata and key, in order, and each value, frozen. Optimizers hand over their variables
-themselves for it, not the `variable.numpy()` copies they give `model.save`.
+config, then walks the model, handing each saveable a store to put its variables in, and writes
+each value into an HDF5 file as it comes. The snapshot runs the same walk with a store that only
+records what it is given (`compat.record_save`, where the Keras internals live), each value frozen
+here (`_frozen`):
 - With a `SaveMemory` (background saves), every value is copied into memory the saves reuse: one
   copy, into memory already mapped, and nothing of the model's held afterwards.
 - Without one, a Keras variable is kept as a tensor read of it: TensorFlow's variable reads are
@@ -22,20 +21,18 @@ themselves for it, not the `variable.numpy()` copies they give `model.save`.
   training steps cannot change it. Reads that land elsewhere than this host's CPU (GPU memory, a
   parameter server) are copied to host memory at once, so a snapshot never holds accelerator
   memory or remote values. Anything else is copied, unless it is a fresh array nothing else holds.
-Assets (lookup-layer vocabularies) are written by their layers into a temporary directory, as
-`model.save` does, and read back into memory. `files()` replays the recorded calls into Keras's
-`H5IOStore` writing into the zip's own buffer, where the zip keeps the weights file (so building the
-zip does not copy it again), and without the store's copy of each value.
+`files()` replays the recorded calls into Keras's own store (`compat.write_keras_zip`), writing into
+the zip's own buffer, where the zip keeps the weights file (so building the zip does not copy it
+again).
 
-The walk and the stores are Keras internals: `keras_snapshot_supported` gates them on the Keras
-versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the files at
-once with `model.save` (correct, not cheap), and tests/python/test_background_save.py fails so
-that the shim is checked again.
+The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
+Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
+files at once with `model.save` (correct, not cheap), and tests/python/test_compat.py and
+test_background_save.py fail so that the shim is checked again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import os
@@ -43,12 +40,10 @@ import struct
 import sys
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import h5py
 import keras
 import numpy as np
 import tensorflow as tf
@@ -57,15 +52,6 @@ from kerasdist import compat
 from kerasdist.checkpoint.checksums import Content, crc32_combine
 from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
 from kerasdist.checkpoint.model_state import optimizer_step, seed_states, signature
-
-
-@dataclass
-class _Entry:
-    """One `store.make(path, metadata)` of the walk and the values set after it."""
-
-    path: str
-    metadata: dict[str, Any] | None
-    values: list[tuple[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -112,7 +98,7 @@ def take_snapshot(model: Any, memory: SaveMemory | None = None) -> Snapshot:
         def make_files() -> tuple[dict[str, Content], dict[str, int]]:
             if memory is not None:
                 memory.check_current(taken)
-            content, crc32 = recorded.keras_bytes(taken)
+            content, crc32 = _keras_bytes(recorded, taken)
             return {MODEL_FILE: content, RNG_FILE: npz_bytes(rng)}, {MODEL_FILE: crc32}
 
         return Snapshot(step, weights, make_files)
@@ -133,44 +119,30 @@ def keras_bytes_now(model: Any) -> bytes:
 
 
 # --------------------------------------------------------------------------------------------
-# The recorded walk (Keras 3.15 internals: saving_lib)
+# The recorded walk (Keras's saving internals: compat.record_save, compat.write_keras_zip)
 
 
-@dataclass(frozen=True)
-class _RecordedModel:
-    config_json: str
-    metadata_json: str
-    entries: list[_Entry]
-    assets: list[tuple[str, bytes]]  # (path in the zip, content), in the order Keras writes them
+def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.RecordedSave:
+    return compat.record_save(model, _freezer(space.values if space is not None else None))
 
-    def keras_bytes(self, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
-        """The `.keras` zip `saving_lib._save_model_to_fileobj` writes for the recorded state, built
-        in `space`'s file buffer (valid until its next save) or in fresh memory, and its CRC-32."""
-        from keras.src.saving import saving_lib
 
-        file = space.file if space is not None else _FileBuffer()
-        archive_file = file.window(0)
-        with zipfile.ZipFile(archive_file, "w") as archive:
-            archive.writestr(saving_lib._METADATA_FILENAME, self.metadata_json)
-            archive.writestr(saving_lib._CONFIG_FILENAME, self.config_json)
-            # The weights file is built where the zip will hold it, after its member header: the
-            # zip's write of it is then a copy onto itself, which `_Window.write` skips.
-            name = saving_lib._VARS_FNAME_H5
-            weights_start = archive_file.tell() + _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
-            weights_file = file.window(weights_start)
-            store = _WeightsWriter(weights_file)
-            try:
-                for entry in self.entries:
-                    store.make(entry.path, metadata=entry.metadata)
-                    for key, value in entry.values:
-                        store[key] = np.asarray(value)  # a tensor's own memory, no copy
-            finally:
-                store.close()
-            archive.writestr(name, weights_file.view())
-            for asset, content in self.assets:
-                archive.writestr(asset, content)
-        content = archive_file.view()
-        return content, _crc32_around(content, archive.getinfo(name), weights_start)
+def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
+    """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
+    (valid until its next save) or in fresh memory, and its CRC-32."""
+    file = space.file if space is not None else _FileBuffer()
+    archive_file = file.window(0)
+    weights_start = 0
+
+    def weights_file_for(name: str) -> _Window:
+        # The weights file is built where the zip will hold it, after its member header: the zip's
+        # write of it is then a copy onto itself, which `_Window.write` skips.
+        nonlocal weights_start
+        weights_start = archive_file.tell() + _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+        return file.window(weights_start)
+
+    member = compat.write_keras_zip(recorded, archive_file, weights_file_for)
+    content = archive_file.view()
+    return content, _crc32_around(content, member, weights_start)
 
 
 def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> int:
@@ -184,51 +156,19 @@ def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> i
     return crc32_combine(crc, zlib.crc32(content[end:]), len(content) - end)
 
 
-def _record_model(model: Any, space: _SaveSpace | None = None) -> _RecordedModel:
-    from keras.src.saving import saving_lib
-
-    compat.warm_saving_skipsets()  # outside any strategy scope: callbacks run outside it
-    config_json, metadata_json = saving_lib._serialize_model_as_json(model)
-    weights = _RecordingStore(space.values if space is not None else None)
-    assets_archive = _AssetRecorder()
-    assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=assets_archive, mode="w")
-    try:
-        with _optimizers_hand_over_variables(model):
-            saving_lib._save_state(model, weights_store=weights, assets_store=assets, inner_path="",
-                                   visited_saveables=set())
-    finally:
-        assets.close()  # hands each asset file to the recorder, then removes the temporary directory
-    return _RecordedModel(config_json, metadata_json, weights.entries, assets_archive.files)
-
-
-@contextlib.contextmanager
-def _optimizers_hand_over_variables(model: Any) -> Iterator[None]:
-    """Keras optimizers save `store[str(i)] = variable.numpy()` (`BaseOptimizer.save_own_variables`):
-    a copy, on the training thread, into freshly allocated memory. During the walk they hand the
-    variables themselves to the store instead, which freezes them as it freezes the layers'."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    def hand_over(optimizer: Any, store: Any) -> None:
-        for i, variable in enumerate(optimizer.variables):
-            store[str(i)] = variable
-
-    patched = []
-    optimizer = getattr(model, "optimizer", None)
-    while isinstance(optimizer, BaseOptimizer) and optimizer not in patched:
-        if type(optimizer).save_own_variables is BaseOptimizer.save_own_variables:
-            object.__setattr__(optimizer, "save_own_variables", functools.partial(hand_over, optimizer))
-            patched.append(optimizer)
-        optimizer = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
-    try:
-        yield
-    finally:
-        for optimizer in patched:
-            object.__delattr__(optimizer, "save_own_variables")
-
-
 def _host_cpu() -> tf.DeviceSpec:
     with tf.device("CPU:0"):
         return tf.DeviceSpec.from_string(tf.constant(0).device)
+
+
+def _freezer(arena: _Arena | None) -> Callable[[Any], Any]:
+    """What the recording store passes each value through: `_frozen` on this host, into `arena`."""
+    host = _host_cpu()
+
+    def freeze(value: Any) -> Any:
+        return _frozen(value, host, arena)
+
+    return freeze
 
 
 def _frozen(value: Any, host: tf.DeviceSpec, arena: _Arena | None) -> Any:
@@ -276,7 +216,7 @@ def _fresh_references() -> int:
     global _calibration
     _calibration = []
     try:
-        store = _RecordingStore()
+        store = compat.recording_store(_freezer(None))
         store.make("")
         store["fresh"] = np.zeros(1)
         held = np.zeros(1)
@@ -285,97 +225,6 @@ def _fresh_references() -> int:
     finally:
         _calibration = None
     return fresh if fresh < held_count else 0
-
-
-@functools.cache
-def _store_class() -> type:
-    from keras.src.saving import saving_lib
-
-    class RecordingStore(saving_lib.H5IOStore):  # `_save_state` accepts only Keras's stores
-        """Records the walk's `make` and `__setitem__` calls instead of writing HDF5."""
-
-        def __init__(self, arena: _Arena | None = None) -> None:  # no HDF5 file: none of H5IOStore's state is used
-            self.mode = "w"
-            self.entries: list[_Entry] = []
-            self._host = _host_cpu()
-            self._arena = arena
-
-        def __bool__(self) -> bool:
-            return True
-
-        def make(self, path: str, metadata: dict[str, Any] | None = None) -> RecordingStore:
-            self.entries.append(_Entry(path, dict(metadata) if metadata else None))
-            return self
-
-        def __setitem__(self, key: str, value: Any) -> None:
-            self.entries[-1].values.append((key, _frozen(value, self._host, self._arena)))
-
-        def __getitem__(self, key: str) -> Any:
-            return dict(self.entries[-1].values)[key]
-
-        def __contains__(self, key: object) -> bool:
-            return any(name == key for name, _ in self.entries[-1].values)
-
-        def __len__(self) -> int:
-            return len(self.entries[-1].values) if self.entries else 0
-
-        def keys(self) -> list[str]:
-            return [name for name, _ in self.entries[-1].values]
-
-        def close(self) -> None:
-            pass
-
-    return RecordingStore
-
-
-def _RecordingStore(arena: _Arena | None = None) -> Any:  # noqa: N802  (a class made on first use: saving_lib loads late)
-    return _store_class()(arena)
-
-
-@functools.cache
-def _writer_class() -> type:
-    from keras.src.saving import saving_lib
-
-    class WeightsWriter(saving_lib.H5IOStore):
-        """Keras's writer of the weights file (its groups, attributes and datasets, in its order),
-        into a file object of ours, without the copy of every value its `__setitem__` makes."""
-
-        def __init__(self, target: _Window) -> None:
-            self._target = target
-            super().__init__(saving_lib._VARS_FNAME_H5, mode="w")
-
-        def _get_h5_file(self, path_or_io: Any, mode: str | None = None) -> Any:
-            return h5py.File(self._target, mode="w")
-
-        def __setitem__(self, key: str, value: np.ndarray) -> None:
-            if not self._h5_entry_initialized:
-                self._create_h5_group(self._h5_entry_path)
-            if keras.backend.standardize_dtype(value.dtype) == "bfloat16":
-                self._h5_entry_group.create_dataset(key, data=value).attrs["dtype"] = "bfloat16"
-            else:
-                self._h5_entry_group[key] = value
-
-        def close(self) -> None:
-            self.h5_file.close()
-
-    return WeightsWriter
-
-
-def _WeightsWriter(target: _Window) -> Any:  # noqa: N802
-    return _writer_class()(target)
-
-
-class _AssetRecorder:
-    """Stands in for the zip archive `DiskIOStore.close` writes the asset files into."""
-
-    def __init__(self) -> None:
-        self.files: list[tuple[str, bytes]] = []
-
-    def __bool__(self) -> bool:
-        return True
-
-    def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
-        self.files.append((arcname, Path(filename).read_bytes()))
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ and `kerasdist.launch(["train.py"], num_workers=2, num_ps=1)` runs it as a local
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerasdist import compat
 from kerasdist.context import context_of
 from kerasdist.step_guard import check_step_functions
 from kerasdist.validation import integer
@@ -143,7 +143,7 @@ def ps_fit(
     )
     _settle_before_preemption_saves(callback_list, coordinator)
     model.stop_training = False
-    with _atomic_increments():
+    with compat.atomic_variable_increments():
         return _loop(model, coordinator, callback_list, train_step, train_iterator, test_step,
                      val_iterator, initial_epoch, epochs, steps_per_epoch, validation_steps)
 
@@ -267,46 +267,6 @@ def _validate(model: Any, coordinator: Any, test_step: Any, iterator: Any, steps
 
 def _metric_logs(model: Any) -> dict[str, float]:
     return {name: float(value) for name, value in model.get_metrics_result().items()}
-
-
-@contextlib.contextmanager
-def _atomic_increments() -> Any:
-    """Make Keras variables' `assign_add`/`assign_sub` single atomic updates while the steps
-    are traced.
-
-    Keras 3 implements `Variable.assign_add(v)` as `assign(read() + v)`. Under a parameter-server
-    strategy two workers run steps at the same time against the same ps variables, so one's read
-    and write can straddle the other's and an increment is lost: with 2 workers, 30 scheduled
-    steps left `optimizer.iterations` at 24, and the metric totals and counts lose updates the
-    same way. (The optimizer's own weight updates already use TensorFlow's atomic ops.) Inside
-    this block they use `tf.Variable.assign_add`, one locked update on the ps; the steps keep the
-    ops they were traced with.
-    """
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-    from keras.src.backend.tensorflow.core import Variable
-
-    saved = {name: Variable.__dict__.get(name) for name in ("assign_add", "assign_sub")}
-
-    def atomic(name: str) -> Any:
-        keras_update = getattr(Variable, name)
-
-        def update(self: Any, value: Any) -> Any:
-            if in_stateless_scope():
-                return keras_update(self, value)
-            return getattr(self._value, name)(tf.cast(value, self._value.dtype))
-
-        return update
-
-    for name in saved:
-        setattr(Variable, name, atomic(name))
-    try:
-        yield
-    finally:
-        for name, original in saved.items():
-            if original is None:
-                delattr(Variable, name)
-            else:
-                setattr(Variable, name, original)
 
 
 def _settle_before_preemption_saves(callback_list: Any, coordinator: Any) -> None:

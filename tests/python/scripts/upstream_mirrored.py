@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import kerasdist
 from kerasdist import compat
+from kerasdist.compat import keras_training
 
 kerasdist.simulate_devices(3)
 root = sys.argv[1]
@@ -75,8 +76,8 @@ single_losses = fit(single, 64)
 with compat.keras_as_released():
     report["uneven_plain"] = upstream_error(lambda: fit(built_in(strategy), 64))
     compat.apply_uneven_batch_fixes(force=True)  # then Keras's loss scaling as released
-    compat.loss_module.scale_loss_for_distribution = compat._original_scale_loss
-    compat.loss_module.unscale_loss_for_distribution = compat._original_unscale_loss
+    keras_training.loss_module.scale_loss_for_distribution = keras_training._original_scale_loss
+    keras_training.loss_module.unscale_loss_for_distribution = keras_training._original_unscale_loss
     build_only = built_in(strategy)
     fit(build_only, 64)
     report["uneven_build_only_gap"] = weights_gap(build_only, single)  # > tolerance: 1/replicas weighting

@@ -25,6 +25,7 @@ single = "--single" in sys.argv
 strategy = tf.distribute.get_strategy() if single else tf.distribute.MultiWorkerMirroredStrategy()
 import kerasdist  # noqa: E402,F401 - after the strategy, as users add it to their script
 from kerasdist import compat  # noqa: E402
+from kerasdist.compat import keras_training  # noqa: E402
 
 if "--forced" in sys.argv:
     compat.apply_keras_fixes(force=True)
@@ -94,7 +95,7 @@ if not single:
         report["keras_20329_plain"] = upstream_error(dict_inputs)
         report["ray_47464_plain"] = upstream_error(lambda: ray_train_func(ray_config))
         compat.apply_multi_worker_fixes(force=True)  # then Keras's reduce_per_replica as released
-        compat.tf_trainer.reduce_per_replica = compat._original_reduce_per_replica
+        keras_training.tf_trainer.reduce_per_replica = keras_training._original_reduce_per_replica
         report["tensorflow_72388_plain"] = upstream_error(scalar_reduction)
 report["keras_20329"] = dict_inputs()
 report["ray_47464"] = ray_train_func(ray_config)

@@ -1,0 +1,92 @@
+"""TensorFlow's MultiWorkerMirroredStrategy where it says too little or offers no argument: a
+strategy made too late (`explain_late_multi_worker_strategy`, applied at `import kerasdist`) and
+the coordination service's heartbeat timeout (`configure_coordination`). Each gated on the
+TensorFlow versions checked; why and the canaries: docs/upstream.md."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import tensorflow as tf
+
+from kerasdist.compat.versions import version_within
+
+# TensorFlow releases whose MultiWorkerMirroredStrategy, made too late, says only this (2.21 checked).
+LATE_COLLECTIVES_VERSIONS = ((2, 0), (2, 22))
+LATE_COLLECTIVES_MESSAGE = "Collective ops must be configured at program startup"
+_original_multi_worker_init = tf.distribute.MultiWorkerMirroredStrategy.__init__
+
+
+class MultiWorkerStrategyTooLate(RuntimeError):
+    """A MultiWorkerMirroredStrategy was made after TensorFlow's runtime had started."""
+
+    __module__ = "kerasdist.compat"  # the name users and R's conditions see (docs/multi-worker.md)
+
+    def __init__(self) -> None:
+        super().__init__(
+            "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything in this "
+            f"process (TensorFlow: '{LATE_COLLECTIVES_MESSAGE}'). Create it first, before any "
+            "dataset, tensor, model or make_dataset(); or call select_strategy() first, which "
+            "creates it. From R, keras3 starts TensorFlow as soon as Python's keras is imported: "
+            "create it before library(keras3), or call kerasdist::select_strategy(\"multi_worker\") "
+            "before any keras3 function."
+        )
+
+
+def explain_late_multi_worker_strategy() -> bool:
+    """Make a MultiWorkerMirroredStrategy created too late raise `MultiWorkerStrategyTooLate`;
+    idempotent. Returns whether the explanation is in place."""
+    strategy_class = tf.distribute.MultiWorkerMirroredStrategy
+    if not version_within(tf.__version__, LATE_COLLECTIVES_VERSIONS):
+        return False
+    if strategy_class.__init__ is not _original_multi_worker_init:
+        return True
+
+    @functools.wraps(_original_multi_worker_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            _original_multi_worker_init(self, *args, **kwargs)
+        except RuntimeError as err:
+            if LATE_COLLECTIVES_MESSAGE not in str(err):
+                raise
+            raise MultiWorkerStrategyTooLate() from None
+
+    strategy_class.__init__ = __init__
+    return True
+
+
+# TensorFlow releases whose MultiWorkerMirroredStrategy configures the coordination service only
+# when none is configured yet, with the default heartbeat timeout (10 s: a SIGKILLed peer was seen
+# after 9.5 s) and no argument to change it (2.21 checked).
+COORDINATION_CONFIG_VERSIONS = ((2, 0), (2, 22))
+
+
+def configure_coordination(cluster_spec: Any, heartbeat_timeout_seconds: float) -> bool:
+    """Before a MultiWorkerMirroredStrategy is made: configure TensorFlow's coordination service
+    as the strategy would (standalone, its leader, the chief and worker jobs), with a heartbeat
+    timeout of `heartbeat_timeout_seconds`, so the strategy keeps it. The service declares a task
+    dead when it has sent no heartbeat for that long; heartbeats come from a C++ thread (every
+    half timeout), so a long step or save that holds Python's GIL does not stop them. Returns
+    whether it configured (False on other TensorFlow versions, or when a service is configured
+    already). tests/python/test_multi_worker.py fails when the strategy stops keeping it."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if not version_within(tf.__version__, COORDINATION_CONFIG_VERSIONS) or context.context().coordination_service:
+        return False
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=max(1, round(heartbeat_timeout_seconds * 1000)))
+    return True
+
+
+def coordination_heartbeat_timeout_seconds() -> float | None:
+    """The heartbeat timeout of the coordination service configured in this process, or None."""
+    from tensorflow.python.eager import context
+
+    config = context.context().coordination_service
+    return config.heartbeat_timeout_in_ms / 1000 if config and config.heartbeat_timeout_in_ms else None
