@@ -8,9 +8,13 @@ integers: floats are refused even when whole (R's wrappers convert their doubles
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
-from typing import Any
+import re
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -74,3 +78,69 @@ def choice(name: str, value: Any, options: Sequence[str]) -> str:
         listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
         raise ValueError(f"{name} must be {listed}, got {value!r}.")
     return value
+
+
+# Option records: typed, frozen dataclasses whose `__post_init__` checks each field with the
+# functions above (data.DatasetOptions, training.speed.TrainingSettings). A function that takes
+# the fields flat builds the record; one that takes a dict of them (`dataset_args=`) goes
+# through `record_of`, and its docstring lists the fields through `with_field_docs`.
+
+Record = TypeVar("Record")
+Callable_ = TypeVar("Callable_", bound=Callable[..., Any])
+
+
+def unknown_fields(record: type[Any], names: Iterable[str]) -> list[str]:
+    """The `names` that are not fields of the dataclass `record`, sorted."""
+    return sorted(set(names) - {field.name for field in fields(record)})
+
+
+def record_of(record: type[Record], values: Any, name: str) -> Record:
+    """`values`, a dict of option names given as the argument `name` (e.g. `dataset_args`), as
+    the typed `record`: an unknown key is refused naming it; the record checks the values."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{name} must be a dict of {record.__name__} fields, got {type(values).__name__}.")
+    unknown = unknown_fields(record, values)
+    if unknown:
+        known = ", ".join(field.name for field in fields(record))
+        raise ValueError(
+            f"{name} has {'a key' if len(unknown) == 1 else 'keys'} that {record.__name__} does not "
+            f"take: {', '.join(map(repr, unknown))} (it takes {known})."
+        )
+    return record(**values)
+
+
+def field_docs(record: type[Any]) -> dict[str, str]:
+    """The `Args:` entries of a record's docstring, by field name (each entry's lines as written,
+    the first one starting with the name)."""
+    docs: dict[str, str] = {}
+    lines = inspect.cleandoc(record.__doc__ or "").splitlines()
+    start = lines.index("Args:") + 1 if "Args:" in lines else len(lines)
+    for line in lines[start:]:
+        if line and not line.startswith(" "):
+            break
+        entry = re.match(r" {4}(\w+): ", line)
+        if entry:
+            docs[entry.group(1)] = line[4:]
+        elif docs and line.strip():
+            docs[list(docs)[-1]] += "\n" + line[4:]
+    return docs
+
+
+def with_field_docs(record: type[Any], *, leave_out: Sequence[str] = ()) -> Callable[[Callable_], Callable_]:
+    """Decorator: the function's docstring gets the record's `Args:` entries (but `leave_out`)
+    where it has an entry `<record name>: ...` (one line), so each field is documented once, in
+    the record."""
+
+    def decorate(function: Callable_) -> Callable_:
+        if function.__doc__ is None:  # python -OO
+            return function
+        doc = inspect.cleandoc(function.__doc__)
+        marker = next((line for line in doc.splitlines() if line.startswith(f"    {record.__name__}: ")), None)
+        if marker is None:
+            raise AssertionError(f"{function.__name__}'s docstring has no entry {record.__name__}")
+        entries = [text for field, text in field_docs(record).items() if field not in leave_out]
+        indented = "\n".join(textwrap.indent(text, "    ") for text in entries)
+        function.__doc__ = doc.replace(marker, indented, 1)
+        return function
+
+    return decorate
