@@ -51,7 +51,7 @@ from kerasdist.data.info import (
     batch_size_info,
     dataset_info,
 )
-from kerasdist.data.options import DatasetOptions
+from kerasdist.data.options import FILE_FORMATS, DatasetOptions
 from kerasdist.data.order import epoch_order
 from kerasdist.data.plan import (
     SHORT_EPOCH_STEPS,
@@ -61,7 +61,6 @@ from kerasdist.data.plan import (
     planned_dataset,
     replace_epochs,
 )
-from kerasdist.data.sources import FILE_FORMATS
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
