@@ -80,6 +80,15 @@ def choice(name: str, value: Any, options: Sequence[str]) -> str:
     return value
 
 
+def verbosity(name: str, value: Any) -> int:
+    """Keras's `verbose`: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1."""
+    if isinstance(value, str) and value == "auto":
+        return 1
+    if not _is_integer(value) or value not in (0, 1, 2):
+        raise ValueError(f'{name} must be 0, 1, 2 or "auto", got {value!r}.')
+    return int(value)
+
+
 # Option records: typed, frozen dataclasses whose `__post_init__` checks each field with the
 # functions above (data.DatasetOptions, training.speed.TrainingSettings). A function that takes
 # the fields flat builds the record; one that takes a dict of them (`dataset_args=`) goes

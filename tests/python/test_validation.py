@@ -16,6 +16,7 @@ from kerasdist.validation import (
     integer,
     optional_integer,
     record_of,
+    verbosity,
     with_field_docs,
 )
 
@@ -80,6 +81,13 @@ def test_boolean_and_choice():
         choice("kind", 3, ("a", "b", "c"))
 
 
+def test_verbosity():
+    assert [verbosity("verbose", v) for v in ("auto", 0, np.int64(2))] == [1, 0, 2]
+    for bad in (3, True, "silent", 1.0):
+        with pytest.raises(ValueError, match=re.escape(f'verbose must be 0, 1, 2 or "auto", got {bad!r}.')):
+            verbosity("verbose", bad)
+
+
 def test_public_functions_share_the_checks():
     import kerasdist
     from kerasdist.launch.launcher import launch
@@ -90,6 +98,12 @@ def test_public_functions_share_the_checks():
         kerasdist.simulate_devices(2.0)
     with pytest.raises(ValueError, match=re.escape("TF_CONFIG task index must be an integer, got 1.0.")):
         kerasdist.parse_tf_config({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1.0}})
+    with pytest.raises(ValueError, match=re.escape('verbose must be 0, 1, 2 or "auto", got 5.')):
+        kerasdist.custom_fit(lambda: None, None, epochs=1, verbose=5)
+    with pytest.raises(ValueError, match=re.escape("kind must be 'auto', 'default', ")):
+        kerasdist.plan_strategy("horovod")
+    with pytest.raises(ValueError, match=re.escape("file_format must be 'tfrecord' or 'csv', got 'parquet'.")):
+        kerasdist.plan_dataset("*.parquet", file_format="parquet")
 
 
 @dataclasses.dataclass(frozen=True)
