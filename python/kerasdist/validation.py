@@ -136,20 +136,24 @@ def field_docs(record: type[Any]) -> dict[str, str]:
 
 
 def with_field_docs(record: type[Any], *, leave_out: Sequence[str] = ()) -> Callable[[Callable_], Callable_]:
-    """Decorator: the function's docstring gets the record's `Args:` entries (but `leave_out`)
-    where it has an entry `<record name>: ...` (one line), so each field is documented once, in
-    the record."""
+    """Decorator: the function's `Args:` section gets the record's entries (but `leave_out`) at
+    its end, so each field is documented once, in the record, and `help()` still lists them all.
+    The docstring must name the record (a sentence saying where the fields are documented, for
+    readers of the source and of the static reference)."""
 
     def decorate(function: Callable_) -> Callable_:
         if function.__doc__ is None:  # python -OO
             return function
-        doc = inspect.cleandoc(function.__doc__)
-        marker = next((line for line in doc.splitlines() if line.startswith(f"    {record.__name__}: ")), None)
-        if marker is None:
-            raise AssertionError(f"{function.__name__}'s docstring has no entry {record.__name__}")
-        entries = [text for field, text in field_docs(record).items() if field not in leave_out]
-        indented = "\n".join(textwrap.indent(text, "    ") for text in entries)
-        function.__doc__ = doc.replace(marker, indented, 1)
+        lines = inspect.cleandoc(function.__doc__).splitlines()
+        if "Args:" not in lines or f"`{record.__name__}`" not in function.__doc__:
+            raise AssertionError(f"{function.__name__}'s docstring needs Args: and to name {record.__name__}")
+        end = lines.index("Args:") + 1
+        while end < len(lines) and (lines[end].startswith(" ") or not lines[end]):
+            end += 1
+        while not lines[end - 1]:  # back over the blank lines that end the section
+            end -= 1
+        entries = [textwrap.indent(text, "    ") for name, text in field_docs(record).items() if name not in leave_out]
+        function.__doc__ = "\n".join([*lines[:end], *entries, *lines[end:]])
         return function
 
     return decorate

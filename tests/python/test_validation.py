@@ -144,7 +144,9 @@ def test_a_function_taking_a_record_flat_gets_its_field_docs_once():
 
         Args:
             data: the data.
-            _Options: the other arguments are the fields of `_Options`.
+
+        The other arguments are fields of `_Options`.
         """
 
-    assert run.__doc__ == "Run.\n\nArgs:\n    data: the data.\n    steps: how many steps,\n        on two lines."
+    assert run.__doc__ == ("Run.\n\nArgs:\n    data: the data.\n    steps: how many steps,\n        on two lines.\n\n"
+                           "The other arguments are fields of `_Options`.")

@@ -57,7 +57,8 @@ def make_dataset(
             matrix), a `tf.data.Dataset` of unbatched elements (x, (x, y) or (x, y, w)), or a
             file pattern (str, or list of them) of TFRecord or CSV files.
         y: targets, same first-axis length as x; for a DataFrame also a column name.
-        DatasetOptions: every other argument is a field of `DatasetOptions`, documented there.
+
+    The other arguments are the fields of `DatasetOptions`, each documented there.
 
     Returns:
         A `tf.data.Dataset` (a distributed dataset with per_worker=True); `dataset_info()` tells

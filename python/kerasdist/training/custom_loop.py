@@ -145,13 +145,15 @@ def custom_fit(
         keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
-        TrainingSettings: the speed options are the fields of `TrainingSettings`, documented there.
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
         every_seconds: also checkpoint at the first step end this many seconds after the last
             save (time-based; see `checkpoint_callback`).
+
+    The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`) are
+    fields of `TrainingSettings`, each documented there.
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.

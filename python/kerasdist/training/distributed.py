@@ -120,7 +120,6 @@ def distributed_fit(
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}: a
             dict of `DatasetOptions` fields (a key that is not one is refused, naming it).
         verbose: passed to `fit`.
-        TrainingSettings: the speed options are the fields of `TrainingSettings`, documented there.
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
@@ -128,6 +127,9 @@ def distributed_fit(
             passed to its fsspec filesystem; None: environment variables and credentials files.
         every_seconds: also checkpoint at the first step end this many seconds after the last
             save (time-based, e.g. 600 for every 10 minutes; see `checkpoint_callback`).
+
+    The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`,
+    `steps_per_execution`) are the fields of `TrainingSettings`, each documented there.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
