@@ -104,6 +104,10 @@ def test_public_functions_share_the_checks():
         kerasdist.plan_strategy("horovod")
     with pytest.raises(ValueError, match=re.escape("file_format must be 'tfrecord' or 'csv', got 'parquet'.")):
         kerasdist.plan_dataset("*.parquet", file_format="parquet")
+    with pytest.raises(ValueError, match=re.escape("num_samples must be an integer >= 1 or None, got 10.0.")):
+        kerasdist.batch_size_info(8, num_replicas=1, num_samples=10.0)
+    with pytest.raises(ValueError, match=re.escape("drop_remainder must be True or False, got 'yes'.")):
+        kerasdist.batch_size_info(8, num_replicas=1, drop_remainder="yes")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,8 +39,9 @@ reads each record once, or `distributed_fit`/`resume_fit`, which build that stre
 
 The package, from the user's functions down: `api` (make_dataset, make_dataset_split,
 plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
-arguments and their checks), `pipelines` (the tf.data pipelines), `info` (sizes, DatasetInfo),
-`order` (each epoch's permutation), `sources` (what x and y hold, read once).
+options record: each argument documented and checked once), `pipelines` (the tf.data
+pipelines), `info` (sizes, DatasetInfo), `order` (each epoch's permutation), `sources` (what x
+and y hold, read once).
 """
 
 from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset
