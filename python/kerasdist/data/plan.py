@@ -1,6 +1,7 @@
-"""A dataset planned but not built: make_dataset's options checked, its source read once, its sizes
-and epochs decided (`PlannedDataset`). Building it makes the pipeline; `replace_epochs` plans the
-same data over other epochs (a resumed run moves the stream, not the data)."""
+"""A dataset planned but not built: make_dataset's options (a record checked when made), its
+source read once, its sizes and epochs decided (`PlannedDataset`). Building it makes the
+pipeline; `replace_epochs` plans the same data over other epochs (a resumed run moves the
+stream, not the data)."""
 
 from __future__ import annotations
 
