@@ -20,7 +20,7 @@ from kerasdist.cluster import (
     parse_tf_config,
 )
 from kerasdist.context import context_of, plan_of, remember_plan
-from kerasdist.validation import integer
+from kerasdist.validation import choice, integer
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the package supports 3.10
     from typing_extensions import Unpack
@@ -96,7 +96,7 @@ def plan_strategy(
     Returns:
         A `StrategyPlan`.
     """
-    _check_kind(kind)
+    choice("kind", kind, KINDS)
     env = os.environ if environ is None else environ
     cluster = _cluster_info(tf_config, cluster_resolver, env)
     gpu_names = tuple(local_gpus() if gpus is None else gpus)
@@ -147,8 +147,10 @@ def select_strategy(
     Returns:
         The strategy; use it as `with strategy.scope(): ...`.
     """
-    _check_choice("cross_device_ops", cross_device_ops, CROSS_DEVICE_OPS, allow_object=True)
-    _check_choice("communication", communication, COMMUNICATIONS)
+    if isinstance(cross_device_ops, str):  # or None (TensorFlow's choice), or a CrossDeviceOps object
+        choice("cross_device_ops", cross_device_ops, CROSS_DEVICE_OPS)
+    if communication is not None:
+        choice("communication", communication, COMMUNICATIONS)
     unknown = sorted(set(signals) - set(StrategySignals.__annotations__))
     if unknown:
         raise TypeError(f"select_strategy() got unexpected arguments: {', '.join(unknown)}.")
@@ -255,17 +257,6 @@ def _choose_kind(
     if simulated > 1:
         return "mirrored", f"no GPU; the CPU is split into {simulated} logical devices"
     return "default", "no TPU, cluster or GPU found: one process on the CPU"
-
-
-def _check_kind(kind: Any) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"Unknown kind {kind!r}. Expected one of: {', '.join(KINDS)}.")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str], allow_object: bool = False) -> None:
-    if value is None or value in choices or (allow_object and not isinstance(value, str)):
-        return
-    raise ValueError(f"Unknown {name} {value!r}. Expected one of: {', '.join(choices)}.")
 
 
 def _check_requirements(kind: str, cluster: ClusterInfo, tpu: str | None) -> None:

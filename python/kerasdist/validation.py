@@ -8,9 +8,13 @@ integers: floats are refused even when whole (R's wrappers convert their doubles
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
-from typing import Any
+import re
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -74,3 +78,82 @@ def choice(name: str, value: Any, options: Sequence[str]) -> str:
         listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
         raise ValueError(f"{name} must be {listed}, got {value!r}.")
     return value
+
+
+def verbosity(name: str, value: Any) -> int:
+    """Keras's `verbose`: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1."""
+    if isinstance(value, str) and value == "auto":
+        return 1
+    if not _is_integer(value) or value not in (0, 1, 2):
+        raise ValueError(f'{name} must be 0, 1, 2 or "auto", got {value!r}.')
+    return int(value)
+
+
+# Option records: typed, frozen dataclasses whose `__post_init__` checks each field with the
+# functions above (data.DatasetOptions, training.speed.TrainingSettings). A function that takes
+# the fields flat builds the record; one that takes a dict of them (`dataset_args=`) goes
+# through `record_of`, and its docstring lists the fields through `with_field_docs`.
+
+Record = TypeVar("Record")
+Callable_ = TypeVar("Callable_", bound=Callable[..., Any])
+
+
+def unknown_fields(record: type[Any], names: Iterable[str]) -> list[str]:
+    """The `names` that are not fields of the dataclass `record`, sorted."""
+    return sorted(set(names) - {field.name for field in fields(record)})
+
+
+def record_of(record: type[Record], values: Any, name: str) -> Record:
+    """`values`, a dict of option names given as the argument `name` (e.g. `dataset_args`), as
+    the typed `record`: an unknown key is refused naming it; the record checks the values."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{name} must be a dict of {record.__name__} fields, got {type(values).__name__}.")
+    unknown = unknown_fields(record, values)
+    if unknown:
+        known = ", ".join(field.name for field in fields(record))
+        raise ValueError(
+            f"{name} has {'a key' if len(unknown) == 1 else 'keys'} that {record.__name__} does not "
+            f"take: {', '.join(map(repr, unknown))} (it takes {known})."
+        )
+    return record(**values)
+
+
+def field_docs(record: type[Any]) -> dict[str, str]:
+    """The `Args:` entries of a record's docstring, by field name (each entry's lines as written,
+    the first one starting with the name)."""
+    docs: dict[str, str] = {}
+    lines = inspect.cleandoc(record.__doc__ or "").splitlines()
+    start = lines.index("Args:") + 1 if "Args:" in lines else len(lines)
+    for line in lines[start:]:
+        if line and not line.startswith(" "):
+            break
+        entry = re.match(r" {4}(\w+): ", line)
+        if entry:
+            docs[entry.group(1)] = line[4:]
+        elif docs and line.strip():
+            docs[list(docs)[-1]] += "\n" + line[4:]
+    return docs
+
+
+def with_field_docs(record: type[Any], *, leave_out: Sequence[str] = ()) -> Callable[[Callable_], Callable_]:
+    """Decorator: the function's `Args:` section gets the record's entries (but `leave_out`) at
+    its end, so each field is documented once, in the record, and `help()` still lists them all.
+    The docstring must name the record (a sentence saying where the fields are documented, for
+    readers of the source and of the static reference)."""
+
+    def decorate(function: Callable_) -> Callable_:
+        if function.__doc__ is None:  # python -OO
+            return function
+        lines = inspect.cleandoc(function.__doc__).splitlines()
+        if "Args:" not in lines or f"`{record.__name__}`" not in function.__doc__:
+            raise AssertionError(f"{function.__name__}'s docstring needs Args: and to name {record.__name__}")
+        end = lines.index("Args:") + 1
+        while end < len(lines) and (lines[end].startswith(" ") or not lines[end]):
+            end += 1
+        while not lines[end - 1]:  # back over the blank lines that end the section
+            end -= 1
+        entries = [textwrap.indent(text, "    ") for name, text in field_docs(record).items() if name not in leave_out]
+        function.__doc__ = "\n".join([*lines[:end], *entries, *lines[end:]])
+        return function
+
+    return decorate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import keras
@@ -263,6 +264,53 @@ def test_forms_are_checked():
     assert kerasdist.plan_dataset(np.zeros((10, 1)), batch_size=4).steps_per_epoch == 3
     held_out = kerasdist.plan_dataset(np.zeros((10, 1)), batch_size=4, validation_split=0.2)  # the training part
     assert (held_out.validation_samples, held_out.num_samples, held_out.steps_per_epoch) == (2, 8, 2)
+
+
+def test_make_dataset_takes_exactly_the_fields_of_its_options_record_at_their_defaults():
+    """One definition: make_dataset's keywords are DatasetOptions' fields (validation_split is
+    make_dataset_split's), with the same defaults, and its docstring is each field's, once."""
+    import dataclasses
+    import inspect
+
+    from kerasdist.data import DatasetOptions
+
+    fields = {f.name: f.default for f in dataclasses.fields(DatasetOptions)}
+    params = inspect.signature(kerasdist.make_dataset).parameters
+    keywords = {name: p.default for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert keywords == {name: default for name, default in fields.items() if name != "validation_split"}
+    doc = inspect.getdoc(kerasdist.make_dataset)
+    for name in keywords:
+        assert doc.count(f"\n    {name}: ") == 1, name
+    assert "\n    validation_split: " not in doc and "DatasetOptions: " not in doc
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (dict(shuffle=1), "shuffle must be True or False, got 1."),
+    (dict(drop_remainder="yes"), "drop_remainder must be True or False, got 'yes'."),
+    (dict(per_worker=None), "per_worker must be True or False, got None."),
+    (dict(file_format="parquet"), "file_format must be 'tfrecord' or 'csv', got 'parquet'."),
+    (dict(epochs=0), "epochs must be an integer >= 1 or None, got 0."),
+    (dict(seed=1.0), "seed must be an integer, got 1.0."),
+])
+def test_dataset_options_are_refused_when_the_record_is_made_naming_the_argument(args, message):
+    from kerasdist.data import DatasetOptions
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DatasetOptions(**args)
+    with pytest.raises(ValueError, match=re.escape(message)):  # before x is looked at
+        kerasdist.make_dataset(object(), **args)
+
+
+def test_dataset_options_hold_plain_python_values_that_the_plan_and_its_info_read():
+    from kerasdist.data import DatasetOptions, planned_dataset
+
+    options = DatasetOptions(seed=np.int64(3), batch_size=np.int32(4), epochs=np.int64(2))
+    assert (type(options.seed), type(options.batch_size), type(options.epochs)) == (int, int, int)
+    with pytest.raises(TypeError, match="make_dataset\\(\\) got unexpected arguments: bogus"):
+        options.replaced(bogus=1)
+    planned = planned_dataset(np.zeros((10, 1)), seed=np.int64(3), batch_size=4, epochs=2)
+    assert planned.plan.options is planned.options
+    assert (planned.info.seed, planned.info.epochs, planned.info.form) == (3, 2, "epochs")
 
 
 # --- 2 simulated devices (fresh process) -----------------------------------------------------

@@ -180,3 +180,15 @@ def test_imports_form_no_circle():
 
     circles = [found for module in sorted(graph) if module not in state and (found := circle_from(module, []))]
     assert circles == []
+
+
+def test_a_value_outside_its_choices_is_refused_through_validation():
+    """"Every public function uses validation": a value outside its choices gets validation's one
+    message shape ("<argument> must be 'a' or 'b', got 'c'."), not an "Unknown <argument> ...
+    Expected one of" of a module's own."""
+    import re
+
+    own = [f"{path.relative_to(PACKAGE.parent)}:{number}" for path in MODULES
+           for number, line in enumerate(path.read_text().splitlines(), 1)
+           if re.search(r"Expected one of|Error\(f?[\"']Unknown ", line)]
+    assert own == []

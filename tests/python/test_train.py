@@ -148,6 +148,13 @@ def _bad(tmp_path):
         (r"callbacks\[0\] must be a Keras callback", dict(callbacks=["tensorboard"])),
         ("distributed_fit adds its own", dict(callbacks=[ckpt])),
         ("dataset_args may not set batch_size", dict(dataset_args={"batch_size": 8})),
+        ("dataset_args has a key that DatasetOptions does not take: 'shuffle_bufer'",
+         dict(dataset_args={"shuffle_bufer": 10})),
+        ("dataset_args must be a dict", dict(dataset_args=[("drop_remainder", True)])),
+        ("drop_remainder must be True or False, got 1", dict(dataset_args={"drop_remainder": 1})),
+        ("shuffle must be True or False", dict(shuffle="no")),
+        ("mixed_precision must be True or False", dict(mixed_precision=1)),
+        ("steps_per_execution must be 'auto' or an integer >= 1", dict(steps_per_execution="many")),
         ("keep", dict(keep=0)),
         ("every_steps", dict(every_steps=0)),
         ("is a file", dict(checkpoint_dir=file)),
@@ -165,6 +172,26 @@ def test_distributed_fit_refuses_bad_input_before_touching_checkpoints(tmp_path)
         with pytest.raises(ValueError, match=message):
             kerasdist.distributed_fit(**args)
         assert not target.exists(), f"{message}: the checkpoint directory was created"
+
+
+def test_the_trainers_take_the_speed_options_record_flat_at_its_defaults():
+    """One definition: distributed_fit's and custom_fit's speed keywords are TrainingSettings'
+    fields with its defaults and docs; what checkpoints record of it is unchanged."""
+    import dataclasses
+    import inspect
+
+    from kerasdist.training.speed import TrainingSettings
+
+    fields = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
+    for trainer, names in [(kerasdist.distributed_fit, list(fields)), (kerasdist.custom_fit, list(fields)[:3])]:
+        params = inspect.signature(trainer).parameters
+        assert {name: params[name].default for name in names} == {name: fields[name] for name in names}
+        doc = inspect.getdoc(trainer)
+        assert all(doc.count(f"\n    {name}: ") == 1 for name in names) and "TrainingSettings: " not in doc
+    assert "\n    steps_per_execution: " not in inspect.getdoc(kerasdist.custom_fit)
+    settings = TrainingSettings(gradient_accumulation_steps=np.int64(1), steps_per_execution=np.int32(4))
+    assert settings.record() == {"mixed_precision": False, "jit_compile": False, "gradient_accumulation_steps": None}
+    assert type(settings.steps_per_execution) is int
 
 
 class _TwoReplicas:

@@ -39,8 +39,9 @@ reads each record once, or `distributed_fit`/`resume_fit`, which build that stre
 
 The package, from the user's functions down: `api` (make_dataset, make_dataset_split,
 plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
-arguments and their checks), `pipelines` (the tf.data pipelines), `info` (sizes, DatasetInfo),
-`order` (each epoch's permutation), `sources` (what x and y hold, read once).
+options record: each argument documented and checked once), `pipelines` (the tf.data
+pipelines), `info` (sizes, DatasetInfo), `order` (each epoch's permutation), `sources` (what x
+and y hold, read once).
 """
 
 from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset
@@ -51,7 +52,7 @@ from kerasdist.data.info import (
     batch_size_info,
     dataset_info,
 )
-from kerasdist.data.options import DatasetOptions
+from kerasdist.data.options import FILE_FORMATS, DatasetOptions
 from kerasdist.data.order import epoch_order
 from kerasdist.data.plan import (
     SHORT_EPOCH_STEPS,
@@ -61,7 +62,6 @@ from kerasdist.data.plan import (
     planned_dataset,
     replace_epochs,
 )
-from kerasdist.data.sources import FILE_FORMATS
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",

@@ -9,9 +9,10 @@ from typing import Any, NamedTuple
 from kerasdist.data.info import DatasetInfo
 from kerasdist.data.options import DatasetOptions
 from kerasdist.data.plan import PlannedDataset, planned_dataset
-from kerasdist.validation import fraction
+from kerasdist.validation import fraction, with_field_docs
 
 
+@with_field_docs(DatasetOptions, leave_out=("validation_split",))
 def make_dataset(
     x: Any,
     y: Any = None,
@@ -56,53 +57,14 @@ def make_dataset(
             matrix), a `tf.data.Dataset` of unbatched elements (x, (x, y) or (x, y, w)), or a
             file pattern (str, or list of them) of TFRecord or CSV files.
         y: targets, same first-axis length as x; for a DataFrame also a column name.
-        sample_weight: optional per-sample weights (arrays only).
-        batch_size: global batch size (all replicas together).
-        per_replica_batch_size: batch size of one replica; the global size is this times the
-            strategy's replicas. Give one of the two; neither means 32.
-        strategy: the strategy fit will run under; default the one whose scope is active.
-        drop_remainder: drop each epoch's last, smaller batch.
-        shuffle: permute each epoch; the order is a pure function of (seed, epoch).
-        seed: the shuffle seed (an integer).
-        initial_epoch: the epoch of the first pass (0-based, like Keras's `initial_epoch`), or
-            the first epoch of the stream.
-        skip_batches: batches of `initial_epoch` already consumed (a mid-epoch resume); needs
-            the stream form (`epochs` or `repeat`), since a one-epoch dataset's passes all have
-            the same length.
-        epochs: None (default): the dataset is one epoch, the next one on each new pass.
-            An integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive,
-            like Keras's `epochs`).
-        repeat: True for one endless stream of epochs (give `fit` its `steps_per_epoch`).
-        per_worker: build one pipeline per worker through
-            `strategy.distribute_datasets_from_function`, each reading only its share; returns a
-            distributed dataset. Otherwise the dataset carries the auto-shard policy of its
-            source: DATA for in-memory data, FILE for files when there are at least as many files
-            as workers, DATA otherwise.
-        cache: True or "memory" to cache in memory, or a file path prefix; caches the source
-            records (files, an existing dataset) before shuffling. In-memory arrays are already
-            in memory, so it changes nothing for them.
-        map_fn: a per-element transform, called as map_fn(x, y[, w]) (or map_fn(x)) after
-            shuffling, in parallel (AUTOTUNE) with the order kept. Must be a TensorFlow-traceable
-            Python function.
-        check_finite: refuse NaN or Inf in the features (checked up front for in-memory data,
-            while reading for files).
-        file_format: "tfrecord" or "csv"; default from the file extension.
-        label_column: for CSV/TFRecord files: the column (feature) that is y.
-        features: for TFRecord files of `tf.train.Example`: {name: shape} of float features,
-            e.g. {"x": [3], "y": []}. The non-label features, concatenated, are x.
-        shuffle_buffer: block size of the stream-source shuffle with `cache`.
+
+    The other arguments are the fields of `DatasetOptions`, each documented there.
 
     Returns:
         A `tf.data.Dataset` (a distributed dataset with per_worker=True); `dataset_info()` tells
         what was decided. For a validation split, see `make_dataset_split`.
     """
-    options = DatasetOptions(
-        sample_weight=sample_weight, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-        strategy=strategy, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed,
-        initial_epoch=initial_epoch, skip_batches=skip_batches, epochs=epochs, repeat=repeat,
-        per_worker=per_worker, cache=cache, map_fn=map_fn, check_finite=check_finite,
-        file_format=file_format, label_column=label_column, features=features, shuffle_buffer=shuffle_buffer,
-    )
+    options = DatasetOptions(**{name: value for name, value in locals().items() if name not in ("x", "y")})
     return PlannedDataset.of(x, y, options).build()
 
 

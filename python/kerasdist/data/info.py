@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasdist.context import context_of
-from kerasdist.validation import integer
+from kerasdist.validation import boolean, integer, optional_integer
 
 DEFAULT_BATCH_SIZE = 32
 _INFO_ATTR = "_kerasdist_info"  # the DatasetInfo a dataset made by make_dataset carries
@@ -85,6 +85,9 @@ def batch_size_info(
     Returns:
         A `BatchSizeInfo`.
     """
+    boolean("drop_remainder", drop_remainder)
+    boolean("require_even_split", require_even_split)
+    num_samples = optional_integer("num_samples", num_samples, 1)
     replicas = context_of(strategy).num_replicas if num_replicas is None else integer("num_replicas", num_replicas, 1)
     if batch_size is not None and per_replica_batch_size is not None:
         raise ValueError(
@@ -112,7 +115,7 @@ def batch_size_info(
                 "is set: no batch would be left."
             )
         steps = num_samples // size if drop_remainder else math.ceil(num_samples / size)
-    return BatchSizeInfo(size, per_replica, replicas, sizing, num_samples, steps, bool(drop_remainder))
+    return BatchSizeInfo(size, per_replica, replicas, sizing, num_samples, steps, drop_remainder)
 
 
 def dataset_info(dataset: Any) -> DatasetInfo:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kerasdist.compat import flat_map_on_cpu, map_on_cpu
 from kerasdist.data.info import BatchSizeInfo, DatasetInfo
+from kerasdist.data.options import DatasetOptions
 from kerasdist.data.order import epoch_permutation, stateless_permutation
 from kerasdist.data.sources import Source
 
@@ -19,20 +20,22 @@ _MAX_EPOCH = 2**62
 
 @dataclass(frozen=True)
 class PipelinePlan:
-    """What the pipelines need of a planned dataset: batches, epochs, order and transforms."""
+    """What the pipelines need of a planned dataset: its options (order and transforms), its
+    batches, and the epochs a pipeline reads, which start as the options' and move when a
+    one-epoch pass builds its epoch's pipeline (then `initial_epoch` is a tensor)."""
 
+    options: DatasetOptions
     sizing: BatchSizeInfo
-    shuffle: bool
-    seed: int
-    initial_epoch: int
+    initial_epoch: Any
     skip_batches: int
-    epochs: int | None
-    map_fn: Any
-    cache: Any
-    shuffle_buffer: int
-    check_finite: bool
+    epochs: Any
     one_epoch: bool = False  # the finite default: one epoch per pass, the next one on each new pass
     pass_counter: Any = None  # in a one-epoch pass: the variable holding the pass's epoch
+
+    @classmethod
+    def of(cls, options: DatasetOptions, sizing: BatchSizeInfo) -> PipelinePlan:
+        return cls(options, sizing, options.initial_epoch, options.skip_batches, options.epochs,
+                   one_epoch=options.form == "one_epoch")
 
     def num_batches(self) -> int | None:
         if self.epochs is None or self.one_epoch:
@@ -95,7 +98,7 @@ def _auto_sharded(source: Source, plan: PipelinePlan, n_train: int, workers: int
     batch = plan.sizing.batch_size
     if source.kind == "memory":
         build = lambda p: _memory_pipeline(source.arrays, n_train, p, batch)  # noqa: E731
-    elif source.kind == "files" and plan.cache in (None, False):
+    elif source.kind == "files" and plan.options.cache in (None, False):
         shares = workers if policy == "FILE" else 1
         build = lambda p: _file_pipeline(source, p, batch, shares=shares)  # noqa: E731
     else:
@@ -173,7 +176,7 @@ def _memory_pipeline(arrays, n, plan: PipelinePlan, batch, share=(0, 1)):
     drop = plan.sizing.drop_remainder
     whole_epochs_fit = sum(getattr(a, "nbytes", _WHOLE_EPOCH_BYTES + 1) for a in tf.nest.flatten(arrays)) \
         <= _WHOLE_EPOCH_BYTES
-    if plan.map_fn is None and whole_epochs_fit:
+    if plan.options.map_fn is None and whole_epochs_fit:
         return _gathered_epochs(tensors, n, plan, batch, share)
 
     def gather(indices):
@@ -181,12 +184,12 @@ def _memory_pipeline(arrays, n, plan: PipelinePlan, batch, share=(0, 1)):
 
     def epoch(ep):
         mine = _epoch_indices(n, plan, ep, share, batch)
-        if plan.map_fn is None:  # whole batches of indices sliced out, not batched element by element
+        if plan.options.map_fn is None:  # whole batches of indices sliced out, not batched element by element
             return _index_batches(mine, batch, drop).map(
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
         ds = map_on_cpu(tf.data.Dataset.from_tensor_slices(mine), gather)
-        ds = ds.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.map(plan.options.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.batch(batch, drop_remainder=drop)
 
     return flat_map_on_cpu(plan.epoch_range(), epoch).prefetch(tf.data.AUTOTUNE)
@@ -202,7 +205,7 @@ def _epoch_indices(n, plan: PipelinePlan, ep, share, batch):
     import tensorflow as tf
 
     index, count = share
-    order = epoch_permutation(n, plan.seed, ep) if plan.shuffle else tf.range(n, dtype=tf.int64)
+    order = epoch_permutation(n, plan.options.seed, ep) if plan.options.shuffle else tf.range(n, dtype=tf.int64)
     mine = order[index::count] if count > 1 else order
     if not plan.skip_batches:
         return mine
@@ -221,7 +224,7 @@ def _gathered_epochs(tensors, n, plan: PipelinePlan, batch: int, share):
     index, count = share
     remainder = len(range(index, n, count)) % batch  # every epoch's: skipping takes whole batches
     tail = remainder > 0 and not plan.sizing.drop_remainder
-    in_order = not plan.shuffle and not plan.skip_batches and count == 1
+    in_order = not plan.options.shuffle and not plan.skip_batches and count == 1
     if in_order and any(t.shape[0] != n for t in tf.nest.flatten(tensors)):  # validation rows follow
         tensors = tf.nest.map_structure(lambda t: t[:n], tensors)
 
@@ -279,22 +282,23 @@ def _file_pipeline(source: Source, plan: PipelinePlan, batch, share=None, shares
     files = tf.constant(list(source.files))
     counts = tf.constant(list(source.counts), tf.int64)
     n_files = len(source.files)
+    seed, shuffle = plan.options.seed, plan.options.shuffle
 
     def epoch_files(ep):
-        idx = epoch_permutation(n_files, plan.seed, ep) if plan.shuffle else tf.range(n_files, dtype=tf.int64)
+        idx = epoch_permutation(n_files, seed, ep) if shuffle else tf.range(n_files, dtype=tf.int64)
         return tf.gather(files, idx), tf.fill([n_files], ep), idx, tf.gather(counts, idx)
 
     def read(path, ep, file_id, count):
         records = source.reader(path)
-        if not plan.shuffle:
+        if not shuffle:
             return records
         block = records.batch(tf.maximum(count, 1))  # the whole file
 
         def permute(*element):  # tf.data spreads a tuple element over the arguments
             element = element[0] if len(element) == 1 else element
             size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
-            seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(plan.seed, tf.int64), ep]), file_id)
-            order = stateless_permutation(size, seed)
+            file_seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(seed, tf.int64), ep]), file_id)
+            order = stateless_permutation(size, file_seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         return map_on_cpu(block, permute).unbatch()
@@ -325,18 +329,18 @@ def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
         )
     else:
         records = source.dataset
-    if plan.cache not in (None, False):
-        records = records.cache("" if plan.cache in (True, "memory") else os.fspath(plan.cache))
+    if plan.options.cache not in (None, False):
+        records = records.cache("" if plan.options.cache in (True, "memory") else os.fspath(plan.options.cache))
     if share is not None and share[1] > 1:
         records = records.shard(share[1], share[0])
-    if plan.shuffle:
-        blocks = records.batch(plan.shuffle_buffer).repeat()
+    if plan.options.shuffle:
+        blocks = records.batch(plan.options.shuffle_buffer).repeat()
         numbered = tf.data.Dataset.zip((tf.data.Dataset.counter(), blocks))
 
         def permute(number, element):
             size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
             seed = tf.random.experimental.stateless_fold_in(
-                tf.constant([plan.seed, 0], tf.int64), number
+                tf.constant([plan.options.seed, 0], tf.int64), number
             )
             order = stateless_permutation(size, seed)
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
@@ -351,8 +355,8 @@ def _batch_stream(records, plan: PipelinePlan, batch):
     """A continuous record stream -> batches; epoch e starts at batch e * steps_per_epoch."""
     import tensorflow as tf
 
-    if plan.map_fn is not None:
-        records = records.map(plan.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if plan.options.map_fn is not None:
+        records = records.map(plan.options.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = records.batch(batch, drop_remainder=True)
     start = plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
     if not isinstance(start, int) or start:  # a tensor in a one-epoch pass
@@ -376,7 +380,7 @@ def _per_worker(source: Source, plan: PipelinePlan, strategy: Any, n_train: int)
         worker_plan = replace(plan, skip_batches=plan.skip_batches * replicas_here)
         if source.kind == "memory":
             build = lambda p: _memory_pipeline(source.arrays, n_train, p, per_replica, share)  # noqa: E731
-        elif source.kind == "files" and plan.cache in (None, False):
+        elif source.kind == "files" and plan.options.cache in (None, False):
             build = lambda p: _file_pipeline(source, _stream_plan(p, replicas_here), per_replica, share)  # noqa: E731
         else:
             build = lambda p: _stream_pipeline(source, _stream_plan(p, replicas_here), per_replica, share)  # noqa: E731

@@ -1,6 +1,7 @@
-"""A dataset planned but not built: make_dataset's options checked, its source read once, its sizes
-and epochs decided (`PlannedDataset`). Building it makes the pipeline; `replace_epochs` plans the
-same data over other epochs (a resumed run moves the stream, not the data)."""
+"""A dataset planned but not built: make_dataset's options (a record checked when made), its
+source read once, its sizes and epochs decided (`PlannedDataset`). Building it makes the
+pipeline; `replace_epochs` plans the same data over other epochs (a resumed run moves the
+stream, not the data)."""
 
 from __future__ import annotations
 
@@ -41,12 +42,10 @@ class PlannedDataset:
 
     @classmethod
     def of(cls, x: Any, y: Any, options: DatasetOptions, source: Source | None = None) -> PlannedDataset:
-        """Check every option, read the source (unless it is given: the same data again), decide
-        sizes and steps: no pipeline yet."""
-        options.check()
+        """Read the source (unless it is given: the same data again), decide sizes and steps: no
+        pipeline yet. The options were checked when made."""
         if source is None:
-            source = read_source(x, y, options.sample_weight, options.file_format, options.label_column,
-                                 options.features, options.check_finite)
+            source = read_source(x, y, options)
         context = context_of(options.strategy)
         n_val = _validation_rows(source, options.validation_split)
         sizing = batch_size_info(
@@ -55,7 +54,7 @@ class PlannedDataset:
             require_even_split=options.per_worker,
         )
         options.check_skip_batches(sizing.steps_per_epoch)
-        plan = _pipeline_plan(options, sizing)
+        plan = PipelinePlan.of(options, sizing)
         info = _dataset_info(options, source, context, sizing, plan, n_val)
         return cls(x, y, options, source, info, plan, context)
 
@@ -118,28 +117,18 @@ def one_epoch_rebuild(dataset: Any) -> Callable[..., Any] | None:
     return planned.rebuild
 
 
-def _pipeline_plan(options: DatasetOptions, sizing: BatchSizeInfo) -> PipelinePlan:
-    return PipelinePlan(
-        sizing=sizing, shuffle=bool(options.shuffle), seed=int(options.seed),
-        initial_epoch=int(options.initial_epoch), skip_batches=int(options.skip_batches),
-        epochs=None if options.epochs is None else int(options.epochs), map_fn=options.map_fn,
-        cache=options.cache, shuffle_buffer=int(options.shuffle_buffer), check_finite=options.check_finite,
-        one_epoch=options.form == "one_epoch",
-    )
-
-
 def _dataset_info(options: DatasetOptions, source: Source, context: Any, sizing: BatchSizeInfo,
                   plan: PipelinePlan, n_val: int) -> DatasetInfo:
     return DatasetInfo(
         source=source.kind, num_samples=source.n - n_val, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
         sizing=sizing.sizing, steps_per_epoch=sizing.steps_per_epoch,
-        drop_remainder=bool(options.drop_remainder), shard_policy=_shard_policy(source, options, context),
-        per_worker=bool(options.per_worker), shuffle=plan.shuffle, seed=plan.seed,
-        initial_epoch=plan.initial_epoch, skip_batches=plan.skip_batches, epochs=plan.epochs,
+        drop_remainder=options.drop_remainder, shard_policy=_shard_policy(source, options, context),
+        per_worker=options.per_worker, shuffle=options.shuffle, seed=options.seed,
+        initial_epoch=options.initial_epoch, skip_batches=options.skip_batches, epochs=options.epochs,
         num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
         validation_samples=n_val, form=options.form,
-        epoch_order=order.EPOCH_ORDER if plan.shuffle else None,
+        epoch_order=order.EPOCH_ORDER if options.shuffle else None,
     )
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-FILE_FORMATS = ("tfrecord", "csv")
+from kerasdist.data.options import DatasetOptions
+
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".csv": "csv"}
 
 
@@ -29,21 +30,23 @@ class Source:
     counts: tuple[int, ...] = ()  # files: records per file
 
 
-def read_source(x, y, sample_weight, file_format, label_column, features, check_finite) -> Source:
+def read_source(x: Any, y: Any, options: DatasetOptions) -> Source:
     """The `Source` of make_dataset's `x` and `y`: files, a dataset or in-memory arrays, checked."""
     import tensorflow as tf
+
+    sample_weight = options.sample_weight
 
     if isinstance(x, (str, os.PathLike)) or (
         isinstance(x, (list, tuple)) and x and all(isinstance(p, (str, os.PathLike)) for p in x)
     ):
         if y is not None or sample_weight is not None:
             raise ValueError("y and sample_weight cannot be given with files: use label_column.")
-        return _file_source(x, file_format, label_column, features, check_finite)
+        return _file_source(x, options.file_format, options.label_column, options.features, options.check_finite)
     if isinstance(x, tf.data.Dataset):
         if y is not None or sample_weight is not None:
             raise ValueError("y and sample_weight cannot be given with a tf.data.Dataset x: put them in its elements.")
         return _dataset_source(x)
-    return _memory_source(x, y, sample_weight, check_finite)
+    return _memory_source(x, y, sample_weight, options.check_finite)
 
 
 def _memory_source(x, y, sample_weight, check_finite) -> Source:
@@ -160,8 +163,6 @@ def _file_source(pattern, file_format, label_column, features, check_finite) -> 
                 f"{files[0]!r}...; give file_format='tfrecord' or 'csv'."
             )
         file_format = formats.pop()
-    if file_format not in FILE_FORMATS:
-        raise ValueError(f"Unknown file_format {file_format!r}. Expected one of: {', '.join(FILE_FORMATS)}.")
     if file_format == "csv":
         reader = _csv_reader(files, label_column, check_finite)
     else:

@@ -39,16 +39,16 @@ from kerasdist.training.resume_point import (
     run_record_of,
 )
 from kerasdist.training.speed import (
+    TrainingSettings,
     apply_to_optimizer,
     check_jit,
     check_model_precision,
     check_resumed_settings,
     check_resumed_settings_of,
     precision_policy,
-    training_settings,
     with_build_settings,
 )
-from kerasdist.validation import optional_integer
+from kerasdist.validation import optional_integer, verbosity, with_field_docs
 
 StepFn = Callable[[Any, Any, Any], Mapping[str, Any]]
 
@@ -71,6 +71,7 @@ def fit_step(model: Any, optimizer: Any, batch: Any) -> dict[str, Any]:
     return {"loss": loss}
 
 
+@with_field_docs(TrainingSettings, leave_out=("steps_per_execution",))
 def custom_fit(
     model: Any,
     data: Any,
@@ -144,17 +145,15 @@ def custom_fit(
         keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
-        mixed_precision: train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
-            model must be built under it (pass a build function).
-        jit_compile: compile the per-replica step with XLA.
-        gradient_accumulation_steps: apply the optimizer once every this many steps (Keras 3
-            optimizers accumulate the gradients); None or 1: every step.
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
         storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
         every_seconds: also checkpoint at the first step end this many seconds after the last
             save (time-based; see `checkpoint_callback`).
+
+    The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`) are
+    fields of `TrainingSettings`, each documented there.
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
@@ -167,10 +166,8 @@ def custom_fit(
     step_fn = _check_step_fn(step_fn)
     check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
     callbacks = _check_callbacks(callbacks)
-    settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
-    verbose = 1 if verbose == "auto" else verbose
-    if verbose not in (0, 1, 2):
-        raise ValueError(f'verbose must be 0, 1, 2 or "auto", got {verbose!r}.')
+    settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps)
+    verbose = verbosity("verbose", verbose)
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
         checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None,

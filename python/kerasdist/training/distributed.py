@@ -25,22 +25,22 @@ from kerasdist.checkpoint import (
     make_or_restore_model,
 )
 from kerasdist.context import context_of
-from kerasdist.data import make_dataset, planned_dataset, replace_epochs
+from kerasdist.data import DatasetOptions, PlannedDataset, replace_epochs
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, select_strategy
 from kerasdist.training.resume import resume_fit
 from kerasdist.training.resume_point import EpochRange, check_total_epochs
 from kerasdist.training.speed import (
+    TrainingSettings,
     check_jit,
     check_resumed_settings_of,
     check_steps_per_execution,
     choose_steps_per_execution,
     precision_policy,
     set_steps_per_execution,
-    training_settings,
     with_build_settings,
 )
-from kerasdist.validation import boolean, fraction
+from kerasdist.validation import record_of, with_field_docs
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
 _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
@@ -48,6 +48,7 @@ _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch
                      "validation_split", "per_worker")
 
 
+@with_field_docs(TrainingSettings)
 def distributed_fit(
     build_fn: Callable[[], Any],
     x: Any,
@@ -116,23 +117,9 @@ def distributed_fit(
         keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own);
             checkpoints are added by distributed_fit itself.
-        dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
+        dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}: a
+            dict of `DatasetOptions` fields (a key that is not one is refused, naming it).
         verbose: passed to `fit`.
-        mixed_precision: a speed option (see `kerasdist.training.speed`), as the next two;
-            recorded in every checkpoint; a resumed run with other values is refused, naming the
-            setting.
-        jit_compile: a speed option: XLA compilation of the step.
-        gradient_accumulation_steps: a speed option: batches whose gradients are averaged into one update.
-        steps_per_execution: training steps per call into the graph (Keras's `compile` option;
-            callbacks' batch hooks then run once per call). An integer must divide the steps of
-            an epoch, and `every_steps` must be a multiple of it; above 1 it needs a strategy of
-            one replica (Keras 3.15's multi-step loop fails under several: keras-team/keras#19246).
-            "auto" (default): the model's own compiled value if above 1; else 1 when a callback
-            has batch hooks, under several replicas and parameter servers; else a divisor of the
-            epoch's steps (and of `every_steps`) that makes one call last about 50 ms of estimated
-            compute (from the model's size and the batch), which hides the per-call hand-off of
-            small models. Not recorded: a resumed run may use another value and still continues
-            exactly.
         async_save: write checkpoints in a background thread (default True), so training waits
             only while the model's state is copied; False writes each on the training thread
             (see `checkpoint_callback`).
@@ -140,6 +127,9 @@ def distributed_fit(
             passed to its fsspec filesystem; None: environment variables and credentials files.
         every_seconds: also checkpoint at the first step end this many seconds after the last
             save (time-based, e.g. 600 for every 10 minutes; see `checkpoint_callback`).
+
+    The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`,
+    `steps_per_execution`) are the fields of `TrainingSettings`, each documented there.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -157,27 +147,26 @@ def distributed_fit(
         )
     check_total_epochs(epochs)
     _check_strategy_arg(strategy)
-    _check_fraction(validation_split)
+    options = _dataset_options(dataset_args).replaced(
+        sample_weight=sample_weight, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
+        seed=seed, shuffle=shuffle, validation_split=validation_split,
+    )
     if validation_split is not None and validation_data is not None:
         raise ValueError("validation_split and validation_data: give one of them, not both.")
     callbacks = _check_callbacks(callbacks)
-    extra = _check_dataset_args(dataset_args)
-    boolean("shuffle", shuffle)
     check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
-    settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
+    settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps, steps_per_execution)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
     checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
 
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
-    common = dict(sample_weight=sample_weight, batch_size=batch_size,
-                  per_replica_batch_size=per_replica_batch_size, strategy=context, seed=seed,
-                  shuffle=shuffle, **extra)
+    options = options.replaced(strategy=context)
 
-    # Plan once (checks every argument and the data, reads the source, sizes the epochs), then
-    # build only the pipelines training runs: the epochs left, as one stream.
-    planned = planned_dataset(x, y, validation_split=validation_split, **common)
+    # Plan once (checks the data, reads the source, sizes the epochs), then build only the
+    # pipelines training runs: the epochs left, as one stream.
+    planned = PlannedDataset.of(x, y, options)
     steps = planned.info.steps_per_epoch
-    check_steps_per_execution(steps_per_execution, steps, every_steps, context.num_replicas)
+    check_steps_per_execution(settings.steps_per_execution, steps, every_steps, context.num_replicas)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
         return replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
@@ -185,7 +174,7 @@ def distributed_fit(
     if validation_split is not None:
         validation_data = planned.validation()
     elif isinstance(validation_data, (tuple, list)):
-        validation_data = _validation_dataset(validation_data, common)
+        validation_data = _validation_dataset(validation_data, options)
 
     check_jit(settings, context)
     # every argument (the data's included) is checked above, before the newest checkpoint is read
@@ -197,8 +186,8 @@ def distributed_fit(
         run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
         checkpoint = CheckpointCallback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save,
                                         run=run, every_seconds=every_seconds)
-        chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
-                                               every_steps, callbacks)
+        chosen, _ = choose_steps_per_execution(settings.steps_per_execution, model, context, steps,
+                                               planned.info.batch_size, every_steps, callbacks)
         set_steps_per_execution(model, chosen)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
@@ -218,34 +207,30 @@ def _check_strategy_arg(strategy: Any) -> None:
     )
 
 
-def _check_fraction(validation_split: Any) -> None:
-    if validation_split is None:
-        return
-    fraction("validation_split", validation_split)
-
-
 def _check_callbacks(callbacks: Any) -> list[Any]:
     return check_trainer_callbacks(callbacks, "distributed_fit")
 
 
-def _check_dataset_args(dataset_args: Any) -> dict[str, Any]:
+def _dataset_options(dataset_args: Any) -> DatasetOptions:
+    """`dataset_args` (a dict of make_dataset arguments) as the record distributed_fit completes
+    with its own arguments."""
     if dataset_args is None:
-        return {}
-    if not isinstance(dataset_args, Mapping):
-        raise ValueError(f"dataset_args must be a dict of make_dataset arguments, got {type(dataset_args).__name__}.")
-    taken = sorted(set(dataset_args) & set(_OWN_DATASET_ARGS))
-    if taken:
-        raise ValueError(
-            f"dataset_args may not set {', '.join(taken)}: distributed_fit sets "
-            f"{'it' if len(taken) == 1 else 'them'} (use its own arguments)."
-        )
-    return dict(dataset_args)
+        return DatasetOptions()
+    if isinstance(dataset_args, Mapping):
+        taken = sorted(set(dataset_args) & set(_OWN_DATASET_ARGS))
+        if taken:
+            raise ValueError(
+                f"dataset_args may not set {', '.join(taken)}: distributed_fit sets "
+                f"{'it' if len(taken) == 1 else 'them'} (use its own arguments)."
+            )
+    return record_of(DatasetOptions, dataset_args, "dataset_args")
 
 
-def _validation_dataset(validation_data: Sequence[Any], common: Mapping[str, Any]) -> tf.data.Dataset:
+def _validation_dataset(validation_data: Sequence[Any], options: DatasetOptions) -> tf.data.Dataset:
     if len(validation_data) not in (2, 3):
         raise ValueError(
             f"validation_data must be (x_val, y_val) or (x_val, y_val, weights), got {len(validation_data)} items."
         )
-    args = {**common, "shuffle": False, "sample_weight": validation_data[2] if len(validation_data) == 3 else None}
-    return make_dataset(validation_data[0], validation_data[1], epochs=1, **args)
+    weights = validation_data[2] if len(validation_data) == 3 else None
+    options = options.replaced(shuffle=False, sample_weight=weights, epochs=1, validation_split=None)
+    return PlannedDataset.of(validation_data[0], validation_data[1], options).build()

@@ -36,7 +36,7 @@ import tensorflow as tf
 from kerasdist import compat
 from kerasdist.context import context_of
 from kerasdist.step_guard import check_step_functions
-from kerasdist.validation import integer
+from kerasdist.validation import integer, verbosity
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVER_TASK_TYPES = ("worker", "ps")
@@ -128,7 +128,7 @@ def ps_fit(
         validation_steps = required_steps("validation_steps", validation_steps, "validation_data")
     train_fn = _dataset_fn("data", data)
     val_fn = _dataset_fn("validation_data", validation_data) if validation_data is not None else None
-    verbose = 1 if verbose == "auto" else verbose
+    verbose = verbosity("verbose", verbose)
 
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
     _build_model(model, strategy, train_fn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -38,6 +39,25 @@ from kerasdist.training.speed import (
     model_steps_per_execution,
     set_steps_per_execution,
 )
+
+
+@dataclass(frozen=True)
+class FitArgs:
+    """What each `fit` (or `ps_fit`) call of a resumed run takes besides its data and epochs."""
+
+    callbacks: list[Any]  # the checkpoint callback last
+    validation_data: Any = None
+    validation_steps: int | None = None
+    verbose: Any = "auto"
+
+    def for_keras(self) -> dict[str, Any]:
+        # shuffle=False: the order is the data's own (a function of the epoch), never Keras's
+        return dict(callbacks=self.callbacks, validation_data=self.validation_data, verbose=self.verbose,
+                    shuffle=False)
+
+    def for_ps_fit(self) -> dict[str, Any]:
+        return dict(callbacks=self.callbacks, validation_data=self.validation_data,
+                    validation_steps=self.validation_steps, verbose=self.verbose)
 
 
 def resume_fit(
@@ -101,10 +121,8 @@ def resume_fit(
     epoch_data = data if callable(data) else (lambda epoch: data)
     start = resume_point(checkpoint, model, run_record_of(data(0) if _epoch_function(data) else data))
     epoch, skip = start.epoch, start.skip
-    # shuffle=False: the order is the data's own (a function of the epoch), never Keras's. The
-    # checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
-    fit_args = dict(callbacks=[*callbacks, checkpoint], validation_data=validation_data,
-                    verbose=verbose, shuffle=False)
+    # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
+    fit_args = FitArgs([*callbacks, checkpoint], validation_data, verbose=verbose)
     if epoch >= epochs:
         return merged_history(model, start.history, [])
     with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
@@ -112,7 +130,7 @@ def resume_fit(
     return merged_history(model, start.history, histories)
 
 
-def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args) -> list:
+def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args: FitArgs) -> list:
     """`fit` from `skip` batches into `epoch` to the end: the histories of its calls."""
     histories = []
     # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
@@ -127,7 +145,7 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         try:
             with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
                 histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
-                                           epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args))
+                                           epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args.for_keras()))
         finally:
             set_steps_per_execution(model, per_execution)
         epoch += 1
@@ -137,7 +155,8 @@ def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoin
         # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
         # across epochs, so epoch e gets exactly data(e).
         stream = _epochs(epoch_data, epoch, epochs)
-        histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps, **fit_args))
+        histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps,
+                                   **fit_args.for_keras()))
     return histories
 
 
@@ -176,17 +195,16 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
     epoch, skip = start.epoch, start.skip
-    fit_args = dict(callbacks=[*callbacks, checkpoint], validation_data=validation_data,
-                    validation_steps=validation_steps, verbose=verbose)
+    fit_args = FitArgs([*callbacks, checkpoint], validation_data, validation_steps, verbose)
     histories = []
     if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
         with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
             histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
-                                    steps_per_epoch=steps_per_epoch - skip, **fit_args))
+                                    steps_per_epoch=steps_per_epoch - skip, **fit_args.for_ps_fit()))
         epoch += 1
     if epoch < epochs and not (histories and model.stop_training):
         histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
-                                steps_per_epoch=steps_per_epoch, **fit_args))
+                                steps_per_epoch=steps_per_epoch, **fit_args.for_ps_fit()))
     return merged_history(model, start.history, histories)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -33,23 +33,47 @@ from kerasdist.validation import boolean, integer, optional_integer
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    """The speed options of one run, as recorded in its checkpoints."""
+    """The speed options of one run, each checked when the record is made (naming it).
+    `record()` is what its checkpoints record (all but `steps_per_execution`).
+
+    Args:
+        mixed_precision: train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
+            model must be built under it (pass a build function). Recorded in every
+            checkpoint, as the next two: a resumed run with other values is refused, naming the
+            setting.
+        jit_compile: compile the per-replica step with XLA.
+        gradient_accumulation_steps: apply the optimizer once every this many batches, their
+            gradients averaged (Keras 3 optimizers accumulate them); None or 1: every batch.
+        steps_per_execution: training steps per call into the graph (Keras's `compile` option;
+            callbacks' batch hooks then run once per call). An integer must divide the steps of
+            an epoch, and `every_steps` must be a multiple of it; above 1 it needs a strategy of
+            one replica (Keras 3.15's multi-step loop fails under several: keras-team/keras#19246).
+            "auto" (default): the model's own compiled value if above 1; else 1 when a callback
+            has batch hooks, under several replicas and parameter servers; else a divisor of the
+            epoch's steps (and of `every_steps`) that makes one call last about 50 ms of estimated
+            compute (from the model's size and the batch), which hides the per-call hand-off of
+            small models. Not recorded: a resumed run may use another value and still continues
+            exactly.
+    """
 
     mixed_precision: bool = False
     jit_compile: bool = False
     gradient_accumulation_steps: int | None = None
+    steps_per_execution: int | str = "auto"
+
+    def __post_init__(self) -> None:
+        boolean("mixed_precision", self.mixed_precision)
+        boolean("jit_compile", self.jit_compile)
+        steps = optional_integer("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
+        object.__setattr__(self, "gradient_accumulation_steps", None if steps in (None, 1) else steps)
+        object.__setattr__(self, "steps_per_execution", check_steps_per_execution(self.steps_per_execution))
 
     def record(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings a checkpoint records and a resumed run must match."""
+        return {name: getattr(self, name) for name in RECORDED_SETTINGS}
 
 
-def training_settings(mixed_precision: Any = False, jit_compile: Any = False,
-                      gradient_accumulation_steps: Any = None) -> TrainingSettings:
-    """Check the speed options (naming the argument and the value received) and bundle them."""
-    boolean("mixed_precision", mixed_precision)
-    boolean("jit_compile", jit_compile)
-    steps = optional_integer("gradient_accumulation_steps", gradient_accumulation_steps, 1)
-    return TrainingSettings(mixed_precision, jit_compile, None if steps in (None, 1) else int(steps))
+RECORDED_SETTINGS = ("mixed_precision", "jit_compile", "gradient_accumulation_steps")
 
 
 def check_resumed_settings(recorded: dict[str, Any] | None, settings: TrainingSettings, path: Any) -> None:
