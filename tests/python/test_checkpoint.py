@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import re
 import shutil
 import signal
 import sys
+import weakref
 from pathlib import Path
 
 import keras
@@ -297,6 +299,31 @@ def test_resume_point_is_the_checkpoint_restored_even_if_a_newer_one_appears(ckp
     history = kerasdist.resume_fit(model, dataset(), 3, verbose=0)
     assert history.epoch == [0, 1, 2]  # continued from epoch 2, the one restored, not from epoch 5
     assert int(model.optimizer.iterations.numpy()) == 3 * BATCHES_PER_EPOCH
+
+
+def test_one_manager_per_store_verifies_each_checkpoint_once_and_still_sees_other_writers(ckpt_dir, monkeypatch):
+    model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
+    manager = kerasdist.checkpoint.manager_of(model)
+    callback = kerasdist.checkpoint_callback(ckpt_dir)
+    assert callback.manager is manager and kerasdist.checkpoint.manager_for(ckpt_dir) is manager
+    assert kerasdist.checkpoint.manager_for(ckpt_dir.parent / "elsewhere", create=False) is not manager
+    verified = []
+    read = checkpoint_manager.read_checkpoint
+    monkeypatch.setattr(checkpoint_manager, "read_checkpoint",
+                        lambda store, entry: verified.append(entry) or read(store, entry))
+    assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 2 and len(kerasdist.list_checkpoints(ckpt_dir)) == 2
+    assert verified == []  # the restore verified both; the store's one manager reads neither again
+    newest = Path(kerasdist.latest_checkpoint(ckpt_dir).path)
+    (newest / "model.keras").write_bytes(b"torn by another process")
+    with pytest.warns(kerasdist.CheckpointWarning, match="Skipping checkpoint"):
+        assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 1  # seen at the next call
+    with pytest.warns(kerasdist.CheckpointWarning, match="Skipping checkpoint"):  # and said at every one
+        assert [c.epoch for c in kerasdist.list_checkpoints(ckpt_dir)] == [1]
+    assert verified == [newest.name]  # verified again once, when it changed
+    gone = weakref.ref(manager)
+    del model, manager, callback
+    gc.collect()
+    assert gone() is None  # what a manager caches lasts while a run uses it, not the whole process
 
 
 class _Crash(BaseException):

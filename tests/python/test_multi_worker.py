@@ -385,3 +385,26 @@ def test_import_puts_the_version_gated_fixes_in_place():
     assert compat.explain_late_multi_worker_strategy()  # already in place: idempotent
     assert not compat.keras_needs_multi_worker_fixes("3.16.0")
     assert not compat.version_within("2.22.0", compat.LATE_COLLECTIVES_VERSIONS)
+
+
+def test_the_chiefs_restore_reaches_the_workers_as_one_message_of_two_all_reduces():
+    """What `restore_from_chief` sends (header, variables' bytes, callbacks' state, any lengths)
+    arrives whole, in two collectives: the lengths, then the bytes (the default strategy's one
+    worker is the chief)."""
+    from kerasdist.checkpoint import chief_state
+
+    collectives = []
+    sum_over_workers = chief_state._sum_over_workers
+
+    def counted(*args, **kwargs):
+        collectives.append(args[1].size)
+        return sum_over_workers(*args, **kwargs)
+
+    parts = [b'{"checkpoint": null}', bytes(range(256)) * 3 + b"odd", b""]
+    original, chief_state._sum_over_workers = chief_state._sum_over_workers, counted
+    try:
+        received = chief_state._broadcast_parts(tf.distribute.get_strategy(), True, parts)
+    finally:
+        chief_state._sum_over_workers = original
+    assert received == parts
+    assert collectives == [3, (sum(map(len, parts)) + 7) // 8]

@@ -16,6 +16,7 @@ import pytest
 import kerasdist
 from conftest import run_python
 from kerasdist.training.distributed import check_step_functions
+from kerasdist.training.resume_point import ResumePoint, Segment, segments_from
 
 
 def digits(n: int = 256):
@@ -161,6 +162,17 @@ def _bad(tmp_path):
         ("batch_size", dict(batch_size=-1)),
         ("x", dict(x=x[:10])),  # length differs from y
     ]
+
+
+def test_a_resumed_run_is_the_rest_of_its_epoch_then_the_remaining_epochs():
+    """The segments every trainer's resume runs (train_from): Keras fit and ps_fit take a partly
+    trained epoch alone, custom_fit's loop takes everything in one call."""
+    assert segments_from(ResumePoint(2, 0), 5) == [Segment(2, 5)]
+    assert segments_from(ResumePoint(2, 3), 5) == [Segment(2, 3, 3), Segment(3, 5)]
+    assert segments_from(ResumePoint(4, 3), 5) == [Segment(4, 5, 3)]
+    assert segments_from(ResumePoint(2, 3), 5, one_call=True) == [Segment(2, 5, 3)]
+    assert segments_from(ResumePoint(5, 0), 5) == [] == segments_from(ResumePoint(7, 2), 5)
+    assert segments_from(ResumePoint(2, 4), 5, steps=4) == [Segment(2, 5)]  # a longer epoch's checkpoint
 
 
 def test_distributed_fit_refuses_bad_input_before_touching_checkpoints(tmp_path):

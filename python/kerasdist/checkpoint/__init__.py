@@ -8,8 +8,8 @@ chief-only writes, preemption.
 - `snapshot`: a model's state taken cheaply on the training thread, its files made later.
 - `model_state`: what a checkpoint holds beyond `model.save` (seed states) and must check
   (weight signature).
-- `manager`: `CheckpointManager`, one object per directory (validation, listing and checksums
-  once, restore and resume point from one read, save, prune), and the public functions on it.
+- `manager`: `CheckpointManager`, one object per store (`manager_for`; validation, listing and
+  checksums once, restore and resume point from one read, save, prune), and the public functions on it.
 - `chief_state`: workers restored from the chief's read, so hosts need no shared disk.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
 - `callback`: the Keras callback that saves through a manager, and on SIGTERM (`kerasdist.preemption`).
@@ -29,8 +29,8 @@ from kerasdist.checkpoint.manager import (
     latest_checkpoint,
     list_checkpoints,
     make_or_restore_model,
+    manager_for,
     manager_of,
-    remembered_checkpoint_dir,
     save_checkpoint,
 )
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
@@ -53,6 +53,6 @@ __all__ = [
     "list_checkpoints",
     "make_or_restore_model",
     "manager_of",
-    "remembered_checkpoint_dir",
+    "manager_for",
     "save_checkpoint",
 ]

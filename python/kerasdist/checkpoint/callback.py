@@ -22,7 +22,7 @@ from kerasdist.checkpoint.callback_state import (
     set_running_metrics,
     unpack,
 )
-from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_of
+from kerasdist.checkpoint.manager import CheckpointManager, as_manager
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, Progress, RunRecord
 from kerasdist.checkpoint.run_log import RunLog, run_log_for
@@ -384,13 +384,11 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _open_log(self, context: Any) -> None:
         """The chief's run log: the restores since the last fit, then this fit's start."""
         self._log = run_log_for(self.manager.store, context)
-        managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
-        for manager in managers.values():
-            for finished, seconds, info in manager.restores:
-                self._log.event("restored", at=finished, seconds=round(seconds, 4),
-                                checkpoint=self.manager.store.entry_of(info.path) if info else None,
-                                step=info.global_step if info else 0)
-            manager.restores.clear()
+        for finished, seconds, info in self.manager.restores:  # the store's one manager (manager_for)
+            self._log.event("restored", at=finished, seconds=round(seconds, 4),
+                            checkpoint=self.manager.store.entry_of(info.path) if info else None,
+                            step=info.global_step if info else 0)
+        self.manager.restores.clear()
         self._first_step_logged = False
         self._log.event("train_begin", step=optimizer_step(self.model))
         model = self.model

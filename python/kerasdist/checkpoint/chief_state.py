@@ -7,11 +7,12 @@ is sure to see the checkpoints (it is the one that writes them); a worker on ano
 none (node-local scratch, a pod's own disk), an older copy, or a directory of its own.
 
 So under multi-worker only the chief reads checkpoints: it restores its newest valid one as on a
-single host, then sends every worker (1) the checkpoint's record, the resume point and history,
-or the error it met, and (2) the restored state, the bytes of every variable (weights, optimizer
-slots and counters, random-generator states). Both travel as one all-reduce sum of int64 words
-to which only the chief contributes: adding zeros to integers is exact, so each worker receives
-the chief's bytes bit for bit. Workers therefore never restore from checkpoint files. They may
+single host, then sends every worker, in one message, the checkpoint's record (the resume point
+and history) or the error it met, the restored state (the bytes of every variable: weights,
+optimizer slots and counters, random-generator states) and the other callbacks' state. The
+message is two all-reduce sums to which only the chief contributes, its parts' lengths and then
+their bytes as int64 words: adding zeros to integers is exact, so each worker receives the
+chief's bytes bit for bit. Workers therefore never restore from checkpoint files. They may
 still list and verify what they see: `distributed_fit` and `custom_fit` read the newest record
 on every worker to refuse other speed settings before anything loads (`speed`), which on a disk
 of a worker's own finds nothing, or an older record, and is harmless there. The `build_fn`-less
@@ -42,37 +43,37 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
     checkpoint restored (the chief's), or None when there is none."""
     strategy = context.strategy
     _build_optimizer_quietly(model)  # its variables are made by collectives: on every worker alike
-    header: dict[str, Any] = {}
-    chief_callbacks: bytes | None = None  # what the chief restored of the other callbacks
+    parts = [b"", b"", b""]  # the header (record or error), the variables' bytes, the callbacks' state
+    info = None
     if context.is_chief:
         try:
-            info = manager.restore(model)
-            restored = manager.callback_state(model, read=False)
-            chief_callbacks = restored[1] if restored is not None else None
-            header = {"checkpoint": None if info is None else dataclasses.asdict(info),
-                      "callbacks": chief_callbacks is not None}
+            info, parts = _chief_restore(manager, model)
         except Exception as err:
-            _broadcast_json(strategy, True, {"error": f"{type(err).__name__}: {err}"})
+            _broadcast_parts(strategy, True, [_json({"error": f"{type(err).__name__}: {err}"}), b"", b""])
             raise
-    header = _broadcast_json(strategy, context.is_chief, header)
+    text, state, callbacks = _broadcast_parts(strategy, context.is_chief, parts)
+    header = json.loads(text.decode())
     if "error" in header:
         raise ValueError(
             f"The chief could not restore checkpoint_dir {str(manager.directory)!r}, so no worker "
             f"starts: {header['error']}"
         )
-    if header["checkpoint"] is None:
-        return None
-    variables = state_variables(model)
-    state = _broadcast_bytes(strategy, context.is_chief, _state_bytes(variables) if context.is_chief else b"")
-    callbacks = None
-    if header["callbacks"]:  # the other callbacks' state, as the chief read it
-        callbacks = _broadcast_bytes(strategy, context.is_chief, chief_callbacks or b"")
-    if context.is_chief:
-        return manager.resume_point(model)
-    _assign_state(variables, state, manager)
+    if header["checkpoint"] is None or context.is_chief:
+        return info
+    _assign_state(state_variables(model), state, manager)
     info = CheckpointInfo(**header["checkpoint"])
-    manager.note_restored(model, info, callbacks)
+    manager.note_restored(model, info, callbacks if header["callbacks"] else None)
     return info
+
+
+def _chief_restore(manager: Any, model: Any) -> tuple[CheckpointInfo | None, list[bytes]]:
+    """The chief's restore, and what it sends: the header, the variables' bytes, the callbacks' state."""
+    info = manager.restore(model)
+    restored = manager.callback_state(model, read=False)
+    callbacks = restored[1] if restored is not None else None  # what the chief restored of the other callbacks
+    header = {"checkpoint": None if info is None else dataclasses.asdict(info), "callbacks": callbacks is not None}
+    state = _state_bytes(state_variables(model)) if info is not None else b""
+    return info, [_json(header), state, callbacks or b""]
 
 
 def check_chief_checkpoint_is_seen(manager: Any, context: Any) -> None:
@@ -130,19 +131,27 @@ def _assign_state(variables: list[Any], state: bytes, manager: Any) -> None:
         offset += array.nbytes
 
 
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value).encode()
+
+
 def _broadcast_json(strategy: Any, is_chief: bool, value: dict[str, Any]) -> dict[str, Any]:
-    text = json.dumps(value).encode() if is_chief else b""
-    return json.loads(_broadcast_bytes(strategy, is_chief, text).decode())
+    (text,) = _broadcast_parts(strategy, is_chief, [_json(value) if is_chief else b""])
+    return json.loads(text.decode())
 
 
-def _broadcast_bytes(strategy: Any, is_chief: bool, payload: bytes) -> bytes:
-    """The chief's `payload` on every worker (the others pass b"")."""
-    length = int(_sum_over_workers(strategy, np.array([len(payload)], np.int64), contribute=is_chief)[0])
-    words = np.zeros((length + 7) // 8, np.int64)
+def _broadcast_parts(strategy: Any, is_chief: bool, parts: list[bytes]) -> list[bytes]:
+    """The chief's `parts` on every worker (the others pass as many, empty), in two
+    collectives: their lengths, then their bytes."""
+    lengths = _sum_over_workers(strategy, np.array([len(part) for part in parts], np.int64), contribute=is_chief)
+    ends = np.cumsum(lengths)
+    words = np.zeros((int(ends[-1]) + 7) // 8, np.int64)
     if is_chief:
-        words.view(np.uint8)[:length] = np.frombuffer(payload, np.uint8)
-    received = _sum_over_workers(strategy, words, contribute=is_chief)
-    return received.view(np.uint8)[:length].tobytes()
+        view = words.view(np.uint8)
+        for part, end in zip(parts, ends, strict=True):
+            view[end - len(part):end] = np.frombuffer(part, np.uint8)
+    received = _sum_over_workers(strategy, words, contribute=is_chief).view(np.uint8)
+    return [received[end - length:end].tobytes() for length, end in zip(lengths, ends, strict=True)]
 
 
 def _sum_over_workers(strategy: Any, words: np.ndarray, contribute: bool = True) -> np.ndarray:

@@ -1,10 +1,17 @@
-"""`CheckpointManager`: one object per checkpoint directory, and the functions built on it.
+"""`CheckpointManager`: one object per checkpoint store, and the functions built on it.
 
 The manager is what the callback, `make_or_restore_model`, `resume_fit`, `ps_fit` and
 `distributed_fit` talk to. It checks the directory once, checksums each checkpoint once (again
 only if its files change on disk), restores a model and gives the resume point from that same
 read, saves atomically (a `snapshot.Snapshot` + `record.commit`) and prunes. Every file it reads or
 writes goes through its store (`store/`): a local directory or an object-store URL.
+
+There is one manager per store while something uses it (`manager_for`): the model restored
+through it, a checkpoint callback, a trainer. So a run's model, callback and trainer share one
+listing, and `latest_checkpoint(dir)` during or after the run verifies nothing twice. A manager
+nothing holds any more is dropped, so the next one starts from the store as it is then. Every
+listing reads the store's entries afresh (another process may have written or damaged one since);
+what is cached is each entry's verification, redone when the entry's files change.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,10 +72,9 @@ class CheckpointManager:
         self._writable = False
         # entry -> (fingerprint, info, or why it cannot be used)
         self._seen: dict[str, tuple[Any, CheckpointInfo | str]] = {}
-        # the model restored last, from what, with its callbacks' state (callbacks.npz's bytes)
-        self._restored: tuple[weakref.ref[Any], CheckpointInfo, bytes | None] | None = None
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
+        _LIVE_MANAGERS.add(self)
         if create:
             self.create()
 
@@ -88,18 +95,19 @@ class CheckpointManager:
         return self.directory
 
     # -- reading -------------------------------------------------------------------------------
-    def checkpoints(self) -> list[CheckpointInfo]:
-        """The valid checkpoints, oldest first by the step recorded in each."""
+    def checkpoints(self, *, warn_known: bool = False) -> list[CheckpointInfo]:
+        """The valid checkpoints, oldest first by the step recorded in each. A damaged one is
+        warned of when first seen (`warn_known`: at every listing, as the public functions do)."""
         seen = {}
         for candidate in self.store.entries():
             now = self.store.fingerprint(candidate)
             entry = self._seen.get(candidate)
             if entry is None or entry[0] != now:
                 problem, info = read_checkpoint(self.store, candidate)
-                if problem:
-                    warnings.warn(f"Skipping checkpoint {self.store.path_of(candidate)}: {problem}.",
-                                  CheckpointWarning, stacklevel=4)
                 entry = (now, info if info is not None else str(problem))
+                _warn_damaged(self.store, candidate, entry[1])
+            elif warn_known:
+                _warn_damaged(self.store, candidate, entry[1])
             seen[candidate] = entry
         self._seen = seen
         return sorted((info for _, info in seen.values() if isinstance(info, CheckpointInfo)), key=_newness)
@@ -108,28 +116,28 @@ class CheckpointManager:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
         return {self.store.path_of(entry): info for entry, (_, info) in self._seen.items() if isinstance(info, str)}
 
-    def latest(self) -> CheckpointInfo | None:
+    def latest(self, *, warn_known: bool = False) -> CheckpointInfo | None:
         """The newest valid checkpoint (by recorded epoch and step, never by name or time)."""
-        checkpoints = self.checkpoints()
+        checkpoints = self.checkpoints(warn_known=warn_known)
         return checkpoints[-1] if checkpoints else None
 
     def resume_point(self, model: Any = None) -> CheckpointInfo | None:
-        """Where training of `model` continues: the checkpoint this manager restored into it,
-        while the model has not trained since (the very read that restored it, even if the
-        directory changed meanwhile); otherwise the newest valid checkpoint."""
+        """Where training of `model` continues, the one answer every trainer and the callback
+        use: the checkpoint restored into it from this store, while the model has not trained
+        since (the very read that restored it, even if the store changed meanwhile); otherwise
+        the newest valid checkpoint."""
         restored = self._restored_into(model) if model is not None else None
-        return restored[0] if restored is not None else self.latest()
+        return restored.info if restored is not None else self.latest()
 
-    def _restored_into(self, model: Any) -> tuple[CheckpointInfo, bytes | None] | None:
-        """(checkpoint, callbacks' state) that this directory's manager restored into `model`,
-        while the model has not trained since; else None."""
-        restored_by = manager_of(model)
-        if restored_by is None or restored_by._restored is None or not (
-            restored_by is self or restored_by.store.same_as(self.store)
+    def _restored_into(self, model: Any) -> Restored | None:
+        """What was restored into `model` from this store, while the model has not trained
+        since; else None."""
+        restored = restored_of(model)
+        if restored is None or restored.info is None or not (
+            restored.manager is self or restored.manager.store.same_as(self.store)
         ):
             return None
-        restored_model, info, blob = restored_by._restored
-        return (info, blob) if restored_model() is model and optimizer_step(model) == info.global_step else None
+        return restored if optimizer_step(model) == restored.info.global_step else None
 
     def callback_state(self, model: Any, read: bool = True) -> tuple[CheckpointInfo, bytes | None] | None:
         """The checkpoint `model` stands at (its step) and the state of the callbacks it kept
@@ -137,7 +145,7 @@ class CheckpointManager:
         model was restored from, else (when `read`) the newest valid one if it is of this step."""
         restored = self._restored_into(model)
         if restored is not None:
-            return restored
+            return restored.info, restored.callbacks
         latest = self.latest() if read else None
         if latest is None or latest.global_step != optimizer_step(model):
             return None
@@ -190,10 +198,10 @@ class CheckpointManager:
 
     def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None) -> None:
         """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
-        read): its resume point is `info`, its callbacks' state `callbacks`, and the model
-        remembers this manager."""
-        self._restored = (weakref.ref(model), info, callbacks) if info is not None else None
-        remember_manager(model, self)
+        read; None: nothing to restore): its resume point is `info`, its callbacks' state
+        `callbacks`, and the model remembers this manager, so `resume_fit(model, data, epochs)`
+        needs no `checkpoint` argument (`model |> resume_fit(data, epochs = 5)` in R)."""
+        object.__setattr__(model, _RESTORED_ATTRIBUTE, Restored(self, info, callbacks))
 
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, progress: Progress | None = None, **fields: Any) -> CheckpointInfo:
@@ -233,6 +241,11 @@ class CheckpointManager:
         return self.store.remove_temporary()
 
 
+def _warn_damaged(store: Any, entry: str, info: CheckpointInfo | str) -> None:
+    if isinstance(info, str):
+        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {info}.", CheckpointWarning, stacklevel=5)
+
+
 def _callbacks_blob(store: Any, entry: str) -> bytes | None:
     """The callbacks' state a valid checkpoint kept (`callbacks.npz`), or None."""
     return store.read(entry, CALLBACKS_FILE) if store.size(entry, CALLBACKS_FILE) is not None else None
@@ -256,11 +269,38 @@ def _build_optimizer(model: Any, path: str) -> None:
         )
 
 
+# --------------------------------------------------------------------------------------------
+# One manager per store, and the model remembers it
+
+
+_LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def manager_for(checkpoint_dir: Any, storage_options: Mapping[str, Any] | None = None, *,
+                create: bool = True) -> CheckpointManager:
+    """The manager of the store `checkpoint_dir` (with `storage_options`) names: the one in use
+    (by a model restored from it, a callback, a trainer) if any, else a new one; `create`d
+    (see `CheckpointManager.create`) unless False. A manager no one uses any more is dropped:
+    what it cached lasts as long as a run, not as long as the process."""
+    if isinstance(checkpoint_dir, CheckpointManager):
+        return checkpoint_dir
+    return _manager_of_store(open_store(checkpoint_dir, storage_options), create)
+
+
+def _manager_of_store(store: Any, create: bool) -> CheckpointManager:
+    manager = next((m for m in list(_LIVE_MANAGERS) if m.store is store or m.store.same_as(store)), None)
+    if manager is None:
+        manager = CheckpointManager(store, create=False)
+    if create:
+        manager.create()
+    return manager
+
+
 def as_manager(checkpoint_dir: Any, model: Any = None,
                storage_options: Mapping[str, Any] | None = None) -> CheckpointManager:
     """`checkpoint_dir` as a manager: itself if it is one, the manager `model` was restored by
-    when it names the same directory (a URL given without `storage_options` names the store the
-    model came from, with its options), else a new manager of that directory."""
+    when it names the same store (a URL given without `storage_options` names the store the
+    model came from, with its options), else `manager_for` that store, created."""
     if isinstance(checkpoint_dir, CheckpointManager):
         return checkpoint_dir
     store = open_store(checkpoint_dir, storage_options)
@@ -268,32 +308,31 @@ def as_manager(checkpoint_dir: Any, model: Any = None,
     if remembered is not None and (remembered.store.same_as(store) or (
             storage_options is None and remembered.store.location == store.location)):
         return remembered
-    manager = CheckpointManager(store)
-    manager.create()
-    return manager
+    return _manager_of_store(store, create=True)
 
 
-# --------------------------------------------------------------------------------------------
-# The model remembers its manager
+@dataclass(frozen=True)
+class Restored:
+    """What a model was restored with: through which manager, from which checkpoint (None:
+    there was none), with which callbacks' state (`callbacks.npz`'s bytes, None if none)."""
+
+    manager: CheckpointManager
+    info: CheckpointInfo | None
+    callbacks: bytes | None = None
 
 
-_MANAGER_ATTRIBUTE = "_kerasdist_checkpoint_manager"
+_RESTORED_ATTRIBUTE = "_kerasdist_restored"
 
 
-def remember_manager(model: Any, manager: CheckpointManager) -> None:
-    """Tag the model with its checkpoint manager, so `resume_fit(model, data, epochs)` needs no
-    `checkpoint` argument (and reads naturally as `model |> resume_fit(data, epochs = 5)` in R)."""
-    object.__setattr__(model, _MANAGER_ATTRIBUTE, manager)
+def restored_of(model: Any) -> Restored | None:
+    """What `model` was restored with (`make_or_restore_model`, `CheckpointManager.restore`)."""
+    return getattr(model, _RESTORED_ATTRIBUTE, None)
 
 
 def manager_of(model: Any) -> CheckpointManager | None:
-    return getattr(model, _MANAGER_ATTRIBUTE, None)
-
-
-def remembered_checkpoint_dir(model: Any) -> str | None:
-    """The directory `make_or_restore_model` made or restored `model` from, or None."""
-    manager = manager_of(model)
-    return str(manager.directory) if manager is not None else None
+    """The manager `model` was made or restored by, or None."""
+    restored = restored_of(model)
+    return restored.manager if restored is not None else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,14 +347,14 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str], *,
     Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
     `storage_options`: for an object-store URL, as in `CheckpointManager`.
     """
-    return CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options).checkpoints()
+    return manager_for(checkpoint_dir, storage_options, create=False).checkpoints(warn_known=True)
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
                       storage_options: Mapping[str, Any] | None = None) -> CheckpointInfo | None:
     """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None.
     `checkpoint_dir` and `storage_options` as in `list_checkpoints`."""
-    return CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options).latest()
+    return manager_for(checkpoint_dir, storage_options, create=False).latest(warn_known=True)
 
 
 def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
@@ -328,7 +367,7 @@ def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
     and `restart` (True for the one a restart would resume from). A damaged checkpoint's step is
     read from its name, its other fields are None. Reads only; warns about nothing.
     """
-    manager = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
+    manager = manager_for(checkpoint_dir, storage_options, create=False)
     if isinstance(manager.directory, Path) and not manager.directory.is_dir():
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not exist (or is not a directory).")
     with warnings.catch_warnings():

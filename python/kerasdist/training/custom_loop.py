@@ -32,11 +32,12 @@ from kerasdist.monitoring import monitored
 from kerasdist.preemption import exit_on_lost_peer
 from kerasdist.step_guard import is_r_function
 from kerasdist.training.resume_point import (
+    Segment,
     check_total_epochs,
     epoch_steps,
-    merged_history,
     resume_point,
     run_record_of,
+    train_from,
 )
 from kerasdist.training.speed import (
     TrainingSettings,
@@ -183,15 +184,13 @@ def custom_fit(
             with context.strategy.scope():
                 manager.restore(model)
         optimizer = _optimizer_of(model, optimizer, context)
-        point = manager.resume_point(model)
-        if point is not None:
-            check_resumed_settings(point.settings, settings, point.path)
         run = run_record_of(data, settings.record())
         checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run,
                                         every_seconds=every_seconds)
-        callbacks = monitored(callbacks, context, checkpoint)
         start = resume_point(checkpoint, model, run)
-        epoch, skip = start.epoch, start.skip
+        if start.checkpoint is not None:
+            check_resumed_settings(start.checkpoint.settings, settings, start.checkpoint.path)
+        callbacks = monitored(callbacks, context, checkpoint)
         pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
         with context.strategy.scope():
             apply_to_optimizer(optimizer, settings)
@@ -199,53 +198,53 @@ def custom_fit(
             train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile)
             # A mid-epoch checkpoint's metrics are the running means of the batches before it:
             # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
-            partial = dict(start.metrics) if skip else {}
+            partial = dict(start.metrics) if start.skip else {}
+
+            def run_epochs(segment: Segment) -> keras.callbacks.History:
+                return _run(model, pipeline, train_function, segment, checkpoint, callbacks, verbose, partial)
+
             with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-                history = _run(model, pipeline, train_function, epochs, epoch, skip, checkpoint, callbacks,
-                               verbose, partial)
-    return merged_history(model, start.history, [history] if history is not None else [])
+                return train_from(start, epochs, checkpoint, model, run_epochs, one_call=True)
 
 
 # --------------------------------------------------------------------------------------------
 # The loop
 
 
-def _run(model, pipeline, train_function, epochs, first_epoch, skip, checkpoint, callbacks, verbose, partial):
-    if first_epoch >= epochs:
-        return None
+def _run(model, pipeline, train_function, segment, checkpoint, callbacks, verbose, partial):
+    """One callback list over the segment's epochs, the first started `segment.skip` batches in."""
     steps = pipeline.steps
     history = keras.callbacks.History()
     callback_list = keras.callbacks.CallbackList(
         [*callbacks, checkpoint, history], add_progbar=verbose != 0, model=model,
-        verbose=verbose, epochs=epochs, steps=steps,
+        verbose=verbose, epochs=segment.last, steps=steps,
     )
     model.stop_training = False
     logs: dict[str, Any] = {}
-    with checkpoint.resuming_mid_epoch(skip):
-        callback_list.on_train_begin()
-        for epoch in range(first_epoch, epochs):
-            start = skip if epoch == first_epoch else 0
-            iterator = pipeline.iterator(epoch, start)
-            callback_list.on_epoch_begin(epoch)
-            sums: dict[str, Any] | None = None
-            if start and partial:
-                sums = {name: tf.constant(value * start, tf.float32) for name, value in partial.items()}
-            for count, batch in enumerate(range(start, steps), start=start + 1 if sums else 1):
-                callback_list.on_train_batch_begin(batch)
-                outputs = train_function(iterator)
-                sums = outputs if sums is None else {
-                    name: sums[name] + tf.cast(value, sums[name].dtype) if name in sums else value * count
-                    for name, value in outputs.items()
-                }
-                logs = {name: total / count for name, total in sums.items()}
-                callback_list.on_train_batch_end(batch, logs)
-                if model.stop_training:
-                    break
-            logs = {name: float(value) for name, value in logs.items()}
-            callback_list.on_epoch_end(epoch, dict(logs))
+    callback_list.on_train_begin()
+    for epoch in range(segment.first, segment.last):
+        start = segment.skip if epoch == segment.first else 0
+        iterator = pipeline.iterator(epoch, start)
+        callback_list.on_epoch_begin(epoch)
+        sums: dict[str, Any] | None = None
+        if start and partial:
+            sums = {name: tf.constant(value * start, tf.float32) for name, value in partial.items()}
+        for count, batch in enumerate(range(start, steps), start=start + 1 if sums else 1):
+            callback_list.on_train_batch_begin(batch)
+            outputs = train_function(iterator)
+            sums = outputs if sums is None else {
+                name: sums[name] + tf.cast(value, sums[name].dtype) if name in sums else value * count
+                for name, value in outputs.items()
+            }
+            logs = {name: total / count for name, total in sums.items()}
+            callback_list.on_train_batch_end(batch, logs)
             if model.stop_training:
                 break
-        callback_list.on_train_end(logs)
+        logs = {name: float(value) for name, value in logs.items()}
+        callback_list.on_epoch_end(epoch, dict(logs))
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
     return history
 
 

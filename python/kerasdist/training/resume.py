@@ -28,11 +28,12 @@ from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.training.resume_point import (
     EpochData,
     EpochRange,
+    Segment,
     check_total_epochs,
     epoch_steps,
-    merged_history,
     resume_point,
     run_record_of,
+    train_from,
 )
 from kerasdist.training.speed import (
     check_steps_per_execution,
@@ -120,44 +121,50 @@ def resume_fit(
     data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
     start = resume_point(checkpoint, model, run_record_of(data(0) if _epoch_function(data) else data))
-    epoch, skip = start.epoch, start.skip
     # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
     fit_args = FitArgs([*callbacks, checkpoint], validation_data, verbose=verbose)
-    if epoch >= epochs:
-        return merged_history(model, start.history, [])
+    fit = _KerasFit(model, epoch_data, steps_per_epoch, checkpoint.every_steps, context.num_replicas, fit_args)
     with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-        histories = _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args)
-    return merged_history(model, start.history, histories)
+        return train_from(start, epochs, checkpoint, model, fit)
 
 
-def _fit_from(model, epoch_data, epoch, skip, epochs, steps_per_epoch, checkpoint, context, fit_args: FitArgs) -> list:
-    """`fit` from `skip` batches into `epoch` to the end: the histories of its calls."""
-    histories = []
-    # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
-    # optimizer iteration more than the batches it trained on, which would shift every later step.
-    steps = steps_per_epoch or epoch_steps(epoch_data(epoch), "data")
-    per_execution = model_steps_per_execution(model)
-    check_steps_per_execution(per_execution, steps, checkpoint.every_steps, context.num_replicas)
-    if skip > 0:
+class _KerasFit:
+    """Keras `fit` over one segment of a resumed run (`train_from`)."""
+
+    def __init__(self, model: Any, epoch_data: EpochData, steps_per_epoch: int | None, every_steps: int | None,
+                 num_replicas: int, fit_args: FitArgs):
+        self.model, self.epoch_data, self.fit_args = model, epoch_data, fit_args
+        self._steps_per_epoch, self._every_steps, self._num_replicas = steps_per_epoch, every_steps, num_replicas
+        self._steps: int | None = None
+
+    def steps(self, epoch: int) -> int:
+        """Batches per epoch, known at the first segment (before anything trains) and checked
+        against steps_per_execution."""
+        if self._steps is None:
+            # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
+            # optimizer iteration more than the batches it trained on, which would shift every later step.
+            self._steps = self._steps_per_epoch or epoch_steps(self.epoch_data(epoch), "data")
+            check_steps_per_execution(model_steps_per_execution(self.model), self._steps, self._every_steps,
+                                      self._num_replicas)
+        return self._steps
+
+    def __call__(self, segment: Segment) -> keras.callbacks.History:
+        steps = self.steps(segment.first)
+        if not segment.skip:
+            # One stream over the segment's epochs: with steps_per_epoch Keras keeps one iterator
+            # across epochs, so epoch e gets exactly data(e).
+            return self.model.fit(_epochs(self.epoch_data, segment.first, segment.last), initial_epoch=segment.first,
+                                  epochs=segment.last, steps_per_epoch=steps, **self.fit_args.for_keras())
         # The rest of the epoch in executions that divide it (a checkpoint of a run with another
         # steps_per_execution, or of a preemption, may stop anywhere).
-        set_steps_per_execution(model, math.gcd(per_execution, skip))
+        per_execution = model_steps_per_execution(self.model)
+        set_steps_per_execution(self.model, math.gcd(per_execution, segment.skip))
         try:
-            with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
-                histories.append(model.fit(_epochs(epoch_data, epoch, epoch + 1, skip), initial_epoch=epoch,
-                                           epochs=epoch + 1, steps_per_epoch=steps - skip, **fit_args.for_keras()))
+            return self.model.fit(_epochs(self.epoch_data, segment.first, segment.last, segment.skip),
+                                  initial_epoch=segment.first, epochs=segment.last,
+                                  steps_per_epoch=steps - segment.skip, **self.fit_args.for_keras())
         finally:
-            set_steps_per_execution(model, per_execution)
-        epoch += 1
-    # A callback stopped training in the rest of the epoch (at any batch, or EarlyStopping at its
-    # end): the next `fit` would clear the request and go on at the next epoch.
-    if epoch < epochs and not (histories and model.stop_training):
-        # One stream over the remaining epochs: with steps_per_epoch Keras keeps one iterator
-        # across epochs, so epoch e gets exactly data(e).
-        stream = _epochs(epoch_data, epoch, epochs)
-        histories.append(model.fit(stream, initial_epoch=epoch, epochs=epochs, steps_per_epoch=steps,
-                                   **fit_args.for_keras()))
-    return histories
+            set_steps_per_execution(self.model, per_execution)
 
 
 def _epoch_function(data: Any) -> bool:
@@ -194,18 +201,13 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
-    epoch, skip = start.epoch, start.skip
     fit_args = FitArgs([*callbacks, checkpoint], validation_data, validation_steps, verbose)
-    histories = []
-    if epoch < epochs and 0 < skip < steps_per_epoch:  # stopped mid-epoch: finish that epoch
-        with checkpoint.resuming_mid_epoch(skip, then_continues=epoch + 1 < epochs):
-            histories.append(ps_fit(model, data, epoch + 1, initial_epoch=epoch,
-                                    steps_per_epoch=steps_per_epoch - skip, **fit_args.for_ps_fit()))
-        epoch += 1
-    if epoch < epochs and not (histories and model.stop_training):
-        histories.append(ps_fit(model, data, epochs, initial_epoch=epoch,
-                                steps_per_epoch=steps_per_epoch, **fit_args.for_ps_fit()))
-    return merged_history(model, start.history, histories)
+
+    def fit(segment: Segment) -> keras.callbacks.History:
+        return ps_fit(model, data, segment.last, initial_epoch=segment.first,
+                      steps_per_epoch=steps_per_epoch - segment.skip, **fit_args.for_ps_fit())
+
+    return train_from(start, epochs, checkpoint, model, fit, steps=steps_per_epoch)
 
 
 def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:

@@ -1,13 +1,16 @@
-"""Where a run continues: the resume point every trainer starts from (`resume_fit`, `custom_fit`,
-`ps_fit` through `resume_fit`, `distributed_fit` through `resume_fit`).
+"""Where a run continues, and how: the resume point and the one resume routine every trainer
+uses (`resume_fit`, `custom_fit`, `ps_fit` through `resume_fit`, `distributed_fit` through
+`resume_fit`).
 
 A checkpoint records the epoch to run next, the batches of it already trained, the history of the
 epochs done, the running metrics, and (`RunRecord`) the global batch and the order function of
-the data that trained it. `resume_point` reads the newest valid checkpoint once, through the
-manager that restored the model, and says where this run continues in its own terms: the batches
-to skip are counted in this run's global batch (`batches_to_skip`), and a mid-epoch point whose
-epoch another order function drew is warned of (`check_epoch_order`). The trainers then build
-the data from that point and merge the histories (`merged_history`).
+the data that trained it. `resume_point` asks the manager once which checkpoint the model
+continues from (`CheckpointManager.resume_point`: the one it restored into the model) and says
+where this run continues in its own terms: the batches to skip are counted in this run's global
+batch (`batches_to_skip`), and a mid-epoch point whose epoch another order function drew is
+warned of (`check_epoch_order`). `train_from` then runs the trainer's loop from that point: the
+rest of a partly trained epoch, then the remaining epochs, with the callbacks' state and a stop
+request carried between the two, and one merged `History` (`merged_history`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from kerasdist.data import dataset_info
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
+SegmentRunner = Callable[["Segment"], "keras.callbacks.History | None"]
 
 
 def check_total_epochs(epochs: Any) -> None:
@@ -83,6 +87,55 @@ def resume_point(checkpoint: CheckpointCallback, model: Any, run: RunRecord) -> 
     check_epoch_order(point, run.epoch_order)
     return ResumePoint(point.epoch, batches_to_skip(point, run.global_batch_size), list(point.history),
                        dict(point.metrics), point)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One call of a trainer's loop: epochs `first`..`last`-1, less `skip` batches at the start of
+    `first` (trained before the checkpoint the run resumed from)."""
+
+    first: int
+    last: int
+    skip: int = 0
+
+
+def segments_from(start: ResumePoint, epochs: int, *, steps: int | None = None,
+                  one_call: bool = False) -> list[Segment]:
+    """The loop calls that train from `start` to `epochs` in total: none when no epoch is left;
+    a partly trained epoch's rest alone (Keras `fit` counts one `steps_per_epoch` for all its
+    epochs), then the remaining epochs; or all in one call when the trainer's loop can start
+    `skip` batches into its first epoch (`one_call`). With `steps` known, a skip of a whole
+    epoch or more (a checkpoint of a longer epoch) trains that epoch again from its start."""
+    if start.epoch >= epochs:
+        return []
+    skip = start.skip if steps is None or start.skip < steps else 0
+    if one_call or skip == 0:
+        return [Segment(start.epoch, epochs, skip)]
+    rest = [Segment(start.epoch + 1, epochs)] if start.epoch + 1 < epochs else []
+    return [Segment(start.epoch, start.epoch + 1, skip), *rest]
+
+
+def train_from(start: ResumePoint, epochs: int, checkpoint: CheckpointCallback, model: Any,
+               run: SegmentRunner, *, steps: int | None = None, one_call: bool = False) -> keras.callbacks.History:
+    """Train from `start` to `epochs` in total: `run(segment)` for each of `segments_from`'s
+    segments, and one `History` of all epochs, earlier runs' included.
+
+    A segment that starts mid-epoch runs with the checkpoint callback told so
+    (`resuming_mid_epoch`: its checkpoints count steps within the epoch, and when another
+    segment follows, the other callbacks' state goes on into it). A callback that stopped
+    training in a segment (at any batch, or EarlyStopping at its end) ends the run there: the
+    next segment would clear the request and go on.
+    """
+    plan = segments_from(start, epochs, steps=steps, one_call=one_call)
+    histories = []
+    for index, segment in enumerate(plan):
+        if index and model.stop_training:
+            break
+        with checkpoint.resuming_mid_epoch(segment.skip, then_continues=index + 1 < len(plan)):
+            history = run(segment)
+        if history is not None:
+            histories.append(history)
+    return merged_history(model, start.history, histories)
 
 
 def run_record_of(data: Any, settings: dict[str, Any] | None = None) -> RunRecord:
