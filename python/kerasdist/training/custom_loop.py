@@ -20,10 +20,11 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
+    CheckpointOptions,
     as_manager,
-    check_callback_args,
     check_trainer_callbacks,
     manager_of,
+    takes_checkpoint_options,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
@@ -71,6 +72,7 @@ def fit_step(model: Any, optimizer: Any, batch: Any) -> dict[str, Any]:
     return {"loss": loss}
 
 
+@takes_checkpoint_options
 def custom_fit(
     model: Any,
     data: Any,
@@ -81,16 +83,12 @@ def custom_fit(
     optimizer: Any = None,
     strategy: Any = None,
     steps_per_epoch: int | None = None,
-    every_steps: int | None = None,
-    keep: int = 3,
     callbacks: Sequence[Any] | None = None,
     verbose: Any = "auto",
     mixed_precision: bool = False,
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
-    async_save: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
-    every_seconds: float | None = None,
+    **checkpoint_options: Any,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
 
@@ -139,9 +137,6 @@ def custom_fit(
         strategy: where a build function builds the model; default the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
-        every_steps: also checkpoint every this many steps (batches, also under gradient
-            accumulation); None: epoch ends only.
-        keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
         mixed_precision: train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
@@ -149,12 +144,8 @@ def custom_fit(
         jit_compile: compile the per-replica step with XLA.
         gradient_accumulation_steps: apply the optimizer once every this many steps (Keras 3
             optimizers accumulate the gradients); None or 1: every step.
-        async_save: write checkpoints in a background thread (default True), so training waits
-            only while the model's state is copied; False writes each on the training thread
-            (see `checkpoint_callback`).
-        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
-        every_seconds: also checkpoint at the first step end this many seconds after the last
-            save (time-based; see `checkpoint_callback`).
+        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
+            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
@@ -165,7 +156,7 @@ def custom_fit(
     """
     check_total_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
+    options = CheckpointOptions.from_kwargs(**checkpoint_options)
     callbacks = _check_callbacks(callbacks)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = 1 if verbose == "auto" else verbose
@@ -174,7 +165,7 @@ def custom_fit(
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
         checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None,
-                                    storage_options=storage_options)
+                                    storage_options=options.storage_options)
         check_resumed_settings_of(checkpoint_dir, settings)
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)
@@ -190,8 +181,7 @@ def custom_fit(
         if point is not None:
             check_resumed_settings(point.settings, settings, point.path)
         run = run_record_of(data, settings.record())
-        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run,
-                                        every_seconds=every_seconds)
+        checkpoint = CheckpointCallback(manager, options, run=run)
         callbacks = monitored(callbacks, context, checkpoint)
         start = resume_point(checkpoint, model, run)
         epoch, skip = start.epoch, start.skip

@@ -19,10 +19,11 @@ import tensorflow as tf
 from kerasdist.checkpoint import (
     CheckpointCallback,
     CheckpointManager,
+    CheckpointOptions,
     RunRecord,
-    check_callback_args,
     check_trainer_callbacks,
     make_or_restore_model,
+    takes_checkpoint_options,
 )
 from kerasdist.context import context_of
 from kerasdist.data import make_dataset, planned_dataset, replace_epochs
@@ -48,6 +49,7 @@ _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch
                      "validation_split", "per_worker")
 
 
+@takes_checkpoint_options
 def distributed_fit(
     build_fn: Callable[[], Any],
     x: Any,
@@ -63,8 +65,6 @@ def distributed_fit(
     sample_weight: Any = None,
     validation_split: float | None = None,
     validation_data: Any = None,
-    every_steps: int | None = None,
-    keep: int = 3,
     callbacks: Sequence[Any] | None = None,
     dataset_args: Mapping[str, Any] | None = None,
     verbose: Any = "auto",
@@ -72,9 +72,7 @@ def distributed_fit(
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
     steps_per_execution: int | str = "auto",
-    async_save: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
-    every_seconds: float | None = None,
+    **checkpoint_options: Any,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -112,8 +110,6 @@ def distributed_fit(
             out for validation; in-memory data only.
         validation_data: `(x_val, y_val)` (batched like the training data, unshuffled) or a
             batched `tf.data.Dataset`.
-        every_steps: also checkpoint every this many steps (mid-epoch); None: epoch ends only.
-        keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own);
             checkpoints are added by distributed_fit itself.
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}.
@@ -133,13 +129,8 @@ def distributed_fit(
             compute (from the model's size and the batch), which hides the per-call hand-off of
             small models. Not recorded: a resumed run may use another value and still continues
             exactly.
-        async_save: write checkpoints in a background thread (default True), so training waits
-            only while the model's state is copied; False writes each on the training thread
-            (see `checkpoint_callback`).
-        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
-            passed to its fsspec filesystem; None: environment variables and credentials files.
-        every_seconds: also checkpoint at the first step end this many seconds after the last
-            save (time-based, e.g. 600 for every 10 minutes; see `checkpoint_callback`).
+        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
+            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -163,10 +154,10 @@ def distributed_fit(
     callbacks = _check_callbacks(callbacks)
     extra = _check_dataset_args(dataset_args)
     boolean("shuffle", shuffle)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
+    options = CheckpointOptions.from_kwargs(**checkpoint_options)
     settings = training_settings(mixed_precision, jit_compile, gradient_accumulation_steps)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
-    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
+    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=options.storage_options)
 
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     common = dict(sample_weight=sample_weight, batch_size=batch_size,
@@ -177,7 +168,7 @@ def distributed_fit(
     # build only the pipelines training runs: the epochs left, as one stream.
     planned = planned_dataset(x, y, validation_split=validation_split, **common)
     steps = planned.info.steps_per_epoch
-    check_steps_per_execution(steps_per_execution, steps, every_steps, context.num_replicas)
+    check_steps_per_execution(steps_per_execution, steps, options.every_steps, context.num_replicas)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
         return replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
@@ -195,10 +186,9 @@ def distributed_fit(
         model.jit_compile = settings.jit_compile
         check_step_functions(model, context.strategy)
         run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
-        checkpoint = CheckpointCallback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save,
-                                        run=run, every_seconds=every_seconds)
+        checkpoint = CheckpointCallback(checkpoints, options, run=run)
         chosen, _ = choose_steps_per_execution(steps_per_execution, model, context, steps, planned.info.batch_size,
-                                               every_steps, callbacks)
+                                               options.every_steps, callbacks)
         set_steps_per_execution(model, chosen)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
