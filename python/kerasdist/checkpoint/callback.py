@@ -72,9 +72,8 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], *, options: Chec
             URL (`s3://bucket/run`, `gs://bucket/run`; see `CheckpointManager`).
         options: a `CheckpointOptions` to start from (default: every option's default); the
             keywords below replace its fields.
-        **fields: the checkpoint options, `CheckpointOptions`' fields, each a keyword (every_epoch,
-            every_steps, every_seconds, keep, keep_best, monitor, mode, async_save,
-            storage_options, handle_sigterm; documented there).
+        **fields: the checkpoint options (every_epoch, every_steps, keep, ...), `CheckpointOptions`'
+            fields, each a keyword.
     """
     return CheckpointCallback(checkpoint_dir, options, **fields)
 
