@@ -1,37 +1,28 @@
 """The Keras callback that writes crash-safe checkpoints through a `CheckpointManager`.
 
-It is made of four parts, each in its module: `SavePolicy` (when to save, which checkpoints to
-keep), `Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
-(SIGTERM held during fit) and `RunRecorder` (the chief's run log and the run's figures), all set
-by one `CheckpointOptions`. The callback follows the fit (epoch, step, history, the other
-callbacks' state) and tells each part what happened.
+It is made of parts, each in its module: `SavePolicy` (when to save, which checkpoints to keep),
+`Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
+(SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures), all set by
+one `CheckpointOptions`, and `OtherCallbacks` (the fit's other callbacks and their state). The
+callback follows the fit (epoch, step, history) and tells each part what happened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from kerasdist import compat
-from kerasdist.checkpoint.callback_state import (
-    CallbackStates,
-    has_state,
-    pack,
-    running_metrics,
-    set_running_metrics,
-    unpack,
-)
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions, takes_checkpoint_options
+from kerasdist.checkpoint.other_callbacks import OtherCallbacks
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
-from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, Progress, RunRecord
+from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
 from kerasdist.checkpoint.recorder import RunRecorder
 from kerasdist.checkpoint.run_log import Status
 from kerasdist.checkpoint.save_policy import SavePolicy
@@ -120,10 +111,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._is_chief = True
         self._one_worker = True
         self._task: str | None = None
-        # the other callbacks of the current fit that have state
-        self._states = CallbackStates()
-        self._states_to_restore: tuple[str, dict[str, Any]] | None = None  # (from where, what)
-        self._carried: tuple[int, bytes] | None = None  # (step, packed state) at the last fit's end
+        self.others = OtherCallbacks()  # the fit's other callbacks and their state
         self._continued = False  # this fit ends only for the trainer to start the next one at once
 
     def __getattr__(self, name: str) -> Any:
@@ -191,7 +179,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history = list(start.history) if start is not None else []
         self.policy.begin(self.manager)
         self._first_epoch = None
-        self._find_other_callbacks()
+        self.others.find(self, CheckpointCallback, self.model, self.manager, self._is_chief)
         if self._is_chief:
             self.manager.remove_temporary()
             managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
@@ -201,13 +189,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         first = self._first_epoch is None
         self._first_epoch = epoch if first else self._first_epoch
-        if self._states_to_restore is not None:  # every callback's on_train_begin has reset it by now
-            where, saved = self._states_to_restore
-            self._states_to_restore = None
-            if self._states or saved.get("callbacks"):
-                self._states.restore(saved.get("callbacks", {}), where)
-            if self._step_offset and saved.get("running_metrics") is not None:
-                set_running_metrics(self.model, saved["running_metrics"])  # Keras reset them just now
+        self.others.restore(self.model, mid_epoch=bool(self._step_offset))
         self._epoch = epoch
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
@@ -268,8 +250,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
             write_run_figures(self.tensorboard_dir, epoch, self.recorder.figures(self._batches_seen))
         if self._continued and not self.model.stop_training:
-            self._carried = (optimizer_step(self.model), pack({"callbacks": self._states.states()}))
-            self._states.before_continued_end()
+            self.others.carry_into_next_fit(self.model)
 
     def on_test_begin(self, logs=None):
         self.recorder.eval_began()
@@ -278,9 +259,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.recorder.eval_ended()
 
     def on_train_end(self, logs=None):
-        step = optimizer_step(self.model)
-        if self._carried is None or self._carried[0] != step:
-            self._carried = (step, pack({"callbacks": self._states.states()}))
+        self.others.carry_at_fit_end(self.model)
         self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
         if self.hold.preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
@@ -305,36 +284,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         left = self._batches_left()
         return left is not None and left <= 0
 
-    def _find_other_callbacks(self) -> None:
-        """The callbacks of this fit that have state (`callback_state.py`), and the state they
-        resume with: this callback's from the end of its last fit when the model has not trained
-        since (a trainer's next fit), else the checkpoint of the model's step, if any (on the
-        chief, or as the chief's restore sent it to the others)."""
-        callback_list = compat.calling_callback_list()
-        others = [c for c in (callback_list.callbacks if callback_list is not None else [])
-                  if c is not self and not isinstance(c, CheckpointCallback)]
-        self._states = CallbackStates(others)
-        self._states.check()
-        _warn_if_after(others, callback_list.callbacks.index(self) if callback_list is not None else 0)
-        self._states_to_restore = None
-        step = optimizer_step(self.model)
-        if self._carried is not None and self._carried[0] == step:
-            self._states_to_restore = ("the previous fit", unpack(self._carried[1]))
-        elif step > 0:
-            found = self.manager.callback_state(self.model, read=self._is_chief)
-            if found is not None:
-                self._states_to_restore = (found[0].path, unpack(found[1]) if found[1] is not None else {})
-        self._carried = None
-
-    def _fit_state(self, mid_epoch: bool) -> bytes | None:
-        """What a checkpoint keeps of this fit besides the model: the other callbacks' state
-        (what they wrote made durable first) and, mid-epoch, the epoch's running means."""
-        self._states.flush()
-        state: dict[str, Any] = {"callbacks": self._states.states()} if self._states else {}
-        if mid_epoch and self._one_worker:  # a worker's metrics are its own: the chief's would not do for the others
-            state["running_metrics"] = running_metrics(self.model)
-        return pack(state) if state else None
-
     def _end_fit(self, status: Status | None = None) -> None:
         """Wait for the save in flight, give back the memory and SIGTERM, end the run log's fit."""
         ended = False
@@ -356,7 +305,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         def progress() -> Progress:
             self.policy.saving()
             self._saved_step = optimizer_step(self.model)
-            state = self._fit_state(mid_epoch=step > 0)
+            state = self.others.checkpointed(self.model, mid_epoch=step > 0, one_worker=self._one_worker)
             return Progress.of(epoch, step, self._history, logs, self._task, self.run, callbacks=state)
 
         in_background = self.options.async_save and not (final or self.hold.preempted)
@@ -364,19 +313,6 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.saver.save(self.model, progress, in_background)
         finally:
             self.recorder.saved(optimizer_step(self.model), self.blocked_seconds[-1])
-
-
-def _warn_if_after(others: list[Any], position: int) -> None:
-    """Callbacks with state after the checkpoint callback (`position` in the fit's list) run
-    their epoch end after its save, so an epoch-end checkpoint would keep their state from before
-    that epoch."""
-    late = [type(c).__name__ for c in others[position:] if has_state(c)]
-    if late:
-        warnings.warn(
-            f"callbacks {', '.join(late)} come after the kerasdist checkpoint callback: a checkpoint at an "
-            "epoch's end would keep their state from before that epoch. Put checkpoint_callback(...) last.",
-            CheckpointWarning, stacklevel=4,
-        )
 
 
 def refuse_backup_and_restore(callback: Any, index: int) -> None:
