@@ -31,7 +31,6 @@ restore, and first_step (the model and pipeline built, the first step traced and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -39,13 +38,21 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX
+from kerasdist.checkpoint.run_log import (
+    AttemptLog,
+    Event,
+    LoggedEvent,
+    Status,
+    StepRecord,
+    read_attempt_logs,
+)
 from kerasdist.checkpoint.store import open_store
 
 PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "detection", "other",
          "downtime")
 RECOVERY_PARTS = ("detection", "down", "python_and_tensorflow", "cluster", "restore", "first_step")
-FAILED = ("killed or crashed", "peer lost")  # statuses whose time after the last completed step is detection
+KILLED = "killed or crashed"  # an attempt whose log just stops (no TRAIN_END then EXIT)
+FAILED = (KILLED, Status.PEER_LOST.value)  # statuses whose time after the last completed step is detection
 
 
 @dataclass(frozen=True)
@@ -176,58 +183,31 @@ def goodput(checkpoint_dir: str | os.PathLike[str], *,
         ValueError: `checkpoint_dir` holds no run log (no kerasdist training ran there).
     """
     store = open_store(checkpoint_dir, storage_options)
-    attempts = _read_attempts(store.run_files())
+    attempts = read_attempt_logs(store.run_files())
     if not attempts:
         raise ValueError(f"checkpoint_dir {store.location!r} holds no run log (runs/*.jsonl): no kerasdist "
                          "trainer has run there (the chief of each writes one).")
     return _report(store.location, attempts)
 
 
-def _read_attempts(files: Mapping[str, bytes]) -> list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]:
-    attempts = []
-    for name, data in files.items():
-        if not name.endswith(RUN_LOG_SUFFIX):
-            continue
-        attempt = name[: -len(RUN_LOG_SUFFIX)]
-        events = _parsed(name, data.decode(errors="replace").splitlines())
-        step_file = files.get(attempt + RUN_STEP_SUFFIX, b"").decode(errors="replace")
-        record = _parsed(attempt + RUN_STEP_SUFFIX, [step_file])
-        heartbeat = record[0] if record else None  # none, or a step file created but not written yet
-        if events:
-            attempts.append((attempt, events, heartbeat))
-    return sorted(attempts, key=lambda item: item[1][0]["t"])
-
-
-def _parsed(name: str, lines: list[str]) -> list[dict[str, Any]]:
-    """The JSON objects of a run file's lines, each with its time; a file that is not kerasdist's is
-    a clear error naming it."""
-    try:
-        records = [json.loads(line) for line in lines if line.strip()]
-        if all(isinstance(r, dict) and isinstance(r.get("t"), (int, float)) for r in records):
-            return records
-    except json.JSONDecodeError:
-        pass
-    raise ValueError(f"runs/{name} is not a kerasdist run log (JSON objects with a time \"t\", one a line).")
-
-
-def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]) -> GoodputReport:
-    restored_steps = _known_restored_steps([_restored_step(events) for _, events, _ in logs])
+def _report(location: str, logs: list[AttemptLog]) -> GoodputReport:
+    restored_steps = _known_restored_steps([_restored_step(log.events) for log in logs])
     attempts: list[Attempt] = []
-    for index, (name, events, heartbeat) in enumerate(logs):
+    for index, log in enumerate(logs):
         next_restored = restored_steps[index + 1] if index + 1 < len(logs) else None
         restored = restored_steps[index]
-        attempt = _attempt(name, events, heartbeat, 0 if restored is None else restored, next_restored)
+        attempt = _attempt(log, 0 if restored is None else restored, next_restored)
         if attempts and attempt.first_step_at is not None:
-            attempt = replace(attempt, recovery=_recovery(events, attempts[-1], attempt))
+            attempt = replace(attempt, recovery=_recovery(log.events, attempts[-1], attempt))
         attempts.append(attempt)
     seconds = {part: sum(a.seconds.get(part, 0.0) for a in attempts) for part in PARTS}
     pairs = zip(attempts, attempts[1:], strict=False)
     seconds["downtime"] = sum(max(0.0, later.started - earlier.ended) for earlier, later in pairs)
     wall = attempts[-1].ended - attempts[0].started
     seconds["other"] += wall - sum(seconds.values())  # overlap or rounding: other absorbs it
-    failures = sum(1 for a in attempts[:-1] if a.status != "completed")
+    failures = sum(1 for a in attempts[:-1] if a.status != Status.COMPLETED.value)
     running = wall - seconds["downtime"]
-    blocked = [float(e["blocked"]) for _, events, _ in logs for e in events if e["event"] == "save"]
+    blocked = [float(e["blocked"]) for log in logs for e in log.events if e.kind is Event.SAVE]
     save_cost = sum(blocked) / len(blocked) if blocked else None
     mtbf = running / failures if failures else None
     trained = seconds["productive"] + seconds["redone"] + seconds["checkpoint_blocking"]
@@ -248,12 +228,12 @@ def _report(location: str, logs: list[tuple[str, list[dict[str, Any]], dict[str,
     )
 
 
-def _restored_step(events: list[dict[str, Any]]) -> int | None:
+def _restored_step(events: list[LoggedEvent]) -> int | None:
     """The step an attempt resumed from; None for one that ended before it got that far."""
-    restored = [e for e in events if e["event"] == "restored"]
+    restored = [e for e in events if e.kind is Event.RESTORED]
     if restored:
         return int(restored[0].get("step") or 0)
-    begins = [e for e in events if e["event"] == "train_begin"]
+    begins = [e for e in events if e.kind is Event.TRAIN_BEGIN]
     return int(begins[0]["step"]) if begins else None
 
 
@@ -268,19 +248,19 @@ def _known_restored_steps(steps: list[int | None]) -> list[int | None]:
     return known
 
 
-def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] | None,
-             restored_step: int, next_restored: int | None) -> Attempt:
-    started = float(events[0]["t"])
-    ended = max([float(e["t"]) for e in events] + ([float(heartbeat["t"])] if heartbeat else []))
-    steps = [int(e["step"]) for e in events if "step" in e and e["event"] != "restored"]
-    last_step = max(steps + ([int(heartbeat["step"])] if heartbeat else []), default=restored_step)
-    first_step_at = next((float(e["t"]) for e in events if e["event"] == "first_step"), None)
-    ends = [e for e in events if e["event"] == "train_end"]
-    status = ends[-1]["status"] if ends and events[-1]["event"] in ("train_end", "exit") else "killed or crashed"
+def _attempt(log: AttemptLog, restored_step: int, next_restored: int | None) -> Attempt:
+    events, heartbeat = log.events, log.step_record
+    started = events[0].t
+    ended = max([e.t for e in events] + ([heartbeat.t] if heartbeat else []))
+    steps = [int(e["step"]) for e in events if "step" in e.fields and e.kind is not Event.RESTORED]
+    last_step = max(steps + ([heartbeat.step] if heartbeat else []), default=restored_step)
+    first_step_at = next((e.t for e in events if e.kind is Event.FIRST_STEP), None)
+    ends = [e for e in events if e.kind is Event.TRAIN_END]
+    status = ends[-1]["status"] if ends and events[-1].kind in (Event.TRAIN_END, Event.EXIT) else KILLED
     part = dict.fromkeys(PARTS, 0.0)
-    part["restore"] = sum(float(e["seconds"]) for e in events if e["event"] == "restored")
-    part["checkpoint_blocking"] = sum(float(e["blocked"]) for e in events if e["event"] == "save")
-    part["evaluation"] = sum(float(e["seconds"]) for e in events if e["event"] == "eval")
+    part["restore"] = sum(float(e["seconds"]) for e in events if e.kind is Event.RESTORED)
+    part["checkpoint_blocking"] = sum(float(e["blocked"]) for e in events if e.kind is Event.SAVE)
+    part["evaluation"] = sum(float(e["seconds"]) for e in events if e.kind is Event.EVAL)
     progress_at = _last_progress(events, heartbeat) if status in FAILED and first_step_at is not None else None
     part["detection"] = ended - progress_at if progress_at is not None else 0.0
     training = _training_seconds(events, ended, until=progress_at)
@@ -294,31 +274,31 @@ def _attempt(name: str, events: list[dict[str, Any]], heartbeat: dict[str, Any] 
     part["redone"] = min(stepping, stepping * redone / trained_steps) if trained_steps > 0 else 0.0
     part["productive"] = stepping - part["redone"]
     part["other"] = (ended - started) - sum(part.values())
-    workers = next((e.get("workers") for e in events if e["event"] == "start"), None)
-    return Attempt(name=name, started=started, ended=ended, status=status, restored_step=restored_step,
+    workers = next((e.get("workers") for e in events if e.kind is Event.START), None)
+    return Attempt(name=log.name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
-                   saves=sum(1 for e in events if e["event"] == "committed"), seconds=part,
+                   saves=sum(1 for e in events if e.kind is Event.COMMITTED), seconds=part,
                    workers=int(workers) if workers is not None else None,
-                   last_step_at=float(heartbeat["t"]) if heartbeat else None)
+                   last_step_at=heartbeat.t if heartbeat else None)
 
 
-def _last_progress(events: list[dict[str, Any]], heartbeat: dict[str, Any] | None) -> float | None:
+def _last_progress(events: list[LoggedEvent], heartbeat: StepRecord | None) -> float | None:
     """When a failed attempt's training thread last got something done: its last completed step
     (the step record), or a save or evaluation it finished after it; None without a step record
     (a log of an older kerasdist: no detection is counted)."""
     if heartbeat is None:
         return None
-    done = [float(e["t"]) for e in events if e["event"] in ("first_step", "save", "eval")]
-    return max([float(heartbeat["t"]), *done])
+    done = [e.t for e in events if e.kind in (Event.FIRST_STEP, Event.SAVE, Event.EVAL)]
+    return max([heartbeat.t, *done])
 
 
-def _recovery(events: list[dict[str, Any]], previous: Attempt, attempt: Attempt) -> dict[str, float]:
+def _recovery(events: list[LoggedEvent], previous: Attempt, attempt: Attempt) -> dict[str, float]:
     """The recovery of `attempt` after `previous` (see the module docstring); a part whose event is
     missing (a log of an older kerasdist) counts in the next."""
-    at = {e["event"]: float(e["t"]) for e in reversed(events)}  # each event's first time
+    at = {e.kind: e.t for e in reversed(events)}  # each event's first time
     restore = attempt.seconds["restore"]
-    imported = at.get("imported", attempt.started)
-    ready = max(at.get("ready", imported), imported)
+    imported = at.get(Event.IMPORTED, attempt.started)
+    ready = max(at.get(Event.READY, imported), imported)
     first_step = float(attempt.first_step_at or ready)
     detection = previous.seconds.get("detection", 0.0)
     parts = {"detection": detection, "down": attempt.started - previous.ended,
@@ -333,16 +313,16 @@ def _redone_steps_of(last_step: int, next_restored: int | None) -> int:
     return max(0, last_step - next_restored) if next_restored is not None else 0
 
 
-def _training_seconds(events: list[dict[str, Any]], ended: float, until: float | None = None) -> float:
+def _training_seconds(events: list[LoggedEvent], ended: float, until: float | None = None) -> float:
     """Seconds between each first step and its end of training (or the attempt's end), none
     after `until` (a failed attempt's last progress)."""
     total, since = 0.0, None
     limit = ended if until is None else until
     for event in events:
-        if event["event"] == "first_step":
-            since = float(event["t"])
-        elif event["event"] == "train_end" and since is not None:
-            total += max(0.0, min(float(event["t"]), limit) - since)
+        if event.kind is Event.FIRST_STEP:
+            since = event.t
+        elif event.kind is Event.TRAIN_END and since is not None:
+            total += max(0.0, min(event.t, limit) - since)
             since = None
     return total + (max(0.0, limit - since) if since is not None else 0.0)
 
@@ -377,7 +357,7 @@ def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
                         label=None if part in labelled else part.replace("_", " "))
                 labelled.add(part)
                 left += width
-        if attempt.status != "completed":
+        if attempt.status != Status.COMPLETED.value:
             ax.plot(attempt.ended - origin, row, marker="X", color="black", markersize=10)
             ax.annotate(attempt.status, (attempt.ended - origin, row), textcoords="offset points",
                         xytext=(6, 6), fontsize=8)

@@ -214,7 +214,7 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
     restored = kerasdist.make_or_restore_model(tmp_path / "bg", build_model)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(
         restored.variables + restored.optimizer.variables, model.variables + model.optimizer.variables, strict=True))
-    assert len(checkpoint.blocked_seconds) == 3 and not checkpoint._writer.busy
+    assert len(checkpoint.blocked_seconds) == 3 and not checkpoint.saver.busy
 
 
 def failing_save_files(monkeypatch, fail_on: int) -> list[int]:

@@ -361,3 +361,33 @@ def test_ready_is_when_the_strategy_was_first_formed_not_the_latest_call():
     time.sleep(0.2)
     again = kerasdist.select_strategy("mirrored", devices=["/cpu:0"])  # the same strategy, reused
     assert again is strategy and kerasdist.run_context(again).formed_at == formed
+
+
+def test_the_run_figures_goodput_is_what_goodput_says_of_the_attempt_so_far(tmp_path):
+    """The TensorBoard figure comes from the log's own counts as it is written (no read back):
+    mid-fit and at its end it equals goodput() of that one attempt, nothing redone."""
+    from kerasdist.checkpoint.run_log import Event, RunLog, Status
+    from kerasdist.checkpoint.store import open_store
+
+    log = RunLog(open_store(tmp_path, None), heartbeat_seconds=1.0)
+    log.event(Event.START, at=40.0)
+    log.event(Event.RESTORED, at=46.0, seconds=2.0, checkpoint=None, step=0)
+    log.event(Event.TRAIN_BEGIN, at=46.0, step=0)
+    log.event(Event.FIRST_STEP, at=50.0, step=1)
+    log.event(Event.SAVE, at=60.0, step=12, blocked=1.5)
+    log.event(Event.EVAL, at=65.0, seconds=1.0)
+    assert log.counts.goodput(40.0, 66.0) == pytest.approx(((66 - 50) - 1.5 - 1.0) / 26)  # mid-fit
+    log.event(Event.TRAIN_END, at=70.0, step=20, status=Status.COMPLETED.value)
+    report = kerasdist.goodput(tmp_path)
+    assert report.attempts[0].status == "completed" and report.redone_steps == 0
+    assert log.counts.goodput(40.0, 70.0) == pytest.approx(report.goodput) == pytest.approx(17.5 / 30)
+
+
+def test_an_event_of_a_newer_kerasdist_is_read_and_left_aside(tmp_path):
+    write_log(tmp_path, "a1", [
+        {"event": "start", "t": 0.0}, {"event": "train_begin", "t": 1.0, "step": 0},
+        {"event": "first_step", "t": 2.0, "step": 1}, {"event": "something_new", "t": 3.0, "step": 99},
+        {"event": "train_end", "t": 4.0, "step": 5, "status": "completed"},
+    ])
+    report = kerasdist.goodput(tmp_path)
+    assert report.attempts[0].status == "completed" and report.attempts[0].last_step == 99

@@ -192,3 +192,38 @@ def test_a_value_outside_its_choices_is_refused_through_validation():
            for number, line in enumerate(path.read_text().splitlines(), 1)
            if re.search(r"Expected one of|Error\(f?[\"']Unknown ", line)]
     assert own == []
+
+
+def _run_log_names() -> set[str]:
+    """The run log's event kinds and fit statuses: the values of `run_log.Event` and `run_log.Status`."""
+    tree = ast.parse((PACKAGE / "checkpoint" / "run_log.py").read_text())
+    return {node.value.value for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name in ("Event", "Status")
+            for node in cls.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)}
+
+
+def _names_compared_or_logged(tree: ast.AST) -> list[ast.Constant]:
+    """The strings `tree` compares with (`x == "save"`, `x in ("save", "eval")`) or gives a
+    `.event(...)` call, and every "event" (the key of an event line)."""
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "event"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "event":
+            operands = list(node.args)
+        else:
+            continue
+        found += [n for operand in operands for n in ast.walk(operand)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return found
+
+
+def test_run_log_event_names_are_written_only_in_run_log():
+    """The run log's events are defined once (`run_log.Event`, `run_log.Status`): everyone else, the
+    recorder that writes them and goodput that reads them, names the members, never the strings."""
+    names = _run_log_names()
+    assert {"first_step", "train_end", "committed", "peer lost"} <= names  # the check reads them right
+    spelled = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}" for path in MODULES
+               if path != PACKAGE / "checkpoint" / "run_log.py"
+               for node in _names_compared_or_logged(ast.parse(path.read_text()))
+               if node.value in names | {"event"}]
+    assert spelled == []

@@ -12,13 +12,14 @@ chief-only writes, preemption.
   checksums once, restore and resume point from one read, save, prune), and the public functions on it.
 - `chief_state`: workers restored from the chief's read, so hosts need no shared disk.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
-- `callback`: the Keras callback that saves through a manager, and on SIGTERM (`kerasdist.preemption`).
+- `options`: `CheckpointOptions`, the checkpoint options as one record, checked once.
+- `callback`: the Keras callback, made of `save_policy` (when), `saver` (how), `preemption_hold`
+  (SIGTERM during fit, `kerasdist.preemption`) and `recorder` (the run log, `run_log`).
 """
 
 from kerasdist.checkpoint.background import BackgroundSaveError
 from kerasdist.checkpoint.callback import (
     CheckpointCallback,
-    check_callback_args,
     check_trainer_callbacks,
     checkpoint_callback,
 )
@@ -33,6 +34,7 @@ from kerasdist.checkpoint.manager import (
     manager_of,
     save_checkpoint,
 )
+from kerasdist.checkpoint.options import CheckpointOptions, option_docs, takes_checkpoint_options
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
 from kerasdist.checkpoint.run_log import RunLogWarning
 
@@ -41,11 +43,11 @@ __all__ = [
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",
+    "CheckpointOptions",
     "CheckpointWarning",
     "RunLogWarning",
     "RunRecord",
     "as_manager",
-    "check_callback_args",
     "check_trainer_callbacks",
     "checkpoint_callback",
     "checkpoint_table",
@@ -54,5 +56,7 @@ __all__ = [
     "make_or_restore_model",
     "manager_of",
     "manager_for",
+    "option_docs",
     "save_checkpoint",
+    "takes_checkpoint_options",
 ]

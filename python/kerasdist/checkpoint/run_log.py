@@ -19,13 +19,8 @@ The log goes through the checkpoint store but never in a checkpoint's way: it is
 checkpoint entry, nothing reads it to restore, and a failed write warns once (`RunLogWarning`)
 and stops the log, never training or a save.
 
-Events (`t` is Unix time; every event has it):
-    start (t = the process's own start time, from /proc; host, pid, task, workers, strategy),
-    imported (kerasdist, and with it TensorFlow, imported), ready (the strategy and its cluster
-    formed), restored (checkpoint or null, step, seconds),
-    train_begin (step), first_step (step), save (step, blocked: seconds the training thread
-    waited), committed (step, checkpoint, write seconds, bytes), eval (seconds), train_end (step,
-    status "completed", "preempted" or "peer lost"), exit (the interpreter ended by itself; local logs only).
+The events are `Event`'s members, defined here once: the recorder writes them
+(`checkpoint/recorder.py`) and `kerasdist.goodput` reads them back through `read_attempt_logs`.
 """
 
 from __future__ import annotations
@@ -40,14 +35,116 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX, RUNS_FOLDER
 
 _IMPORTED_AT = time.time()
+_EVENT, _TIME = "event", "t"  # an event line's kind and time
 _RECORD_BYTES = 80  # a step record, padded with spaces: each rewrite covers the one before
 SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their step records locally
+
+
+class Event(str, Enum):
+    """The run log's events, each a JSON line `{"event": <value>, "t": <Unix time>, <fields>}`.
+
+    START: the process started (`t` its own start time, from /proc; host, pid, task, workers,
+    replicas, strategy). IMPORTED: kerasdist, and with it TensorFlow, imported. READY: the strategy
+    and its cluster formed. RESTORED: a checkpoint read to restore (checkpoint or null, step,
+    seconds). TRAIN_BEGIN: a fit began (step). FIRST_STEP: its first step ended (step). SAVE: a
+    save left the training thread (step, blocked: the seconds that thread waited). COMMITTED: a
+    checkpoint committed (step, checkpoint, write seconds, bytes). EVAL: a validation pass
+    (seconds). TRAIN_END: a fit ended (step, status: a `Status`). EXIT: the interpreter ended by
+    itself (local logs only).
+    """
+
+    START = "start"
+    IMPORTED = "imported"
+    READY = "ready"
+    RESTORED = "restored"
+    TRAIN_BEGIN = "train_begin"
+    FIRST_STEP = "first_step"
+    SAVE = "save"
+    COMMITTED = "committed"
+    EVAL = "eval"
+    TRAIN_END = "train_end"
+    EXIT = "exit"
+
+
+class Status(str, Enum):
+    """How a fit ended, in its TRAIN_END event: completed, preempted (saved, exit 75), or a peer
+    of the cluster lost mid-fit (exit 76, nothing saved)."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    PEER_LOST = "peer lost"
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """One event read back: its kind (None for a kind this kerasdist does not know: a newer one
+    wrote it), its Unix time and its other fields (`event["step"]`, `event.get("step")`)."""
+
+    kind: Event | None
+    t: float
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """An attempt's `.step` file: the last training step it completed and the Unix time it ended."""
+
+    step: int
+    t: float
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """One attempt's run files read back: its name (`<start time>-<host>-<pid>`), its events in
+    the order written (never empty), and its step record (None: none written)."""
+
+    name: str
+    events: list[LoggedEvent]
+    step_record: StepRecord | None
+
+
+@dataclass
+class AttemptCounts:
+    """What an attempt's events add up to so far, kept as they are written: the run figures
+    (goodput so far) come from here, not from reading the log back."""
+
+    trained_seconds: float = 0.0  # between each first step and its end of training, ended fits
+    training_since: float | None = None  # the first step of the fit training now
+    blocked_seconds: float = 0.0
+    eval_seconds: float = 0.0
+
+    def add(self, kind: Event, at: float, fields: Mapping[str, Any]) -> None:
+        if kind is Event.FIRST_STEP:
+            self.training_since = at
+        elif kind is Event.TRAIN_END and self.training_since is not None:
+            self.trained_seconds += max(0.0, at - self.training_since)
+            self.training_since = None
+        elif kind is Event.SAVE:
+            self.blocked_seconds += float(fields["blocked"])
+        elif kind is Event.EVAL:
+            self.eval_seconds += float(fields["seconds"])
+
+    def goodput(self, started: float, now: float) -> float:
+        """Productive time (training, less the saves' blocking and evaluation) over the time since
+        the attempt's process started, as `goodput()` counts one attempt with nothing redone."""
+        trained = self.trained_seconds + (now - self.training_since if self.training_since is not None else 0.0)
+        productive = max(0.0, trained - self.blocked_seconds - self.eval_seconds)
+        return productive / (now - started) if now > started else 0.0
 
 
 class RunLogWarning(UserWarning):
@@ -87,7 +184,7 @@ class StepFile:
 
 def step_record(step: int, at: float) -> bytes:
     """The `.step` file's record: the last completed step and the Unix time it ended."""
-    return json.dumps({"t": round(at, 3), "step": step}).encode()
+    return json.dumps({_TIME: round(at, 3), "step": step}).encode()
 
 
 def spool_dir(location: str) -> Path:
@@ -110,6 +207,7 @@ class RunLog:
         self.local = isinstance(store.directory, Path)
         self.heartbeat_seconds = heartbeat_seconds
         self._lines: list[str] = []
+        self.counts = AttemptCounts()
         self._lock = threading.Lock()
         self._broken = False
         self._step_of: Any = None  # a function giving the current step, while training
@@ -120,10 +218,12 @@ class RunLog:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def event(self, name: str, at: float | None = None, **fields: Any) -> None:
+    def event(self, kind: Event, at: float | None = None, **fields: Any) -> None:
         """Add an event (at `at`, default now) and write the log."""
-        line = json.dumps({"event": name, "t": round(time.time() if at is None else at, 3), **fields})
+        at = round(time.time() if at is None else at, 3)
+        line = json.dumps({_EVENT: kind.value, _TIME: at, **fields})
         with self._lock:
+            self.counts.add(kind, at, fields)
             if self._broken:
                 return
             self._lines.append(line)
@@ -273,10 +373,10 @@ def run_log_for(store: Any, context: Any) -> RunLog:
         if not _LOGS:  # the first log since the last close_logs
             atexit.register(close_logs)
         _LOGS.append(log)
-        log.event("start", at=log.started, host=socket.gethostname(), pid=os.getpid(), task=context.task,
+        log.event(Event.START, at=log.started, host=socket.gethostname(), pid=os.getpid(), task=context.task,
                   workers=context.num_workers, replicas=context.num_replicas, strategy=context.kind)
-        log.event("imported", at=_IMPORTED_AT)
-        log.event("ready", at=context.formed_at)
+        log.event(Event.IMPORTED, at=_IMPORTED_AT)
+        log.event(Event.READY, at=context.formed_at)
     return log
 
 
@@ -288,7 +388,44 @@ def close_logs() -> None:
         log = _LOGS.pop()
         if log.local:
             log.stop_following()
-            log.event("exit")
+            log.event(Event.EXIT)
         else:
             log.forget_steps()
         log.close()
+
+
+def read_attempt_logs(files: Mapping[str, bytes]) -> list[AttemptLog]:
+    """The attempts whose logs `files` (a store's `run_files()`) hold, oldest first; a file that is
+    not kerasdist's is a clear error naming it."""
+    attempts = []
+    for name, data in files.items():
+        if not name.endswith(RUN_LOG_SUFFIX):
+            continue
+        attempt = name[: -len(RUN_LOG_SUFFIX)]
+        records = _parsed(name, data.decode(errors="replace").splitlines())
+        step_file = files.get(attempt + RUN_STEP_SUFFIX, b"").decode(errors="replace")
+        step = _parsed(attempt + RUN_STEP_SUFFIX, [step_file])  # none: a step file created, not written yet
+        if records:
+            events = [LoggedEvent(_kind(r.pop(_EVENT, None)), float(r.pop(_TIME)), r) for r in records]
+            attempts.append(AttemptLog(attempt, events, StepRecord(int(step[0]["step"]), float(step[0][_TIME]))
+                                       if step else None))
+    return sorted(attempts, key=lambda log: log.events[0].t)
+
+
+def _kind(name: Any) -> Event | None:
+    try:
+        return Event(name)
+    except ValueError:
+        return None
+
+
+def _parsed(name: str, lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects of a run file's lines, each with its time; a file that is not kerasdist's is
+    a clear error naming it."""
+    try:
+        records = [json.loads(line) for line in lines if line.strip()]
+        if all(isinstance(r, dict) and isinstance(r.get(_TIME), (int, float)) for r in records):
+            return records
+    except json.JSONDecodeError:
+        pass
+    raise ValueError(f"runs/{name} is not a kerasdist run log (JSON objects with a time \"t\", one a line).")

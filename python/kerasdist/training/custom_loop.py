@@ -20,10 +20,11 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
+    CheckpointOptions,
     as_manager,
-    check_callback_args,
     check_trainer_callbacks,
     manager_of,
+    takes_checkpoint_options,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
@@ -73,6 +74,7 @@ def fit_step(model: Any, optimizer: Any, batch: Any) -> dict[str, Any]:
 
 
 @with_field_docs(TrainingSettings, leave_out=("steps_per_execution",))
+@takes_checkpoint_options
 def custom_fit(
     model: Any,
     data: Any,
@@ -83,16 +85,12 @@ def custom_fit(
     optimizer: Any = None,
     strategy: Any = None,
     steps_per_epoch: int | None = None,
-    every_steps: int | None = None,
-    keep: int = 3,
     callbacks: Sequence[Any] | None = None,
     verbose: Any = "auto",
     mixed_precision: bool = False,
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
-    async_save: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
-    every_seconds: float | None = None,
+    **checkpoint_options: Any,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
 
@@ -141,17 +139,10 @@ def custom_fit(
         strategy: where a build function builds the model; default the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
-        every_steps: also checkpoint every this many steps (batches, also under gradient
-            accumulation); None: epoch ends only.
-        keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
-        async_save: write checkpoints in a background thread (default True), so training waits
-            only while the model's state is copied; False writes each on the training thread
-            (see `checkpoint_callback`).
-        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint).
-        every_seconds: also checkpoint at the first step end this many seconds after the last
-            save (time-based; see `checkpoint_callback`).
+        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
+            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`) are
     fields of `TrainingSettings`, each documented there.
@@ -165,14 +156,14 @@ def custom_fit(
     """
     check_total_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
+    options = CheckpointOptions.from_kwargs(**checkpoint_options)
     callbacks = _check_callbacks(callbacks)
     settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = verbosity("verbose", verbose)
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
         checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None,
-                                    storage_options=storage_options)
+                                    storage_options=options.storage_options)
         check_resumed_settings_of(checkpoint_dir, settings)
     with precision_policy(settings):
         model = _model_of(model, checkpoint_dir, strategy, settings)
@@ -185,8 +176,7 @@ def custom_fit(
                 manager.restore(model)
         optimizer = _optimizer_of(model, optimizer, context)
         run = run_record_of(data, settings.record())
-        checkpoint = CheckpointCallback(manager, every_steps=every_steps, keep=keep, async_save=async_save, run=run,
-                                        every_seconds=every_seconds)
+        checkpoint = CheckpointCallback(manager, options, run=run)
         start = resume_point(checkpoint, model, run)
         if start.checkpoint is not None:
             check_resumed_settings(start.checkpoint.settings, settings, start.checkpoint.path)

@@ -19,10 +19,11 @@ import tensorflow as tf
 from kerasdist.checkpoint import (
     CheckpointCallback,
     CheckpointManager,
+    CheckpointOptions,
     RunRecord,
-    check_callback_args,
     check_trainer_callbacks,
     make_or_restore_model,
+    takes_checkpoint_options,
 )
 from kerasdist.context import context_of
 from kerasdist.data import DatasetOptions, PlannedDataset, replace_epochs
@@ -49,6 +50,7 @@ _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch
 
 
 @with_field_docs(TrainingSettings)
+@takes_checkpoint_options
 def distributed_fit(
     build_fn: Callable[[], Any],
     x: Any,
@@ -64,8 +66,6 @@ def distributed_fit(
     sample_weight: Any = None,
     validation_split: float | None = None,
     validation_data: Any = None,
-    every_steps: int | None = None,
-    keep: int = 3,
     callbacks: Sequence[Any] | None = None,
     dataset_args: Mapping[str, Any] | None = None,
     verbose: Any = "auto",
@@ -73,9 +73,7 @@ def distributed_fit(
     jit_compile: bool = False,
     gradient_accumulation_steps: int | None = None,
     steps_per_execution: int | str = "auto",
-    async_save: bool = True,
-    storage_options: Mapping[str, Any] | None = None,
-    every_seconds: float | None = None,
+    **checkpoint_options: Any,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -113,20 +111,13 @@ def distributed_fit(
             out for validation; in-memory data only.
         validation_data: `(x_val, y_val)` (batched like the training data, unshuffled) or a
             batched `tf.data.Dataset`.
-        every_steps: also checkpoint every this many steps (mid-epoch); None: epoch ends only.
-        keep: how many of the newest checkpoints to keep.
         callbacks: more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own);
             checkpoints are added by distributed_fit itself.
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}: a
             dict of `DatasetOptions` fields (a key that is not one is refused, naming it).
         verbose: passed to `fit`.
-        async_save: write checkpoints in a background thread (default True), so training waits
-            only while the model's state is copied; False writes each on the training thread
-            (see `checkpoint_callback`).
-        storage_options: options for an object-store `checkpoint_dir` (credentials, endpoint),
-            passed to its fsspec filesystem; None: environment variables and credentials files.
-        every_seconds: also checkpoint at the first step end this many seconds after the last
-            save (time-based, e.g. 600 for every 10 minutes; see `checkpoint_callback`).
+        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
+            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`,
     `steps_per_execution`) are the fields of `TrainingSettings`, each documented there.
@@ -154,10 +145,10 @@ def distributed_fit(
     if validation_split is not None and validation_data is not None:
         raise ValueError("validation_split and validation_data: give one of them, not both.")
     callbacks = _check_callbacks(callbacks)
-    check_callback_args(True, every_steps, keep, "min", "loss", async_save, every_seconds)
+    checkpointing = CheckpointOptions.from_kwargs(**checkpoint_options)
     settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps, steps_per_execution)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
-    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=storage_options)
+    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=checkpointing.storage_options)
 
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     options = options.replaced(strategy=context)
@@ -166,7 +157,7 @@ def distributed_fit(
     # pipelines training runs: the epochs left, as one stream.
     planned = PlannedDataset.of(x, y, options)
     steps = planned.info.steps_per_epoch
-    check_steps_per_execution(settings.steps_per_execution, steps, every_steps, context.num_replicas)
+    check_steps_per_execution(settings.steps_per_execution, steps, checkpointing.every_steps, context.num_replicas)
 
     def epochs_data(first_epoch: int, last_epoch: int, skip: int = 0) -> tf.data.Dataset:
         return replace_epochs(planned, initial_epoch=first_epoch, epochs=last_epoch, skip_batches=skip).build()
@@ -184,10 +175,9 @@ def distributed_fit(
         model.jit_compile = settings.jit_compile
         check_step_functions(model, context.strategy)
         run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
-        checkpoint = CheckpointCallback(checkpoints, every_steps=every_steps, keep=keep, async_save=async_save,
-                                        run=run, every_seconds=every_seconds)
+        checkpoint = CheckpointCallback(checkpoints, checkpointing, run=run)
         chosen, _ = choose_steps_per_execution(settings.steps_per_execution, model, context, steps,
-                                               planned.info.batch_size, every_steps, callbacks)
+                                               planned.info.batch_size, checkpointing.every_steps, callbacks)
         set_steps_per_execution(model, chosen)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
