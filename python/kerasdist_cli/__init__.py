@@ -76,13 +76,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from kerasdist import advisor
-
     if args.worker_spec:  # one strategy's own process
-        advisor.run_worker(args.worker_spec)
+        from kerasdist import advisor_worker
+
+        advisor_worker.run_worker(args.worker_spec)
         return 0
     if not args.model:
         raise ValueError("bench: --model is required, e.g. --model kerasdist.example_models:tiny_dense")
+    from kerasdist import advisor
+
     x = y = None
     if args.data:
         x, y = advisor.load_model_function(args.data)()

@@ -176,7 +176,7 @@ def test_one_gpu_is_not_mirrored_and_says_why(tmp_path):
 def test_random_targets_fit_the_loss(loss, shape, kind):
     import keras
 
-    from kerasdist.advisor import _synthetic_data
+    from kerasdist.advisor_worker import _synthetic_data
 
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss=loss)
