@@ -227,3 +227,15 @@ def test_run_log_event_names_are_written_only_in_run_log():
                for node in _names_compared_or_logged(ast.parse(path.read_text()))
                if node.value in names | {"event"}]
     assert spelled == []
+
+
+def test_only_the_stores_tell_a_local_directory_from_an_object_store():
+    """Code outside `checkpoint/store/` asks `store.is_local`, never `isinstance(....directory, Path)`:
+    a new kind of storage then needs no edit elsewhere."""
+    store_package = PACKAGE / "checkpoint" / "store"
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in MODULES
+             if store_package not in path.parents
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+             and node.args and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "directory"]
+    assert found == []

@@ -368,7 +368,7 @@ def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
     read from its name, its other fields are None. Reads only; warns about nothing.
     """
     manager = manager_for(checkpoint_dir, storage_options, create=False)
-    if isinstance(manager.directory, Path) and not manager.directory.is_dir():
+    if manager.store.is_local and not manager.directory.is_dir():
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not exist (or is not a directory).")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)

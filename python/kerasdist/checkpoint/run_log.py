@@ -204,7 +204,7 @@ class RunLog:
         self.attempt = f"{stamp}Z-{socket.gethostname()}-{os.getpid()}"
         self.started = started
         self.store = store
-        self.local = isinstance(store.directory, Path)
+        self.local = store.is_local
         self.heartbeat_seconds = heartbeat_seconds
         self._lines: list[str] = []
         self.counts = AttemptCounts()

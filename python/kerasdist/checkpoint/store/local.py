@@ -42,6 +42,10 @@ class LocalStore:
         """The directory as messages and `CheckpointInfo.path` show it."""
         return str(self.directory)
 
+    @property
+    def is_local(self) -> bool:
+        return True
+
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
 

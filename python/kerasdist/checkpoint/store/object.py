@@ -96,6 +96,10 @@ class ObjectStore:
     def location(self) -> str:
         return self.url
 
+    @property
+    def is_local(self) -> bool:
+        return False
+
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
 

@@ -30,6 +30,10 @@ class Store(Protocol):
     def location(self) -> str:
         """The directory or URL, as messages and `CheckpointInfo.path` show it."""
 
+    @property
+    def is_local(self) -> bool:
+        """True where `directory` is a folder of this machine's file system (a Path)."""
+
     def same_as(self, other: Any) -> bool:
         """Whether `other` is a store of the same place (and options)."""
 
