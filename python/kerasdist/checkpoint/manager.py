@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 
@@ -43,6 +43,14 @@ from kerasdist.checkpoint.record import (
 from kerasdist.checkpoint.snapshot import Snapshot, snapshot_now
 from kerasdist.checkpoint.store import open_store
 from kerasdist.step_guard import guard_train_function
+
+
+class Verified(NamedTuple):
+    """What reading one checkpoint entry found, valid while its files keep `fingerprint`."""
+
+    fingerprint: Any
+    info: CheckpointInfo | None  # None: damaged or partial
+    problem: str | None  # why it cannot be used, else None
 
 
 class CheckpointManager:
@@ -70,8 +78,7 @@ class CheckpointManager:
         self.store = directory.store if isinstance(directory, CheckpointManager) \
             else open_store(directory, storage_options)
         self._writable = False
-        # entry -> (fingerprint, info, or why it cannot be used)
-        self._seen: dict[str, tuple[Any, CheckpointInfo | str]] = {}
+        self._verified: dict[str, Verified] = {}  # entry -> what reading it found, by its fingerprint
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
         _LIVE_MANAGERS.add(self)
@@ -98,23 +105,23 @@ class CheckpointManager:
     def checkpoints(self, *, warn_known: bool = False) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first by the step recorded in each. A damaged one is
         warned of when first seen (`warn_known`: at every listing, as the public functions do)."""
-        seen = {}
+        verified = {}
         for candidate in self.store.entries():
             now = self.store.fingerprint(candidate)
-            entry = self._seen.get(candidate)
-            if entry is None or entry[0] != now:
+            known = self._verified.get(candidate)
+            if known is None or known.fingerprint != now:
                 problem, info = read_checkpoint(self.store, candidate)
-                entry = (now, info if info is not None else str(problem))
-                _warn_damaged(self.store, candidate, entry[1])
+                known = Verified(now, info, None if info is not None else str(problem))
+                _warn_damaged(self.store, candidate, known.problem)
             elif warn_known:
-                _warn_damaged(self.store, candidate, entry[1])
-            seen[candidate] = entry
-        self._seen = seen
-        return sorted((info for _, info in seen.values() if isinstance(info, CheckpointInfo)), key=_newness)
+                _warn_damaged(self.store, candidate, known.problem)
+            verified[candidate] = known
+        self._verified = verified
+        return sorted((v.info for v in verified.values() if v.info is not None), key=_newness)
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
-        return {self.store.path_of(entry): info for entry, (_, info) in self._seen.items() if isinstance(info, str)}
+        return {self.store.path_of(entry): v.problem for entry, v in self._verified.items() if v.problem is not None}
 
     def latest(self, *, warn_known: bool = False) -> CheckpointInfo | None:
         """The newest valid checkpoint (by recorded epoch and step, never by name or time)."""
@@ -217,7 +224,7 @@ class CheckpointManager:
         self.create()
         info = commit(self.store, taken, progress)
         entry = self.store.entry_of(info.path)
-        self._seen[entry] = (self.store.fingerprint(entry), info)  # written and described here: verified
+        self._verified[entry] = Verified(self.store.fingerprint(entry), info, None)  # written here: verified
         return info
 
     def prune(self, keep: int, protect: Iterable[CheckpointInfo | None] = ()) -> list[str]:
@@ -231,7 +238,7 @@ class CheckpointManager:
             if info.path not in kept:
                 entry = self.store.entry_of(info.path)
                 self.store.remove(entry)  # its completion record first
-                self._seen.pop(entry, None)
+                self._verified.pop(entry, None)
                 removed.append(info.path)
         return removed
 
@@ -241,9 +248,9 @@ class CheckpointManager:
         return self.store.remove_temporary()
 
 
-def _warn_damaged(store: Any, entry: str, info: CheckpointInfo | str) -> None:
-    if isinstance(info, str):
-        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {info}.", CheckpointWarning, stacklevel=5)
+def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
+    if problem is not None:
+        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
 
 
 def _callbacks_blob(store: Any, entry: str) -> bytes | None:
