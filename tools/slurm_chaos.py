@@ -1,7 +1,7 @@
 """Preempt the Slurm recipe at random instants on a real cluster and check every job ends equal.
 
 usage: python tools/slurm_chaos.py [--trials 20] [--seed 0] [--hosts 2] [--r] [--out FILE.json]
-       python tools/slurm_chaos.py --recovery 10 [--out FILE.json]
+       python tools/slurm_chaos.py --recovery 10 [--kinds sigkill chief preemption] [--out FILE.json]
        python tools/slurm_chaos.py --goodput-minutes 15 [--kill-every 180] [--every-steps 30] [--preempt]
                                    [--out FILE.json]
        python tools/slurm_chaos.py --lost-host N [--r] [--grow-back | --batch-host] [--out FILE.json]
@@ -16,18 +16,23 @@ preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every 
 weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
 exit statuses, requeues, equal or not) and `K/N completed and bitwise equal`.
 
---recovery N measures recovery instead (issue #33): N jobs whose worker on host 1 is SIGKILLed
-after step 8 (the recipe restarts the step inside the allocation) and N jobs preempted after step
-14 (`scancel --full --signal=TERM`: save, exit 75, requeue), each read back from the chief's run log
-(`kerasdist.goodput`): from the failed attempt's last sign of life to the first step after it, split
-into down (detection, exit, restart or requeue), Python + TensorFlow, cluster, restore and first
-step; median and max of each over the N jobs, the requeue's wait in "down" for preemptions.
+--recovery N measures recovery instead (issues #33, #43): N jobs whose worker on host 1 is
+SIGKILLed after step 8 (the recipe restarts the step inside the allocation), N whose chief on host
+0 is (`--kinds chief`), and N preempted after step 14 (`scancel --full --signal=TERM`: save, exit
+75, requeue), each measured twice: read back from the chief's run log (`kerasdist.goodput`: from the
+failure, the end of the failed attempt's last completed step or a preempted attempt's exit, to the
+first step after it, split into detection, down, Python + TensorFlow, cluster, restore and first
+step) and by an outside stopwatch (from the instant just before the SIGKILL or the scancel to the
+first step line the restarted job printed, the job's output polled every 20 ms); median, min and
+max of each over the N jobs and of their difference, the requeue's wait in "down" for
+preemptions, /proc/loadavg before and after each job.
 
 --goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step, a
 checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a 0.1 s save
 and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of
 running (with --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
-an outside stopwatch (the job's first start to its end, as this tool saw them).
+an outside stopwatch (the job's first start to its end, as this tool saw them, and each failure to
+the first step line printed after it).
 
 --lost-host N runs N jobs that each lose host 1 after step 8 (its slurmd and tasks SIGKILLed; issue
 #30): the recipe goes on with host 0 alone inside the allocation. Prints, per job, the seconds from
@@ -232,33 +237,80 @@ def random_instant(rng: random.Random) -> float | str:
 
 
 def kill_training(cluster: SlurmCluster, host: int, script: str = "train.py") -> list[int]:
-    """SIGKILL the recipe's training process on `host` (not the slurmstepd that runs it); its pids."""
-    victims = [pid for pid in cluster.host_processes(host, script) if "slurmstepd" not in cmdline(pid)]
+    """SIGKILL the recipe's training process on `host` (not the slurmstepd that runs it, nor, on
+    the batch host, the batch shell, setsid or srun, whose command lines name the script too); its pids."""
+    launchers = ("slurmstepd", "srun", "setsid", "bash", "sh")
+    victims = [pid for pid in cluster.host_processes(host, script)
+               if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     return victims
 
 
+def load() -> str:
+    """The load averages (1, 5, 15 minutes) and the running/total tasks, as /proc/loadavg has them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:4])
+
+
+def first_step_after(cluster: SlurmCluster, job_id: int, offset: int, timeout: float = 300) -> float:
+    """The outside stopwatch's end: the Unix time this tool first saw a step line that a restarted
+    step printed, in the job's output past byte `offset` (after the failed step's "step exited"
+    line, so no line of the failed step counts; a requeued job appends to the same file). Polled
+    every 20 ms."""
+    path = cluster.output_file(job_id)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = time.time()
+        text = path.read_bytes()[offset:].decode(errors="replace") if path.exists() else ""
+        ended = list(re.finditer(r"^kerasdist: step exited with status \d+\s*$", text, re.M))
+        if ended and re.search(r"^step \d+\s*$", text[ended[0].end():], re.M):
+            return seen
+        time.sleep(0.02)
+    raise TimeoutError(f"job {job_id} printed no step after its failure:\n{cluster.output(job_id)[-3000:]}")
+
+
+def fail(cluster: SlurmCluster, job_id: int, kind: str) -> tuple[float, int]:
+    """Fail the running job as `kind` ("sigkill": SIGKILL the worker on host 1; "chief": SIGKILL the
+    chief on host 0; "preemption": `scancel --full --signal=TERM`); (the Unix time just before the
+    kill or the scancel, the output's size then)."""
+    offset = cluster.output_file(job_id).stat().st_size
+    failed_at = time.time()
+    if kind == "preemption":
+        cluster.signal_job(job_id, "TERM", full=True)
+    elif not kill_training(cluster, 0 if kind == "chief" else 1):
+        raise RuntimeError(f"job {job_id}: no training process to kill on host {0 if kind == 'chief' else 1}")
+    return failed_at, offset
+
+
 def recovery_trial(cluster: SlurmCluster, index: int, kind: str, step_seconds: float = STEP_SECONDS) -> dict:
-    """One job failed as `kind` ("sigkill": the worker on host 1 after step 8; "preemption": the
-    whole job after step 14); its run log's recovery (`kerasdist.goodput`)."""
+    """One job failed as `kind` ("sigkill": the worker on host 1 after step 8; "chief": the chief
+    on host 0 after step 8; "preemption": the whole job after step 14). Its recovery twice: from
+    the chief's run log (`kerasdist.goodput`: from the failure, the end of the failed attempt's last
+    completed step, or a preempted one's exit, to its first step) and by the outside stopwatch
+    (from the kill or scancel to the first step line the restarted job printed); the load before
+    and after."""
     import kerasdist
 
     run = new_run(cluster, f"recovery-{kind}-{index}")
+    load_before = load()
     job_id = submit(cluster, run, step_seconds=step_seconds)
     cluster.wait_started(job_id)
-    if kind == "sigkill":
-        wait_for_output(cluster, job_id, r"^step 8$")
-        kill_training(cluster, 1)
-    else:
-        wait_for_output(cluster, job_id, r"^step 14$")
-        cluster.signal_job(job_id, "TERM", full=True)
+    wait_for_output(cluster, job_id, r"^step 14$" if kind == "preemption" else r"^step 8$")
+    failed_at, offset = fail(cluster, job_id, kind)
+    if kind == "preemption":  # released once requeued, as in the tests (Slurm holds it ~2 minutes)
+        cluster.wait(job_id, lambda job: (job.restarts >= 1 and job.state == "RUNNING") or job.state in FINAL_STATES,
+                     120)
+    stopwatch = first_step_after(cluster, job_id, offset) - failed_at
     job = cluster.wait_final(job_id, 300)
     report = kerasdist.goodput(run.checkpoint_dir)
     recoveries = [a.recovery for a in report.attempts if a.recovery]
+    recovery = recoveries[0] if recoveries else None
     return {"kind": kind, "index": index, "state": job.state, "restarts": job.restarts,
-            "statuses": [a.status for a in report.attempts], "recovery": recoveries[0] if recoveries else None,
-            "redone_steps": report.redone_steps, "goodput": round(report.goodput, 4)}
+            "statuses": [a.status for a in report.attempts], "step_statuses": step_statuses(cluster.output(job_id)),
+            "recovery": recovery, "stopwatch": round(stopwatch, 2),
+            "stopwatch_minus_goodput": round(stopwatch - recovery["total"], 2) if recovery else None,
+            "redone_steps": report.redone_steps, "goodput": round(report.goodput, 4),
+            "load_before": load_before, "load_after": load()}
 
 
 @contextlib.contextmanager
@@ -430,35 +482,53 @@ def measure_lost_host(args: argparse.Namespace) -> int:
     return 0 if all(t["state"] == "COMPLETED" and t["within_tol"] for t in trials) else 1
 
 
+KINDS = ("sigkill", "chief", "preemption")
+
+
 def recovery_summary(trials: list[dict]) -> dict:
-    """Median and max of each recovery part, by kind of failure."""
+    """Median and max of each recovery part, of the outside stopwatch and of its difference from
+    goodput's total, by kind of failure."""
     from kerasdist.goodput import RECOVERY_PARTS
 
     summary = {}
-    for kind in ("sigkill", "preemption"):
-        measured = [t["recovery"] for t in trials if t["kind"] == kind and t["recovery"]]
-        summary[kind] = {part: {"median": round(statistics.median(r[part] for r in measured), 2),
-                                "max": round(max(r[part] for r in measured), 2)}
-                         for part in (*RECOVERY_PARTS, "total")} if measured else {}
+    for kind in KINDS:
+        measured = [t for t in trials if t["kind"] == kind and t["recovery"]]
+        figures = {part: [t["recovery"][part] for t in measured] for part in (*RECOVERY_PARTS, "total")}
+        figures["stopwatch"] = [t["stopwatch"] for t in measured]
+        figures["stopwatch_minus_goodput"] = [t["stopwatch_minus_goodput"] for t in measured]
+        summary[kind] = {name: {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+                                "max": round(max(values), 2)}
+                         for name, values in figures.items()} if measured else {}
         summary[kind]["runs"] = len(measured)
     return summary
 
 
+def wait_for_quiet(threshold: float, budget: float) -> float:
+    """On a shared machine: wait while the 1-minute load average is above `threshold`, at most
+    `budget` seconds; the seconds waited."""
+    began = time.monotonic()
+    while os.getloadavg()[0] > threshold and time.monotonic() - began < budget:
+        time.sleep(5)
+    return time.monotonic() - began
+
+
 def measure_recovery(args: argparse.Namespace) -> int:
-    trials = []
+    trials, budget = [], args.quiet_wait
     with SlurmCluster(args.hosts) as cluster:
         for index in range(args.recovery):
-            for kind in ("sigkill", "preemption"):
+            for kind in args.kinds:
+                budget -= wait_for_quiet(args.quiet_load, max(0.0, budget))
                 trial = recovery_trial(cluster, index, kind)
                 trials.append(trial)
                 print(json.dumps(trial), flush=True)
     summary = recovery_summary(trials)
     for kind, parts in summary.items():
+        if not parts["runs"]:
+            continue
         figures = [f"{part} {value['median']:.2f} s (max {value['max']:.2f})"
                    for part, value in parts.items() if part != "runs"]
         print(f"{kind} ({parts['runs']} runs): " + ", ".join(figures))
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"load {load}")
+    print(f"load {load()}")
     if args.out:
         Path(args.out).write_text(json.dumps({"trials": trials, "summary": summary}, indent=1))
     return 0 if all(t["state"] == "COMPLETED" and t["recovery"] for t in trials) else 1
@@ -476,36 +546,51 @@ def goodput_chaos(args: argparse.Namespace) -> int:
         time_limit = f"--time={math.ceil(4 * args.goodput_minutes)}"  # minutes, whole
         job_id = cluster.submit(RECIPE, *command, options=["--cpus-per-task=1", time_limit],
                                 env={"KERASDIST_MAX_RESTARTS": "1000"}, cwd=ROOT)
+        load_before = load()
         cluster.wait_started(job_id)
-        started, failures = time.monotonic(), []
+        started, failures, recoveries = time.monotonic(), [], []
+        running_since = started
         while cluster.job(job_id).state not in FINAL_STATES:
-            # every --kill-every seconds of the job's running, not of the clock; a requeued job is
-            # released from Slurm's ~2-minute BeginTime hold, as in the tests (--recovery too)
-            cluster.wait_started(job_id, timeout=600)
-            deadline = time.monotonic() + args.kill_every
+            # every --kill-every seconds of the job's running, not of the clock (a SIGKILLed job
+            # never stops running: from the kill on); a requeued job is released from Slurm's
+            # ~2-minute BeginTime hold, as in the tests (--recovery too)
+            deadline = running_since + args.kill_every
             while time.monotonic() < deadline and cluster.job(job_id).state not in FINAL_STATES:
                 time.sleep(1)
             state = cluster.job(job_id).state
             if state in FINAL_STATES or state != "RUNNING":
+                cluster.wait_started(job_id, timeout=600)
+                running_since = time.monotonic()
                 continue
-            if args.preempt:
+            kind = "preemption" if args.preempt else "sigkill"
+            running_since = time.monotonic()
+            failed_at, offset = fail(cluster, job_id, kind)
+            failures.append(round(running_since - started, 1))
+            if args.preempt:  # released once requeued; its running counts from its start again
                 restarts = cluster.job(job_id).restarts
-                cluster.signal_job(job_id, "TERM", full=True)
                 requeued = lambda job, before=restarts: job.restarts > before or job.state in FINAL_STATES  # noqa: E731
                 cluster.wait(job_id, requeued, 300)
-            else:
-                kill_training(cluster, 1)
-            failures.append(round(time.monotonic() - started, 1))
-            print(f"{'preempted' if args.preempt else 'SIGKILLed host 1'} at {failures[-1]} s", flush=True)
+                cluster.wait_started(job_id, timeout=600)
+                running_since = time.monotonic()
+            recoveries.append(round(first_step_after(cluster, job_id, offset) - failed_at, 2))
+            print(f"{'preempted' if args.preempt else 'SIGKILLed host 1'} at {failures[-1]} s; outside stopwatch "
+                  f"from the failure to the first step after it: {recoveries[-1]:.2f} s; load {load()}", flush=True)
         job = cluster.wait_final(job_id, 600)
         stopwatch = time.monotonic() - started
         report = kerasdist.goodput(run.checkpoint_dir)
     print(report)
     print(f"job {job.state}, {len(failures)} failures, outside stopwatch {stopwatch:.1f} s (first start to end), "
           f"run log wall {report.wall_seconds:.1f} s")
+    inside = [a.recovery["total"] for a in report.attempts if a.recovery]
+    if recoveries:
+        print(f"recovery from each failure to the first step after it, outside stopwatch: median "
+              f"{statistics.median(recoveries):.2f} s ({min(recoveries):.2f}-{max(recoveries):.2f}); run log "
+              f"{[round(x, 2) for x in inside]}; load before {load_before}, after {load()}")
     if args.out:
         Path(args.out).write_text(json.dumps({"failures_at": failures, "stopwatch_seconds": stopwatch,
-                                              "state": job.state, "report": report.as_dict()}, indent=1))
+                                              "recoveries_stopwatch": recoveries, "load_before": load_before,
+                                              "load_after": load(), "state": job.state,
+                                              "report": report.as_dict()}, indent=1))
     return 0 if job.state == "COMPLETED" else 1
 
 
@@ -513,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--recovery", type=int, metavar="N", help="measure recovery over N jobs of each failure")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="with --recovery: the failures to measure (default all three)")
+    parser.add_argument("--quiet-load", type=float, default=math.inf,
+                        help="with --recovery: before each job, wait while the 1-minute load average is above this")
+    parser.add_argument("--quiet-wait", type=float, default=600.0,
+                        help="with --quiet-load: wait at most this many seconds in all (default 600)")
     parser.add_argument("--goodput-minutes", type=float, help="one long job failed every --kill-every seconds")
     parser.add_argument("--lost-host", type=int, metavar="N", help="N jobs that lose host 1 and go on without it")
     parser.add_argument("--grow-back", action="store_true",
