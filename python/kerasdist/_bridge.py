@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 
@@ -30,3 +31,34 @@ def at_r_exit() -> None:
 
     close_logs()
     remove_worker_folder()
+
+
+# The columns of R's checkpoint tables, in their order, each with the R type of its values:
+# "time" is seconds since 1970 (UTC), what `CheckpointInfo.saved_at` holds, in both tables.
+CHECKPOINT_TABLE_COLUMNS = {
+    "path": "character", "global_step": "integer", "epoch": "integer", "step_in_epoch": "integer",
+    "saved_at": "time", "size": "double", "writer": "character", "valid": "logical",
+    "problem": "character", "restart": "logical",
+}
+CHECKPOINT_LIST_COLUMNS = ("path", "epoch", "step_in_epoch", "global_step", "saved_at", "size", "writer", "restart")
+
+Column = tuple[str, str, list[Any]]
+
+
+def checkpoint_columns(checkpoint_dir: str, *, storage_options: Any = None, every: bool = False) -> list[Column]:
+    """R's `list_checkpoints()` (the valid checkpoints; the damaged ones warned about) or, with
+    `every`, `checkpoint_table()` (valid or not), as columns: (name, R type, values); `restart`
+    is True for the checkpoint a restart resumes from."""
+    from kerasdist.checkpoint import checkpoint_table, list_checkpoints
+
+    if every:
+        rows = checkpoint_table(checkpoint_dir, storage_options=storage_options)
+        for row in rows:
+            row["saved_at"] = None if row["saved_at"] is None else datetime.fromisoformat(row["saved_at"]).timestamp()
+        names: Sequence[str] = list(CHECKPOINT_TABLE_COLUMNS)
+    else:
+        infos = list_checkpoints(checkpoint_dir, storage_options=storage_options)
+        rows = [{name: getattr(info, name) for name in CHECKPOINT_LIST_COLUMNS if name != "restart"}
+                | {"restart": info is infos[-1]} for info in infos]
+        names = CHECKPOINT_LIST_COLUMNS
+    return [(name, CHECKPOINT_TABLE_COLUMNS[name], [row[name] for row in rows]) for name in names]
