@@ -1,5 +1,5 @@
-# Evaluation, prediction and loss scaling under a strategy: thin wrappers over
-# python/kerasdist/evaluation.py and python/kerasdist/loss_scaling.py. The R names are
+# Evaluation and prediction under a strategy: thin wrappers over python/kerasdist/evaluation.py
+# (scaled_loss() is in loss_scaling.R). The R names are
 # distributed_evaluate() and distributed_predict(), like distributed_fit(): plain evaluate() and
 # predict() would mask keras3's generics.
 
@@ -48,10 +48,10 @@
 distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch_size = NULL,
                                  per_replica_batch_size = NULL, callbacks = NULL, verbose = 0) {
   result <- call_python(
-    kerasdist_module()$distributed_evaluate, model, as_py_data(x), y = as_py_data(y),
-    sample_weight = as_py_data(sample_weight), batch_size = batch_size,
+    kerasdist_module()$distributed_evaluate, model, x = x, y = y,
+    sample_weight = sample_weight, batch_size = batch_size,
     per_replica_batch_size = per_replica_batch_size,
-    callbacks = as_py_callbacks(callbacks), verbose = verbose
+    callbacks = callbacks, verbose = verbose
   )
   lapply(result, as.numeric)
 }
@@ -86,45 +86,8 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
 distributed_predict <- function(model, x, batch_size = NULL, per_replica_batch_size = NULL,
                                 callbacks = NULL, verbose = 0) {
   call_python(
-    kerasdist_module()$distributed_predict, model, as_py_data(x),
+    kerasdist_module()$distributed_predict, model, x = x,
     batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
-    callbacks = as_py_callbacks(callbacks), verbose = verbose
-  )
-}
-
-#' One replica's share of the mean loss over the global batch
-#'
-#' For custom training steps that run under `strategy$run()`: returns the sum
-#' of this replica's per-example losses divided by the global batch size, plus
-#' its share of `model$losses` (regularization), so that the gradients summed
-#' over the replicas equal the single-device gradients of the mean loss, also
-#' for a last batch split unevenly over the replicas. The non-batch axes of a
-#' multi-dimensional per-example loss are averaged first; a scalar (already
-#' averaged) loss is an error.
-#'
-#' The step function itself must be Python (TensorFlow traces it on one
-#' thread per replica, where R code cannot run), so from R this is mostly
-#' useful on a tensor, for checking; in Python call
-#' `kerasdist.scaled_loss()` inside the step.
-#'
-#' @param per_example_loss A tensor (or numeric vector or matrix) of per-example
-#'   losses, first axis = batch.
-#' @param global_batch_size The number of examples of the global batch;
-#'   `NULL` to count every replica's rows.
-#' @param sample_weight Optional per-example weights.
-#' @param model A keras3 model whose `losses` are added.
-#' @returns A scalar tensor.
-#' @family evaluation
-#' @seealso Python: `kerasdist.scaled_loss()`.
-#' @examplesIf !is.null(kerasdist_python())
-#' tf <- reticulate::import("tensorflow")
-#' scaled_loss(tf$constant(c(1, 2, 3, 6)))  # 3: one replica, the mean
-#' scaled_loss(c(1, 2, 3, 6), global_batch_size = 8)  # 1.5
-#' @export
-scaled_loss <- function(per_example_loss, global_batch_size = NULL, sample_weight = NULL, model = NULL) {
-  call_python(
-    kerasdist_module()$scaled_loss, as_py_data(per_example_loss),
-    global_batch_size = global_batch_size, sample_weight = as_py_data(sample_weight),
-    model = model
+    callbacks = callbacks, verbose = verbose
   )
 }

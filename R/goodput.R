@@ -112,3 +112,21 @@ plot_goodput <- function(report, path) {
   call_python(kerasdist_module()$plot_goodput, attr(report, "report"), path.expand(path))
   invisible(path)
 }
+
+# A data frame of `rows` (named lists, NULL where missing) with the given columns and types; a
+# POSIXct column's values are seconds since 1970, UTC.
+rows_to_data_frame <- function(rows, columns) {
+  as_column <- function(name) {
+    missing <- columns[[name]]
+    values <- lapply(rows, function(row) if (is.null(row[[name]])) NA else row[[name]])
+    if (inherits(missing, "POSIXct")) {
+      return(as.POSIXct(vapply(values, as.numeric, numeric(1)), origin = "1970-01-01", tz = "UTC"))
+    }
+    vapply(values, function(v) as.vector(v, typeof(missing)), missing, USE.NAMES = FALSE)
+  }
+  frame <- lapply(names(columns), as_column)
+  names(frame) <- names(columns)
+  frame <- as.data.frame(frame, stringsAsFactors = FALSE)
+  rownames(frame) <- NULL
+  frame
+}

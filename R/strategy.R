@@ -44,10 +44,10 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
                             tpu = NULL) {
   strategy <- call_python(
     kerasdist_module()$select_strategy, kind,
-    devices = as_py_list(devices), cross_device_ops = cross_device_ops,
-    communication = communication, tf_config = as_py_tf_config(tf_config),
-    cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
-    gpus = as_py_list(gpus), tpu = tpu
+    devices = devices, cross_device_ops = cross_device_ops,
+    communication = communication, tf_config = tf_config,
+    cluster_resolver = cluster_resolver, environ = environ,
+    gpus = gpus, tpu = tpu
   )
   class(strategy) <- c("kerasdist_strategy", class(strategy))
   strategy
@@ -74,15 +74,16 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
                           tpu = NULL) {
   plan <- call_python(
     kerasdist_module()$plan_strategy, kind,
-    devices = as_py_list(devices), tf_config = as_py_tf_config(tf_config),
-    cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
-    gpus = as_py_list(gpus), tpu = tpu
+    devices = devices, tf_config = tf_config,
+    cluster_resolver = cluster_resolver, environ = environ,
+    gpus = gpus, tpu = tpu
   )
   structure(
     list(
       kind = plan$kind, reason = plan$reason, devices = as.character(unlist(plan$devices)),
       tpu = plan$tpu, cluster = py_record_to_r(plan$cluster, "is_chief")
     ),
+    text = reticulate::py_str(plan),
     class = "kerasdist_strategy_plan"
   )
 }
@@ -127,15 +128,21 @@ describe_strategy <- function(strategy = NULL) {
 #' }
 #' @export
 simulate_devices <- function(n) {
-  n <- as_py_int(n)
+  n <- as_py(n, "count")
+  split_cpu_at_import(n)
+  names <- call_python(kerasdist_module()$simulate_devices, n)
+  invisible(as.character(unlist(names)))
+}
+
+# keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so the
+# split must happen inside kerasdist's own import (see python/kerasdist/startup.py): before it,
+# Python is told `n` here; once kerasdist is imported this does nothing.
+split_cpu_at_import <- function(n) {
   if (is.null(.kerasdist$module) && is_count(n) && !keras_imported()) {
-    # keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so
-    # the split must happen inside kerasdist's own import (see python/kerasdist/startup.py).
     activate_python()
     python_environ()$update(list(KERASDIST_SIMULATE_DEVICES = as.character(n)))
   }
-  names <- call_python(kerasdist_module()$simulate_devices, n)
-  invisible(as.character(unlist(names)))
+  invisible()
 }
 
 #' @export
@@ -154,8 +161,10 @@ print.kerasdist_strategy_description <- function(x, ...) {
 }
 
 #' @export
+format.kerasdist_strategy_plan <- function(x, ...) attr(x, "text")
+
+#' @export
 print.kerasdist_strategy_plan <- function(x, ...) {
-  cat(sprintf("strategy:  %s\nwhy:       %s\ndevices:   %s\n", x$kind, x$reason,
-              if (length(x$devices)) paste(x$devices, collapse = ", ") else "(strategy's choice)"))
+  cat(format(x), sep = "\n")
   invisible(x)
 }

@@ -87,7 +87,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
     kerasdist_module()$custom_fit, model, data, step_fn = step_fn, epochs = epochs,
     checkpoint_dir = checkpoint_dir,
     optimizer = optimizer, strategy = strategy, steps_per_epoch = steps_per_epoch,
-    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
+    every_steps = every_steps, keep = keep, callbacks = callbacks,
     verbose = verbose, mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
     storage_options = storage_options, every_seconds = every_seconds

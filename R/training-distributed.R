@@ -119,18 +119,15 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                             gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
                             every_seconds = NULL) {
-  if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
-    validation_data <- lapply(validation_data, as_py_data)
-  }
   history <- call_python(
-    kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
-    y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
+    kerasdist_module()$distributed_fit, build_fn, x = x,
+    y = y,
     epochs = epochs, checkpoint_dir = checkpoint_dir, strategy = strategy,
     batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
-    seed = seed, shuffle = shuffle, sample_weight = as_py_data(sample_weight),
+    seed = seed, shuffle = shuffle, sample_weight = sample_weight,
     validation_split = validation_split, validation_data = validation_data,
-    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
-    dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
+    every_steps = every_steps, keep = keep, callbacks = callbacks,
+    dataset_args = dataset_args,
     verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,

@@ -58,7 +58,7 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
                    verbose = "auto") {
   history <- call_python(
     kerasdist_module()$ps_fit, model, data, epochs = epochs,
-    steps_per_epoch = steps_per_epoch, callbacks = as_py_callbacks(callbacks),
+    steps_per_epoch = steps_per_epoch, callbacks = callbacks,
     validation_data = validation_data, validation_steps = validation_steps,
     initial_epoch = initial_epoch, verbose = verbose
   )
@@ -86,5 +86,5 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
 #' }
 #' @export
 run_server <- function(tf_config = NULL) {
-  invisible(call_python(kerasdist_module()$run_server, as_py_tf_config(tf_config)))
+  invisible(call_python(kerasdist_module()$run_server, tf_config = tf_config))
 }

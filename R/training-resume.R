@@ -67,7 +67,7 @@ resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch =
   }
   history <- call_python(
     kerasdist_module()$resume_fit, model, epoch_data, epochs = epochs, checkpoint = checkpoint,
-    steps_per_epoch = steps_per_epoch, callbacks = as_py_callbacks(callbacks),
+    steps_per_epoch = steps_per_epoch, callbacks = callbacks,
     validation_data = validation_data, validation_steps = validation_steps, verbose = verbose
   )
   invisible(as_training_history(history))
