@@ -3,35 +3,31 @@
 # distributed_evaluate() and distributed_predict(), like distributed_fit(): plain evaluate() and
 # predict() would mask keras3's generics.
 
+# r-docs: python/kerasdist/evaluation.py:distributed_evaluate (tools/r_docs.py: edit the docstring or tools/r_docs.json)
 #' Evaluate a model under its strategy, with the single-device results
 #'
-#' Batches the data in its own order (one pass, no shuffle) and runs Keras's
-#' `evaluate()` under the strategy the model was built or restored in, each
-#' global batch split over the replicas. The losses and metrics are those of
-#' keras3's `evaluate()` on one device: over every sample once, a last,
-#' smaller batch included. Works on a model restored with
-#' [make_or_restore_model()] (without `build_fn`) in a new R session.
+#' The data is batched by `make_dataset` in its own order (no shuffle, one pass) and evaluated by
+#' Keras under the strategy the model was built in (`model.distribute_strategy`), each global batch
+#' split over the replicas. The result is that of a single-device `model.evaluate(x, y,
+#' return_dict=TRUE)`: losses and metrics over all samples, a last partial batch included, none
+#' counted twice.
 #'
-#' keras3's own `evaluate()` on the same model, with Keras 3.15 as released,
-#' fails when the first batch splits unevenly over the replicas (a batch size
-#' not divisible by them, or fewer samples than the batch size): an upstream
-#' Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
+#' keras3's own `evaluate()` on the same model, with Keras 3.15 as released, fails when the first
+#' batch splits unevenly over the replicas (a batch size not divisible by them, or fewer samples
+#' than the batch size): an upstream Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
 #' `evaluate()` and `predict()` too.
 #'
-#' @param model A compiled keras3 model, built or restored in a strategy's
-#'   scope (or in none).
-#' @param x Features: a numeric matrix or array (first index = sample), a
-#'   numeric vector, a data frame, a list of them (several inputs), or a
-#'   finite, unbatched `tf.data.Dataset` of `(x, y)` or `(x, y, w)` elements.
-#'   File patterns are refused (read them into a dataset first).
+#' @param model A compiled keras3 model, built or restored in a strategy's scope (or in none).
+#' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
+#'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` of `(x, y)` or
+#'   `(x, y, w)` elements. File patterns are refused (read them into a dataset first).
 #' @param y Targets with as many samples as `x`; `NULL` when `x` is a dataset.
 #' @param sample_weight Optional per-sample weights (a numeric vector).
 #' @param batch_size Global batch size (all replicas together); `NULL` for 32.
 #' @param per_replica_batch_size Instead, the batch size of one replica.
 #' @param callbacks A keras3 callback or a list of them.
 #' @param verbose Keras's verbosity: 0 (silent, the default), 1 or 2.
-#' @returns A named list of metric values (numbers), as keras3's `evaluate()`
-#'   returns.
+#' @returns A named list of metric values (numbers), as keras3's `evaluate()` returns.
 #' @family evaluation
 #' @seealso Python: `kerasdist.distributed_evaluate()` (also
 #'   `kerasdist.evaluate()`); [distributed_predict()].
@@ -56,23 +52,16 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
   lapply(result, as.numeric)
 }
 
+# r-docs: python/kerasdist/evaluation.py:distributed_predict (tools/r_docs.py: edit the docstring or tools/r_docs.json)
 #' Predict under a model's strategy, one row per sample in the order of x
 #'
-#' Batches `x` in its own order and runs Keras's `predict()` under the
-#' strategy the model was built or restored in. The result is keras3's
-#' `predict()` on one device: an R matrix (or array) whose row `i` is the
-#' prediction for sample `i` of `x`, with no padding rows, also when the last
-#' batch splits unevenly over the replicas.
-#'
 #' @inheritParams distributed_evaluate
-#' @param model A keras3 model, built or restored in a strategy's scope (or in
-#'   none).
-#' @param x Features: a numeric matrix or array (first index = sample), a
-#'   numeric vector, a data frame, a list of them (several inputs), or a
-#'   finite, unbatched `tf.data.Dataset` whose elements are `x` or `(x, y)`
-#'   (the targets are dropped).
-#' @returns An R matrix or array with one row per sample (a list of them for a
-#'   model with several outputs).
+#' @param model A keras3 model, built or restored in a strategy's scope (or in none).
+#' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
+#'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` whose elements
+#'   are `x` or `(x, y)` (the targets are dropped).
+#' @returns An R matrix or array with one row per sample (a list of them for a model with several
+#'   outputs).
 #' @family evaluation
 #' @seealso Python: `kerasdist.distributed_predict()` (also
 #'   `kerasdist.predict()`); [distributed_evaluate()].

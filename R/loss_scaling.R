@@ -1,27 +1,26 @@
 # Loss scaling for custom steps under a strategy: a thin wrapper over python/kerasdist/loss_scaling.py.
 
-#' One replica's share of the mean loss over the global batch
+# r-docs: python/kerasdist/loss_scaling.py:scaled_loss (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+#' This replica's share of the mean loss over the global batch, ready for `tape.gradient`
 #'
-#' For custom training steps that run under `strategy$run()`: returns the sum
-#' of this replica's per-example losses divided by the global batch size, plus
-#' its share of `model$losses` (regularization), so that the gradients summed
-#' over the replicas equal the single-device gradients of the mean loss, also
-#' for a last batch split unevenly over the replicas. The non-batch axes of a
-#' multi-dimensional per-example loss are averaged first; a scalar (already
-#' averaged) loss is an error.
+#' Call it inside the step function that `strategy.run` runs (or a Keras `train_step`). The
+#' gradients of the returned loss, summed over the replicas (what the strategy and the optimizer
+#' do), equal the gradients of the mean loss over the whole global batch on one device: also when
+#' the last batch is smaller and the replicas get different numbers of rows, and with
+#' regularization.
 #'
-#' The step function itself must be Python (TensorFlow traces it on one
-#' thread per replica, where R code cannot run), so from R this is mostly
-#' useful on a tensor, for checking; in Python call
-#' `kerasdist.scaled_loss()` inside the step.
+#' From R: the step function itself must be Python (TensorFlow traces it on one thread per replica,
+#' where R code cannot run), so from R this is mostly useful on a tensor, for checking; in Python
+#' call `kerasdist.scaled_loss()` inside the step.
 #'
-#' @param per_example_loss A tensor (or numeric vector or matrix) of per-example
-#'   losses, first axis = batch.
-#' @param global_batch_size The number of examples of the global batch;
-#'   `NULL` to count every replica's rows.
-#' @param sample_weight Optional per-example weights.
+#' @param per_example_loss A tensor (or numeric vector or matrix) of per-example losses, first axis
+#'   = batch; the other axes are averaged per example. A scalar (an already averaged loss) is
+#'   refused.
+#' @param global_batch_size The number of examples of the global batch; `NULL` to count every
+#'   replica's rows.
+#' @param sample_weight Optional per-example weights (a numeric vector, or a tensor).
 #' @param model A keras3 model whose `losses` are added.
-#' @returns A scalar tensor.
+#' @returns A scalar tensor of the dtype of `per_example_loss`.
 #' @family evaluation
 #' @seealso Python: `kerasdist.scaled_loss()`.
 #' @examplesIf !is.null(kerasdist_python())

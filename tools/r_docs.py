@@ -93,8 +93,10 @@ def paragraphs(text: str) -> list[str]:
 
 
 def wrap(text: str, first: str = "#' ", rest: str = "#' ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                         break_on_hyphens=False)
+    lines = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                          break_on_hyphens=False)
+    # a wrapped line must not start what markdown reads as a list, a quote or a heading
+    return [lines[0]] + [re.sub(r"^(#'\s+)([-+*>#]\s|\d+[.)]\s|=+$)", r"\1\\\2", line) for line in lines[1:]]
 
 
 def r_formals(r_source: str, function: str) -> list[str]:
