@@ -120,8 +120,6 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 # r-docs: python/kerasdist/checkpoint/manager.py:latest_checkpoint (tools/r_docs.py: edit the docstring or tools/r_docs.json)
 #' The newest valid checkpoint and where training resumes
 #'
-#' `checkpoint_dir` and `storage_options` as in `list_checkpoints`.
-#'
 #' @inheritParams make_or_restore_model
 #' @param checkpoint_dir Directory of checkpoints (never created: a missing one has no checkpoint,
 #'   `NULL`), or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`, `"file://..."`),
@@ -155,8 +153,6 @@ latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
 # r-docs: python/kerasdist/checkpoint/manager.py:list_checkpoints (tools/r_docs.py: edit the docstring or tools/r_docs.json)
 #' All valid checkpoints, oldest first
 #'
-#' recorded in each.
-#'
 #' Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
 #' `storage_options`: for an object-store URL, as in `CheckpointManager`.
 #'
@@ -187,12 +183,8 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
 # r-docs: python/kerasdist/checkpoint/manager.py:checkpoint_table (tools/r_docs.py: edit the docstring or tools/r_docs.json)
 #' Every checkpoint of a directory, valid or not
 #'
-#' `kerasdist checkpoints` prints and R's `checkpoint_table()` makes a data frame of).
-#'
-#' Each row: `path`, `global_step`, `epoch`, `step_in_epoch`, `saved_at` (ISO 8601, UTC), `size`
-#' (bytes), `writer`, `valid`, `problem` (why a damaged or partial one cannot be used, else `NULL`)
-#' and `restart` (`TRUE` for the one a restart would resume from). A damaged checkpoint's step is
-#' read from its name, its other fields are `NULL`. Reads only; warns about nothing.
+#' What `kerasdist checkpoints DIR` prints, as a data frame: for looking into a run's directory or
+#' bucket, e.g. after a crash, before restarting it. Reads only; warns about nothing.
 #'
 #' @inheritParams make_or_restore_model
 #' @param checkpoint_dir Directory of checkpoints (never created: a missing local one is an error
@@ -226,22 +218,6 @@ checkpoint_frame <- function(checkpoint_dir, storage_options, every, call) {
   columns <- call_python(.kerasdist$bridge$checkpoint_columns, checkpoint_dir, storage_options = storage_options,
                          every = every, call = call)
   columns_to_data_frame(columns)
-}
-
-# A data frame of Python's columns: (name, R type, values) each, None where missing; type "time"
-# is seconds since 1970, which becomes a POSIXct in UTC.
-columns_to_data_frame <- function(columns) {
-  frame <- lapply(columns, function(column) {
-    values <- lapply(column[[3]], function(v) if (is.null(v)) NA else v)
-    if (identical(column[[2]], "time")) {
-      return(as.POSIXct(vapply(values, as.numeric, numeric(1)), origin = "1970-01-01", tz = "UTC"))
-    }
-    vapply(values, function(v) as.vector(v, column[[2]]), vector(column[[2]], 1), USE.NAMES = FALSE)
-  })
-  names(frame) <- vapply(columns, function(column) column[[1]], character(1))
-  frame <- as.data.frame(frame, stringsAsFactors = FALSE)
-  rownames(frame) <- NULL
-  frame
 }
 
 # r-docs: python/kerasdist/checkpoint/manager.py:CheckpointManager (tools/r_docs.py: edit the docstring or tools/r_docs.json)

@@ -520,6 +520,22 @@ as_training_history <- function(history) {
   structure(class = "keras_training_history", list(params = params, metrics = metrics, model = history$model))
 }
 
+# A data frame of Python's columns: (name, R type, values) each, None where missing; type "time"
+# is seconds since 1970, which becomes a POSIXct in UTC.
+columns_to_data_frame <- function(columns) {
+  frame <- lapply(columns, function(column) {
+    values <- lapply(column[[3]], function(v) if (is.null(v)) NA else v)
+    if (identical(column[[2]], "time")) {
+      return(as.POSIXct(vapply(values, as.numeric, numeric(1)), origin = "1970-01-01", tz = "UTC"))
+    }
+    vapply(values, function(v) as.vector(v, column[[2]]), vector(column[[2]], 1), USE.NAMES = FALSE)
+  })
+  names(frame) <- vapply(columns, function(column) column[[1]], character(1))
+  frame <- as.data.frame(frame, stringsAsFactors = FALSE)
+  rownames(frame) <- NULL
+  frame
+}
+
 # A Python dataclass record (CheckpointInfo, ClusterInfo, DatasetInfo, ...) as a named R list:
 # its fields in their order, then the computed `properties` named (e.g. "is_chief"). None becomes
 # NULL, whole numbers become integers and a tuple of strings (an empty one too) a character

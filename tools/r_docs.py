@@ -3,12 +3,14 @@
 Each wrapper to generate is named in tools/r_docs.json, per R file: the Python function (or class)
 it forwards to, as "python/kerasdist/<module>.py:<name>", and what R says differently (an R type
 in a parameter, an R value returned, an R paragraph): `title`, `params`, `returns`, `details`,
-`inherit`. In the R file, the generated lines follow a marker comment
+`inherit`, `python_description` (false: the docstring's description holds only in Python, and
+`details` replaces it). In the R file, the generated lines follow a marker comment
 (`# r-docs: <python>`) down to the first hand-written tag (`@family`, `@seealso`, `@examples`,
-`@examplesIf`, `@export`, `@keywords`), which stay as they are: the title, the description (the
-docstring's text before `Args:`), one `@param` per argument of the R function (Python's `Args:`
-entry unless `params` gives the R text; none where `inherit` covers it) and `@returns`. Python's
-words become R's (None, True, False), the text is escaped for roxygen and wrapped.
+`@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
+paragraph), the description (its other paragraphs before `Args:`), one `@param` per argument of
+the R function (Python's `Args:` entry unless `params` gives the R text; none where `inherit`
+covers it) and `@returns`. Python's words become R's (None, True, False), the text is escaped for
+roxygen and wrapped.
 
     python tools/r_docs.py            # rewrite the R files
     python tools/r_docs.py --check    # exit 1, naming the files, if they differ from the output
@@ -123,10 +125,12 @@ def r_formals(r_source: str, function: str) -> list[str]:
 def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     """The generated roxygen lines of one wrapper, its marker first."""
     parts = sections(docstring(spec["python"]))
-    summary, _, body = parts[""].partition("\n")
+    summary, *body = paragraphs(parts[""])  # the first paragraph is the title, unless `title` replaces it
     lines = [f"{MARKER}{spec['python']} (tools/r_docs.py: edit the docstring or tools/r_docs.json)"]
     lines.append("#' " + to_r(spec.get("title", summary.rstrip("."))))
-    for paragraph in [to_r(text) for text in paragraphs(body)] + spec.get("details", []):
+    if not spec.get("python_description", True):  # Python's text says what only holds in Python
+        body = []
+    for paragraph in [to_r(text) for text in body] + spec.get("details", []):
         lines += ["#'"] + wrap(paragraph)
     lines.append("#'")
     if "inherit" in spec:

@@ -61,4 +61,26 @@ def checkpoint_columns(checkpoint_dir: str, *, storage_options: Any = None, ever
         rows = [{name: getattr(info, name) for name in CHECKPOINT_LIST_COLUMNS if name != "restart"}
                 | {"restart": info is infos[-1]} for info in infos]
         names = CHECKPOINT_LIST_COLUMNS
-    return [(name, CHECKPOINT_TABLE_COLUMNS[name], [row[name] for row in rows]) for name in names]
+    return _columns(rows, CHECKPOINT_TABLE_COLUMNS, names)
+
+
+GOODPUT_COLUMNS = {"part": "character", "seconds": "double", "share": "double"}
+ATTEMPT_COLUMNS = {
+    "name": "character", "started": "time", "ended": "time", "status": "character", "restored_step": "integer",
+    "first_step_at": "time", "last_step": "integer", "saves": "integer", "last_step_at": "time",
+    "detection_seconds": "double", "recovery_seconds": "double", "workers": "integer",
+}
+
+
+def goodput_columns(report: Any) -> dict[str, list[Column]]:
+    """R's `goodput()` tables as columns, (name, R type, values): `parts` (the report's rows: part,
+    seconds, share) and `attempts` (one row per process start; its detection seconds and its
+    recovery's total beside the `Attempt` fields)."""
+    attempts = [{name: getattr(attempt, name) for name in ATTEMPT_COLUMNS if hasattr(attempt, name)}
+                | {"detection_seconds": attempt.seconds.get("detection"),
+                   "recovery_seconds": (attempt.recovery or {}).get("total")} for attempt in report.attempts]
+    return {"parts": _columns(report.rows(), GOODPUT_COLUMNS), "attempts": _columns(attempts, ATTEMPT_COLUMNS)}
+
+
+def _columns(rows: Sequence[dict[str, Any]], types: dict[str, str], names: Sequence[str] | None = None) -> list[Column]:
+    return [(name, types[name], [row.get(name) for row in rows]) for name in (names or list(types))]
