@@ -92,9 +92,8 @@ print.kerasdist_goodput <- function(x, ...) {
 #' }
 #' @export
 plot_goodput <- function(report, path) {
-  if (!inherits(report, "kerasdist_goodput")) {
-    kerasdist_abort("report must be what goodput() returned (a kerasdist_goodput data frame).", call = sys.call())
-  }
+  # Python checks `report` (anything but goodput()'s answer carries no "report": None there); R
+  # checks `path` for what Python never sees (NA, a vector of names)
   if (!is.character(path) || length(path) != 1L || is.na(path) || !nzchar(path)) {
     kerasdist_abort("path must be one file name (the PNG to write).", call = sys.call())
   }
