@@ -1,6 +1,6 @@
 # Crash-safe checkpoints: thin wrappers over python/kerasdist/checkpoint/.
 
-# r-docs: python/kerasdist/checkpoint/manager.py:make_or_restore_model (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/manager.py:make_or_restore_model (make r-docs)
 #' Build a model, or restore it from the newest valid checkpoint
 #'
 #' The model is built by `build_fn()` inside the strategy's scope (the given `strategy`, else the
@@ -24,10 +24,11 @@
 #' @param custom_objects Named list of custom classes or functions for loading.
 #' @param safe_mode Refuse to load lambdas from checkpoints (Keras safe mode); default `TRUE`.
 #' @param storage_options For an object-store `checkpoint_dir`: a named list of options for its
-#'   fsspec filesystem (credentials, endpoint), e.g. `list(key = "...", secret = "...",
-#'   client_kwargs = list(endpoint_url = "http://..."))` for `s3://`. `NULL` (default): the standard
-#'   environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL_S3`,
-#'   `GOOGLE_APPLICATION_CREDENTIALS`, ...) and credentials files.
+#'   fsspec filesystem (credentials, endpoint), e.g.
+#'   `list(key = "...", secret = "...", client_kwargs = list(endpoint_url = "http://..."))` for
+#'   `s3://`. `NULL` (default): the standard environment variables (`AWS_ACCESS_KEY_ID`,
+#'   `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL_S3`, `GOOGLE_APPLICATION_CREDENTIALS`, ...) and
+#'   credentials files.
 #' @returns The Keras model (a Python object).
 #' @family checkpoint
 #' @seealso Python: `kerasdist.make_or_restore_model()`.
@@ -48,7 +49,7 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
   )
 }
 
-# r-docs: python/kerasdist/checkpoint/callback.py:checkpoint_callback (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/callback.py:checkpoint_callback (make r-docs)
 #' A Keras callback that writes crash-safe checkpoints
 #'
 #' Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches) and/or
@@ -79,9 +80,9 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' [keras3::callback_early_stopping()], [keras3::callback_reduce_lr_on_plateau()],
 #' [keras3::callback_model_checkpoint()], [keras3::callback_tensorboard()],
 #' [keras3::callback_csv_logger()] and any callback of your own made with [keras3::Callback()] that
-#' defines `get_state = function() list(...)` (numbers, strings, logicals, arrays) and `set_state =
-#' function(state)`; a callback without them starts fresh on resume. [distributed_fit()] and
-#' [resume_fit()] place theirs last.
+#' defines `get_state = function() list(...)` (numbers, strings, logicals, arrays) and
+#' `set_state = function(state)`; a callback without them starts fresh on resume.
+#' [distributed_fit()] and [resume_fit()] place theirs last.
 #'
 #' @inheritParams make_or_restore_model
 #' @param every_epoch Save at each epoch end.
@@ -117,7 +118,7 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
   )
 }
 
-# r-docs: python/kerasdist/checkpoint/manager.py:latest_checkpoint (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/manager.py:latest_checkpoint (make r-docs)
 #' The newest valid checkpoint and where training resumes
 #'
 #' @inheritParams make_or_restore_model
@@ -150,7 +151,7 @@ latest_checkpoint <- function(checkpoint_dir, storage_options = NULL) {
   if (is.null(info)) NULL else py_record_to_r(info)
 }
 
-# r-docs: python/kerasdist/checkpoint/manager.py:list_checkpoints (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/manager.py:list_checkpoints (make r-docs)
 #' All valid checkpoints, oldest first
 #'
 #' Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
@@ -180,7 +181,7 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
   checkpoint_frame(checkpoint_dir, storage_options, every = FALSE, call = sys.call())
 }
 
-# r-docs: python/kerasdist/checkpoint/manager.py:checkpoint_table (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/manager.py:checkpoint_table (make r-docs)
 #' Every checkpoint of a directory, valid or not
 #'
 #' What `kerasdist checkpoints DIR` prints, as a data frame: for looking into a run's directory or
@@ -220,7 +221,7 @@ checkpoint_frame <- function(checkpoint_dir, storage_options, every, call) {
   columns_to_data_frame(columns)
 }
 
-# r-docs: python/kerasdist/checkpoint/manager.py:CheckpointManager (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/checkpoint/manager.py:CheckpointManager (make r-docs)
 #' The checkpoint manager of a directory
 #'
 #' The directory is checked when the manager is made (a path, not a file) and, once, created and

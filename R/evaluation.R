@@ -3,14 +3,14 @@
 # distributed_evaluate() and distributed_predict(), like distributed_fit(): plain evaluate() and
 # predict() would mask keras3's generics.
 
-# r-docs: python/kerasdist/evaluation.py:distributed_evaluate (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/evaluation.py:distributed_evaluate (make r-docs)
 #' Evaluate a model under its strategy, with the single-device results
 #'
 #' The data is batched by `make_dataset` in its own order (no shuffle, one pass) and evaluated by
 #' Keras under the strategy the model was built in (`model.distribute_strategy`), each global batch
-#' split over the replicas. The result is that of a single-device `model.evaluate(x, y,
-#' return_dict=TRUE)`: losses and metrics over all samples, a last partial batch included, none
-#' counted twice.
+#' split over the replicas. The result is that of a single-device
+#' `model.evaluate(x, y, return_dict=TRUE)`: losses and metrics over all samples, a last partial
+#' batch included, none counted twice.
 #'
 #' keras3's own `evaluate()` on the same model, with Keras 3.15 as released, fails when the first
 #' batch splits unevenly over the replicas (a batch size not divisible by them, or fewer samples
@@ -52,7 +52,7 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
   lapply(result, as.numeric)
 }
 
-# r-docs: python/kerasdist/evaluation.py:distributed_predict (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/evaluation.py:distributed_predict (make r-docs)
 #' Predict under a model's strategy, one row per sample in the order of x
 #'
 #' @inheritParams distributed_evaluate

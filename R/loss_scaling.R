@@ -1,6 +1,6 @@
 # Loss scaling for custom steps under a strategy: a thin wrapper over python/kerasdist/loss_scaling.py.
 
-# r-docs: python/kerasdist/loss_scaling.py:scaled_loss (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/loss_scaling.py:scaled_loss (make r-docs)
 #' This replica's share of the mean loss over the global batch, ready for `tape.gradient`
 #'
 #' Call it inside the step function that `strategy.run` runs (or a Keras `train_step`). The

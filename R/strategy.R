@@ -1,6 +1,6 @@
 # Strategy selection: thin wrappers over python/kerasdist/strategy.py.
 
-# r-docs: python/kerasdist/strategy.py:select_strategy (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/strategy.py:select_strategy (make r-docs)
 #' Choose and create a tf.distribute strategy
 #'
 #' "auto" checks, in order: a reachable TPU -> "tpu"; a cluster with ps tasks -> "parameter_server";
@@ -17,8 +17,8 @@
 #' @param cross_device_ops For `"mirrored"`: `"nccl"`, `"hierarchical_copy"`,
 #'   `"reduce_to_one_device"` or `NULL` for TensorFlow's choice.
 #' @param communication For "multi_worker": "auto", "ring" or "nccl".
-#' @returns The strategy (a Python `tf.distribute.Strategy`); use it as `with(strategy$scope(), {
-#'   ... })`.
+#' @returns The strategy (a Python `tf.distribute.Strategy`); use it as
+#'   `with(strategy$scope(), { ... })`.
 #' @family strategy
 #' @seealso Python: `kerasdist.select_strategy()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -46,7 +46,7 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
   strategy
 }
 
-# r-docs: python/kerasdist/strategy.py:plan_strategy (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/strategy.py:plan_strategy (make r-docs)
 #' Decide which strategy to use and why, without creating it
 #'
 #' It applies the rules of [select_strategy()] to the arguments that decide the kind and the
@@ -56,8 +56,8 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
 #'
 #' @param kind `"auto"` (decide from the signals below) or one of `"default"`, `"one_device"`,
 #'   `"mirrored"`, `"multi_worker"`, `"parameter_server"`, `"tpu"`.
-#' @param devices Character vector of devices for `"mirrored"` or `"one_device"`, e.g. `c("/gpu:0",
-#'   "/gpu:1")`.
+#' @param devices Character vector of devices for `"mirrored"` or `"one_device"`, e.g.
+#'   `c("/gpu:0", "/gpu:1")`.
 #' @param tf_config A TF_CONFIG as JSON text or a nested list, used instead of the `TF_CONFIG`
 #'   environment variable.
 #' @param cluster_resolver A TensorFlow cluster resolver (Python object); its cluster is used
@@ -92,7 +92,7 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
   )
 }
 
-# r-docs: python/kerasdist/strategy.py:describe_strategy (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/strategy.py:describe_strategy (make r-docs)
 #' Describe a strategy
 #'
 #' @param strategy A strategy from [select_strategy()] or any `tf.distribute.Strategy`; `NULL` for
@@ -112,7 +112,7 @@ describe_strategy <- function(strategy = NULL) {
   )
 }
 
-# r-docs: python/kerasdist/strategy.py:simulate_devices (tools/r_docs.py: edit the docstring or tools/r_docs.json)
+# r-docs: python/kerasdist/strategy.py:simulate_devices (make r-docs)
 #' Split the CPU into logical devices
 #'
 #' Must run before TensorFlow initializes its devices (before any op, model or strategy; from R

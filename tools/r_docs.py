@@ -5,8 +5,8 @@ it forwards to, as "python/kerasdist/<module>.py:<name>", and what R says differ
 in a parameter, an R value returned, an R paragraph): `title`, `params`, `returns`, `details`,
 `inherit`, `python_description` (false: the docstring's description holds only in Python, and
 `details` replaces it). In the R file, the generated lines follow a marker comment
-(`# r-docs: <python>`) down to the first hand-written tag (`@family`, `@seealso`, `@examples`,
-`@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
+(`# r-docs: <python>`) down to the first hand-written tag (`@section`, `@inheritSection`, `@family`, `@seealso`,
+`@examples`, `@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
 paragraph), the description (its other paragraphs before `Args:`), one `@param` per argument of
 the R function (Python's `Args:` entry unless `params` gives the R text; none where `inherit`
 covers it) and `@returns`. Python's words become R's (None, True, False), the text is escaped for
@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OVERRIDES = ROOT / "tools" / "r_docs.json"
 MARKER = "# r-docs: "
-HAND_TAGS = re.compile(r"^#' @(family|seealso|examples|examplesIf|export|keywords)\b")
+HAND_TAGS = re.compile(r"^#' @(section|inheritSection|family|seealso|examples|examplesIf|export|keywords)\b")
 SECTIONS = ("Args:", "Returns:", "Raises:", "Attributes:", "Example:", "Examples:")
 WIDTH = 100
 
@@ -90,13 +90,15 @@ def to_r(text: str) -> str:
 
 
 def paragraphs(text: str) -> list[str]:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # Python examples: R's are in the R file
     return [" ".join(line.strip() for line in block.splitlines()) for block in re.split(r"\n\s*\n", text.strip()) if
             block.strip()]
 
 
 def wrap(text: str, first: str = "#' ", rest: str = "#' ") -> list[str]:
-    lines = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                          break_on_hyphens=False)
+    glued = re.sub(r"`[^`]*`", lambda code: code[0].replace(" ", "\0"), text)  # code spans stay on one line
+    lines = [line.replace("\0", " ") for line in textwrap.wrap(
+        glued, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False)]
     # a wrapped line must not start what markdown reads as a list, a quote or a heading
     return [lines[0]] + [re.sub(r"^(#'\s+)([-+*>#]\s|\d+[.)]\s|=+$)", r"\1\\\2", line) for line in lines[1:]]
 
@@ -126,7 +128,7 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     """The generated roxygen lines of one wrapper, its marker first."""
     parts = sections(docstring(spec["python"]))
     summary, *body = paragraphs(parts[""])  # the first paragraph is the title, unless `title` replaces it
-    lines = [f"{MARKER}{spec['python']} (tools/r_docs.py: edit the docstring or tools/r_docs.json)"]
+    lines = [f"{MARKER}{spec['python']} (make r-docs)"]
     lines.append("#' " + to_r(spec.get("title", summary.rstrip("."))))
     if not spec.get("python_description", True):  # Python's text says what only holds in Python
         body = []

@@ -47,15 +47,17 @@ def test_a_docstring_edit_reaches_the_r_file(tmp_path):
 
 def test_every_argument_of_a_generated_wrapper_is_documented():
     tool = _tool()
-    for r_file, wrappers in _overrides().items():
-        source = (ROOT / r_file).read_text()
-        def params(function: str, source: str = source) -> set[str]:
-            at = source.index(f"\n{function} <- function(")
-            return set(re.findall(r"^#' @param (\w+)", source[source.rindex(tool.MARKER, 0, at):at], re.M))
+    sources = {r_file: (ROOT / r_file).read_text() for r_file in _overrides()}
 
+    def params(function: str) -> set[str]:
+        source = next(text for text in sources.values() if f"\n{function} <- function(" in text)
+        at = source.index(f"\n{function} <- function(")
+        return set(re.findall(r"^#' @param (\w+)", source[source.rindex(tool.MARKER, 0, at):at], re.M))
+
+    for r_file, wrappers in _overrides().items():
         for function, spec in wrappers.items():
             inherited = params(spec["inherit"]) if "inherit" in spec else set()
-            assert set(tool.r_formals(source, function)) - params(function) - inherited == set(), function
+            assert set(tool.r_formals(sources[r_file], function)) - params(function) - inherited == set(), function
 
 
 def test_python_words_become_r_words():
