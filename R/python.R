@@ -477,7 +477,8 @@ py_args <- function(args) {
 #   frames, file patterns and Python objects pass as they are (reticulate keeps an array's element
 #   [i, j] at [i - 1, j - 1], whatever its memory order); "labels" as "data", but one string (a
 #   label column's name) passes as it is;
-# - "list": a vector of any length becomes a list; "dict": a named list or vector, `dict()` when
+# - "list": a character vector of any length becomes a list (anything else is a "count": `devices`
+#   names devices in select_strategy() and counts them in bench_strategies()); "dict": a named list or vector, `dict()` when
 #   empty; "callbacks": one callback or a list of them (a Python object is an environment, which
 #   as.list() would take apart); "tf_config": a TF_CONFIG given as a nested R list gets its task
 #   index as an integer (JSON text and NULL pass unchanged).
@@ -497,7 +498,7 @@ as_py <- function(x, as) {
       else x
     },
     labels = if (is.character(x) && length(x) == 1) x else as_py(x, "data"),
-    list = as.list(x),
+    list = if (is.character(x)) as.list(x) else as_py(x, "count"),  # bench_strategies' `devices` is a count
     dict = if (length(x) == 0) reticulate::dict() else as.list(x),
     callbacks = if (is.list(x)) x else list(x),
     tf_config = {

@@ -66,6 +66,7 @@ test_that("as_py() converts as the scattered helpers did", {
   expect_identical(as_py("label", "labels"), "label")
   expect_identical(as_py(c(0L, 1L), "labels"), array(c(0L, 1L), dim = 2L))
   expect_identical(as_py(c("/gpu:0", "/gpu:1"), "list"), list("/gpu:0", "/gpu:1"))
+  expect_identical(as_py(2, "list"), 2L)  # bench_strategies(devices = 2): a count, not a list
   expect_identical(as_py(list(A = "1"), "dict"), list(A = "1"))
   expect_identical(as_py(list(cluster = list(worker = "a:1"), task = list(type = "worker", index = 0)), "tf_config")$task$index, 0L)
   expect_identical(as_py('{"task": {}}', "tf_config"), '{"task": {}}')
