@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # a mirror, e.g. KERASDIST_R_REPOS=file:///path/to/cran-mirror make test (space-separated list).
 export KERASDIST_R_REPOS ?= https://cloud.r-project.org
 
-.PHONY: demo test setup setup-demo docs bench dist gpu-check upstream-check
+.PHONY: demo test setup setup-demo docs r-docs bench dist gpu-check upstream-check
 
 # Everything: what the demo needs, then the test and docs tools, the object-store servers,
 # Chromium and (as root) Slurm.
@@ -48,6 +48,13 @@ gpu-check: setup
 # The artifacts people install, in dist/: the Python wheel and sdist, the R source tarball.
 dist: setup
 	@tools/dist.sh dist
+
+# The R wrappers' roxygen written from the Python docstrings (tools/r_docs.py, with the R-specific
+# words in tools/r_docs.json), then NAMESPACE and man/ from it. tests/python/test_r_docs.py fails
+# when the committed R files differ from what the tool writes.
+r-docs:
+	@$(PYTHON) tools/r_docs.py
+	@Rscript -e 'roxygen2::roxygenise()'
 
 # Regenerate NAMESPACE and man/ from the roxygen comments in R/, then build the documentation site
 # into site/ (guides, the vignettes run as articles, Python and R references, records;

@@ -67,7 +67,7 @@ bench_strategies <- function(model, x = NULL, y = NULL, strategies = NULL, steps
                              timeout = 600, verbose = TRUE, speed_options = FALSE) {
   report <- call_python(
     kerasdist_module()$bench_strategies, model, x, y,
-    strategies = as_py_list(strategies), steps = steps,
+    strategies = strategies, steps = steps,
     batch_size = batch_size, devices = devices,
     workers = workers, seed = seed, timeout = timeout, verbose = verbose,
     speed_options = speed_options

@@ -12,5 +12,5 @@
 #' parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}')
 #' @export
 parse_tf_config <- function(tf_config) {
-  py_record_to_r(call_python(kerasdist_module()$parse_tf_config, as_py_tf_config(tf_config)), "is_chief")
+  py_record_to_r(call_python(kerasdist_module()$parse_tf_config, tf_config = tf_config), "is_chief")
 }

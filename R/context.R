@@ -1,22 +1,22 @@
 # Where this process trains: thin wrappers over python/kerasdist/context.py.
 
+# r-docs: python/kerasdist/context.py:run_context (make r-docs)
 #' Where this process runs: the run context of a strategy
 #'
-#' The replicas, the workers that train and read data, this task and whether
-#' it is the chief, decided once per strategy. It is what kerasdist's data
-#' pipeline, checkpoints and parameter-server training read, so a training
-#' script can ask the same question (for example, write logs only on the chief).
-#' With no strategy and no strategy's scope active, it describes this
-#' process's place in the cluster its environment describes (TF_CONFIG, Slurm,
-#' [launch()]) with the default strategy's replicas: there `is_chief` is `TRUE`
-#' on one worker only.
+#' With a strategy (or inside a strategy's scope), that strategy's context. With neither, this
+#' process's place in the cluster its environment describes (TF_CONFIG, Slurm, `kerasdist launch`)
+#' with the default strategy's replicas, so outside any scope `run_context().is_chief` is `TRUE` on
+#' one worker only: the test for chief-only work (logs, exports, plots).
+#'
+#' It is what kerasdist's data pipeline, checkpoints and parameter-server training read, so a
+#' training script can ask the same question (for example, write logs only on the chief); [launch()]
+#' describes its tasks' clusters too.
 #'
 #' @param strategy A strategy; `NULL`: the active one, as above.
-#' @returns A list of class `kerasdist_run_context`: `strategy`, `kind`,
-#'   `num_replicas`, `num_workers` (workers, plus the chief except under
-#'   parameter servers), `task_type` and `task_index` (`NULL` outside a
-#'   cluster), `is_chief`, `task` (e.g. `"worker:1"`) and `formed_at` (when
-#'   kerasdist first described this strategy, in seconds since the epoch).
+#' @returns A list of class `kerasdist_run_context`: `strategy`, `kind`, `num_replicas`,
+#'   `num_workers` (workers, plus the chief except under parameter servers), `task_type` and
+#'   `task_index` (`NULL` outside a cluster), `is_chief`, `task` (e.g. `"worker:1"`) and `formed_at`
+#'   (when kerasdist first described this strategy, in seconds since the epoch).
 #' @family strategy
 #' @seealso Python: `kerasdist.run_context()`.
 #' @examplesIf !is.null(kerasdist_python())

@@ -146,16 +146,16 @@ call_dataset_function <- function(fun, args, call) {
   # make_dataset() has no validation_split (make_dataset_split() and plan_dataset() do)
   split <- if (is.null(a$validation_split)) list() else list(validation_split = a$validation_split)
   do.call(call_python, c(list(
-    fun, as_py_data(a$x),
-    y = if (is.character(a$y) && length(a$y) == 1) a$y else as_py_data(a$y),
-    sample_weight = as_py_data(a$sample_weight), batch_size = a$batch_size,
+    fun, x = a$x,
+    y = a$y,
+    sample_weight = a$sample_weight, batch_size = a$batch_size,
     per_replica_batch_size = a$per_replica_batch_size, strategy = a$strategy,
     drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = a$seed,
     initial_epoch = a$initial_epoch, skip_batches = a$skip_batches,
     epochs = a$epochs, `repeat` = a$repeat_epochs,
     per_worker = a$per_worker, cache = a$cache, map_fn = a$map_fn, check_finite = a$check_finite,
     file_format = a$file_format, label_column = a$label_column,
-    features = if (is.null(a$features)) NULL else lapply(a$features, as_py_shape),
+    features = a$features,
     shuffle_buffer = a$shuffle_buffer, call = call
   ), split), quote = TRUE)  # quote: `call` is a call, not to be run again
 }
@@ -266,20 +266,4 @@ print.kerasdist_dataset_info <- function(x, ...) {
     if (isTRUE(x$shuffle)) "shuffled" else "in order", x$seed, x$initial_epoch, x$skip_batches
   ))
   invisible(x)
-}
-
-# R data to what the Python core reads: vectors become 1-d arrays (reticulate would make lists of
-# them, or scalars of length-1 vectors), lists keep their names, matrices, arrays, data frames,
-# file patterns and Python objects pass as they are (reticulate keeps an array's element [i, j]
-# at [i - 1, j - 1], whatever its memory order).
-as_py_data <- function(x) {
-  if (is.null(x) || inherits(x, "python.builtin.object") || is.data.frame(x)) return(x)
-  if (is.character(x)) return(as.list(x))
-  if (is.list(x)) return(lapply(x, as_py_data))
-  if (is.atomic(x) && is.null(dim(x))) return(array(x, dim = length(x)))
-  x
-}
-
-as_py_shape <- function(shape) {
-  if (inherits(shape, "python.builtin.object")) shape else as.list(as.integer(shape))
 }

@@ -36,15 +36,15 @@
 #' @export
 kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   started <- Sys.time()
-  if (!is.numeric(epochs) || length(epochs) != 1 || is.na(epochs) || epochs < 1 || epochs != round(epochs)) {
-    kerasdist_abort(sprintf("epochs must be an integer >= 1, got %s.", format(epochs)), call = sys.call())
-  }
-  epochs <- as.integer(epochs)
-  simulate_devices(2L)  # first: before keras3 or anything else starts TensorFlow's devices
+  # The CPU split first, at kerasdist's import (before keras3 or anything else starts TensorFlow's
+  # devices); then Python checks `epochs` (kill_point()), before any work.
+  split_cpu_at_import(2L)
   py_demo <- demo_module()
+  kill <- as.integer(unlist(call_python(py_demo$kill_point, epochs = epochs, call = sys.call())))
+  epochs <- as_py(epochs, "count")
+  simulate_devices(2L)
   call_python(py_demo$fresh_run_dir, path.expand(run_dir))
   steps <- py_demo$steps_per_epoch()
-  kill <- as.integer(unlist(py_demo$kill_point(epochs)))
 
   cat(sprintf("== kerasdist demo (R): %d epoch(s) of a CNN on the UCI digits, run directory %s\n", epochs, run_dir))
   cat(sprintf("== run 1 (child R process): will be killed with SIGKILL at epoch %d, step %d\n", kill[1] + 1L, kill[2]))
@@ -63,7 +63,7 @@ kerasdist_demo <- function(run_dir = "runs/demo-r", epochs = 6L) {
   history <- trained$history
   model <- history$model
   digits <- demo_digits()
-  scores <- unlist(model$evaluate(digits$x_test, as_py_data(digits$y_test), batch_size = as.integer(py_demo$BATCH_SIZE), verbose = 0L))
+  scores <- unlist(model$evaluate(digits$x_test, as_py(digits$y_test, "data"), batch_size = as.integer(py_demo$BATCH_SIZE), verbose = 0L))
   cat(sprintf("== test accuracy %.4f (loss %.4f) on %d held-out digits\n", scores[2], scores[1], length(digits$y_test)))
   png <- py_demo$plot_curves(
     history$metrics, file.path(run_dir, "curves.png"), steps = steps,

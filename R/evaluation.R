@@ -1,37 +1,33 @@
-# Evaluation, prediction and loss scaling under a strategy: thin wrappers over
-# python/kerasdist/evaluation.py and python/kerasdist/loss_scaling.py. The R names are
+# Evaluation and prediction under a strategy: thin wrappers over python/kerasdist/evaluation.py
+# (scaled_loss() is in loss_scaling.R). The R names are
 # distributed_evaluate() and distributed_predict(), like distributed_fit(): plain evaluate() and
 # predict() would mask keras3's generics.
 
+# r-docs: python/kerasdist/evaluation.py:distributed_evaluate (make r-docs)
 #' Evaluate a model under its strategy, with the single-device results
 #'
-#' Batches the data in its own order (one pass, no shuffle) and runs Keras's
-#' `evaluate()` under the strategy the model was built or restored in, each
-#' global batch split over the replicas. The losses and metrics are those of
-#' keras3's `evaluate()` on one device: over every sample once, a last,
-#' smaller batch included. Works on a model restored with
-#' [make_or_restore_model()] (without `build_fn`) in a new R session.
+#' The data is batched by `make_dataset` in its own order (no shuffle, one pass) and evaluated by
+#' Keras under the strategy the model was built in (`model.distribute_strategy`), each global batch
+#' split over the replicas. The result is that of a single-device
+#' `model.evaluate(x, y, return_dict=TRUE)`: losses and metrics over all samples, a last partial
+#' batch included, none counted twice.
 #'
-#' keras3's own `evaluate()` on the same model, with Keras 3.15 as released,
-#' fails when the first batch splits unevenly over the replicas (a batch size
-#' not divisible by them, or fewer samples than the batch size): an upstream
-#' Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
+#' keras3's own `evaluate()` on the same model, with Keras 3.15 as released, fails when the first
+#' batch splits unevenly over the replicas (a batch size not divisible by them, or fewer samples
+#' than the batch size): an upstream Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
 #' `evaluate()` and `predict()` too.
 #'
-#' @param model A compiled keras3 model, built or restored in a strategy's
-#'   scope (or in none).
-#' @param x Features: a numeric matrix or array (first index = sample), a
-#'   numeric vector, a data frame, a list of them (several inputs), or a
-#'   finite, unbatched `tf.data.Dataset` of `(x, y)` or `(x, y, w)` elements.
-#'   File patterns are refused (read them into a dataset first).
+#' @param model A compiled keras3 model, built or restored in a strategy's scope (or in none).
+#' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
+#'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` of `(x, y)` or
+#'   `(x, y, w)` elements. File patterns are refused (read them into a dataset first).
 #' @param y Targets with as many samples as `x`; `NULL` when `x` is a dataset.
 #' @param sample_weight Optional per-sample weights (a numeric vector).
 #' @param batch_size Global batch size (all replicas together); `NULL` for 32.
 #' @param per_replica_batch_size Instead, the batch size of one replica.
 #' @param callbacks A keras3 callback or a list of them.
 #' @param verbose Keras's verbosity: 0 (silent, the default), 1 or 2.
-#' @returns A named list of metric values (numbers), as keras3's `evaluate()`
-#'   returns.
+#' @returns A named list of metric values (numbers), as keras3's `evaluate()` returns.
 #' @family evaluation
 #' @seealso Python: `kerasdist.distributed_evaluate()` (also
 #'   `kerasdist.evaluate()`); [distributed_predict()].
@@ -48,31 +44,24 @@
 distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch_size = NULL,
                                  per_replica_batch_size = NULL, callbacks = NULL, verbose = 0) {
   result <- call_python(
-    kerasdist_module()$distributed_evaluate, model, as_py_data(x), y = as_py_data(y),
-    sample_weight = as_py_data(sample_weight), batch_size = batch_size,
+    kerasdist_module()$distributed_evaluate, model, x = x, y = y,
+    sample_weight = sample_weight, batch_size = batch_size,
     per_replica_batch_size = per_replica_batch_size,
-    callbacks = as_py_callbacks(callbacks), verbose = verbose
+    callbacks = callbacks, verbose = verbose
   )
   lapply(result, as.numeric)
 }
 
+# r-docs: python/kerasdist/evaluation.py:distributed_predict (make r-docs)
 #' Predict under a model's strategy, one row per sample in the order of x
 #'
-#' Batches `x` in its own order and runs Keras's `predict()` under the
-#' strategy the model was built or restored in. The result is keras3's
-#' `predict()` on one device: an R matrix (or array) whose row `i` is the
-#' prediction for sample `i` of `x`, with no padding rows, also when the last
-#' batch splits unevenly over the replicas.
-#'
 #' @inheritParams distributed_evaluate
-#' @param model A keras3 model, built or restored in a strategy's scope (or in
-#'   none).
-#' @param x Features: a numeric matrix or array (first index = sample), a
-#'   numeric vector, a data frame, a list of them (several inputs), or a
-#'   finite, unbatched `tf.data.Dataset` whose elements are `x` or `(x, y)`
-#'   (the targets are dropped).
-#' @returns An R matrix or array with one row per sample (a list of them for a
-#'   model with several outputs).
+#' @param model A keras3 model, built or restored in a strategy's scope (or in none).
+#' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
+#'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` whose elements
+#'   are `x` or `(x, y)` (the targets are dropped).
+#' @returns An R matrix or array with one row per sample (a list of them for a model with several
+#'   outputs).
 #' @family evaluation
 #' @seealso Python: `kerasdist.distributed_predict()` (also
 #'   `kerasdist.predict()`); [distributed_evaluate()].
@@ -86,45 +75,8 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
 distributed_predict <- function(model, x, batch_size = NULL, per_replica_batch_size = NULL,
                                 callbacks = NULL, verbose = 0) {
   call_python(
-    kerasdist_module()$distributed_predict, model, as_py_data(x),
+    kerasdist_module()$distributed_predict, model, x = x,
     batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
-    callbacks = as_py_callbacks(callbacks), verbose = verbose
-  )
-}
-
-#' One replica's share of the mean loss over the global batch
-#'
-#' For custom training steps that run under `strategy$run()`: returns the sum
-#' of this replica's per-example losses divided by the global batch size, plus
-#' its share of `model$losses` (regularization), so that the gradients summed
-#' over the replicas equal the single-device gradients of the mean loss, also
-#' for a last batch split unevenly over the replicas. The non-batch axes of a
-#' multi-dimensional per-example loss are averaged first; a scalar (already
-#' averaged) loss is an error.
-#'
-#' The step function itself must be Python (TensorFlow traces it on one
-#' thread per replica, where R code cannot run), so from R this is mostly
-#' useful on a tensor, for checking; in Python call
-#' `kerasdist.scaled_loss()` inside the step.
-#'
-#' @param per_example_loss A tensor (or numeric vector or matrix) of per-example
-#'   losses, first axis = batch.
-#' @param global_batch_size The number of examples of the global batch;
-#'   `NULL` to count every replica's rows.
-#' @param sample_weight Optional per-example weights.
-#' @param model A keras3 model whose `losses` are added.
-#' @returns A scalar tensor.
-#' @family evaluation
-#' @seealso Python: `kerasdist.scaled_loss()`.
-#' @examplesIf !is.null(kerasdist_python())
-#' tf <- reticulate::import("tensorflow")
-#' scaled_loss(tf$constant(c(1, 2, 3, 6)))  # 3: one replica, the mean
-#' scaled_loss(c(1, 2, 3, 6), global_batch_size = 8)  # 1.5
-#' @export
-scaled_loss <- function(per_example_loss, global_batch_size = NULL, sample_weight = NULL, model = NULL) {
-  call_python(
-    kerasdist_module()$scaled_loss, as_py_data(per_example_loss),
-    global_batch_size = global_batch_size, sample_weight = as_py_data(sample_weight),
-    model = model
+    callbacks = callbacks, verbose = verbose
   )
 }

@@ -47,16 +47,10 @@
 #' @export
 goodput <- function(checkpoint_dir, storage_options = NULL) {
   report <- call_python(kerasdist_module()$goodput, checkpoint_dir, storage_options = storage_options)
-  frame <- rows_to_data_frame(report$rows(), list(part = NA_character_, seconds = NA_real_, share = NA_real_))
-  attempts <- lapply(report$attempts, function(a) {
-    list(name = a$name, started = a$started, ended = a$ended, status = a$status,
-         restored_step = a$restored_step, first_step_at = a$first_step_at, last_step = a$last_step,
-         saves = a$saves, last_step_at = a$last_step_at, detection_seconds = a$seconds$detection,
-         recovery_seconds = a$recovery$total, workers = a$workers)
-  })
+  tables <- call_python(.kerasdist$bridge$goodput_columns, report)
   number <- function(value) if (is.null(value)) NA_real_ else as.numeric(value)
   structure(
-    frame,
+    columns_to_data_frame(tables$parts),
     class = c("kerasdist_goodput", "data.frame"),
     goodput = report$goodput,
     goodput_excluding_downtime = report$goodput_excluding_downtime,
@@ -67,12 +61,7 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
     mean_time_between_failures = number(report$mean_time_between_failures),
     suggested_interval_seconds = number(report$suggested_interval_seconds),
     mean_save_interval_seconds = number(report$mean_save_interval_seconds),
-    attempts = rows_to_data_frame(attempts, list(
-      name = NA_character_, started = as.POSIXct(NA, tz = "UTC"), ended = as.POSIXct(NA, tz = "UTC"),
-      status = NA_character_, restored_step = NA_integer_, first_step_at = as.POSIXct(NA, tz = "UTC"),
-      last_step = NA_integer_, saves = NA_integer_, last_step_at = as.POSIXct(NA, tz = "UTC"),
-      detection_seconds = NA_real_, recovery_seconds = NA_real_, workers = NA_integer_
-    )),
+    attempts = columns_to_data_frame(tables$attempts),
     report = report
   )
 }
@@ -103,12 +92,12 @@ print.kerasdist_goodput <- function(x, ...) {
 #' }
 #' @export
 plot_goodput <- function(report, path) {
-  if (!inherits(report, "kerasdist_goodput")) {
-    kerasdist_abort("report must be what goodput() returned (a kerasdist_goodput data frame).", call = sys.call())
-  }
+  # Python checks `report` (anything but goodput()'s answer carries no "report": None there); R
+  # checks `path` for what Python never sees (NA, a vector of names)
   if (!is.character(path) || length(path) != 1L || is.na(path) || !nzchar(path)) {
     kerasdist_abort("path must be one file name (the PNG to write).", call = sys.call())
   }
   call_python(kerasdist_module()$plot_goodput, attr(report, "report"), path.expand(path))
   invisible(path)
 }
+

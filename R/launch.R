@@ -99,7 +99,7 @@ launch <- function(command, num_workers, num_ps = 0L, max_restarts = 0L,
     kerasdist_module()$launch, as.list(command),
     num_workers = num_workers, num_ps = num_ps,
     max_restarts = max_restarts, host = host, timeout = timeout,
-    grace_period = grace_period, env = as_py_dict(as.list(env)),
+    grace_period = grace_period, env = as.list(env),
     cwd = if (is.null(cwd)) NULL else path.expand(cwd), startup_timeout = startup_timeout,
     min_workers = min_workers, warm_start = warm_start
   )

@@ -367,33 +367,34 @@ setup_error <- function(message) {
 }
 
 # Call a Python function with `...` as its arguments (`py_args()`); a Python exception becomes an
-# R error of class `kerasdist_error` (plus e.g. `kerasdist_ValueError`) whose message is the
-# exception's own text, without the traceback, and kerasdist's Python warnings become R warnings.
+# R error of class `kerasdist_error` (plus e.g. `kerasdist_ValueError`, the exception's class name
+# as reticulate's condition carries it) whose message is the exception's own text (`str()`), and
+# kerasdist's Python warnings become R warnings.
 call_python <- function(fun, ..., call = sys.call(-1)) {
   force(call)
   on.exit(run_held_keras_load_hooks(), add = TRUE)
-  force(fun)  # imports kerasdist (and the bridge) on first use
+  force(fun)  # usually kerasdist_module()$..., which imports kerasdist (and the bridge) on first use
+  kerasdist_module()
   args <- c(list(fun), py_args(list(...)))
   result <- tryCatch(do.call(.kerasdist$bridge$call_capturing_warnings, args), error = function(err) {
     if (inherits(err, "kerasdist_error")) stop(err)
     if (inherits(err, "python.builtin.SystemExit")) exited(err, call)
-    parsed <- parse_python_error(conditionMessage(err))
-    kerasdist_abort(parsed$message, parsed$type, call)
+    kerasdist_abort(simplify_graph_error(python_error_message(err)), python_error_type(err), call)
   })
   for (message in unlist(result[[2]])) warning(warningCondition(message, call = call, class = "kerasdist_warning"))
   result[[1]]
 }
 
-# Arguments as Python takes them: a named count given as an R number (`epochs = 5`, a double)
-# becomes an integer, since kerasdist refuses a float where it counts. Data arguments keep the
-# user's own values.
-DATA_ARGUMENTS <- c("x", "y", "data", "per_example", "sample_weight", "validation_data")
+# A Python exception's class name, from the class reticulate gives its condition (e.g.
+# "tensorflow.python.framework.errors_impl.InvalidArgumentError"); "Error" for an R error.
+python_error_type <- function(err) {
+  if (!inherits(err, "python.builtin.BaseException")) return("Error")
+  sub("^.*\\.", "", class(err)[[1]])
+}
 
-py_args <- function(args) {
-  named <- if (is.null(names(args))) rep("", length(args)) else names(args)
-  counts <- nzchar(named) & !named %in% DATA_ARGUMENTS
-  args[counts] <- lapply(args[counts], as_py_int)
-  args
+python_error_message <- function(err) {
+  if (!inherits(err, "python.builtin.BaseException")) return(conditionMessage(err))
+  sub("\\s+$", "", reticulate::py_str(err))
 }
 
 # Python ended the fit with a SystemExit: `PreemptedExit` (status 75, a SIGTERM saved a checkpoint,
@@ -401,30 +402,25 @@ py_args <- function(args) {
 # the newest checkpoint intact; it names the peer). Rscript exits with that status, as Python does,
 # so a launcher or cluster manager restarts it; an interactive session (or
 # `kerasdist.exit_on_preemption = FALSE`) gets a `kerasdist_preempted` or `kerasdist_peer_lost`
-# condition instead.
+# condition instead, with the exception's message and fields.
 exited <- function(exit, call) {
   status <- suppressWarnings(as.integer(exit$code))
   if (getOption("kerasdist.exit_on_preemption", !interactive())) quit(save = "no", status = status)
-  fields <- if (reticulate::py_has_attr(exit, "peer")) peer_lost_fields(exit) else preempted_fields(exit)
+  fields <- if (inherits(exit, "kerasdist.preemption.exit.PeerLostExit")) {
+    list(class = "kerasdist_peer_lost", peer = exit$peer)
+  } else if (inherits(exit, "kerasdist.preemption.exit.PreemptedExit")) {
+    list(class = "kerasdist_preempted", checkpoint = exit$checkpoint, global_step = exit$global_step)
+  } else {
+    list(class = "kerasdist_SystemExit")
+  }
+  # (`exit$message` would be reticulate's R condition message, not the Python attribute)
+  message <- if (reticulate::py_has_attr(exit, "message")) {
+    reticulate::py_to_r(reticulate::py_get_attr(exit, "message"))
+  } else {
+    python_error_message(exit)
+  }
   stop(structure(class = c(fields$class, "kerasdist_error", "error", "condition"),
-                 c(fields[names(fields) != "class"], list(call = call, status = status))))
-}
-
-preempted_fields <- function(exit) {
-  checkpoint <- if (reticulate::py_has_attr(exit, "checkpoint")) exit$checkpoint
-  list(class = "kerasdist_preempted",
-       message = sprintf("Preempted (SIGTERM): saved checkpoint %s; run the same call again to continue.",
-                         if (is.null(checkpoint)) "(none)" else checkpoint),
-       checkpoint = checkpoint,
-       global_step = if (reticulate::py_has_attr(exit, "global_step")) exit$global_step)
-}
-
-peer_lost_fields <- function(exit) {
-  peer <- exit$peer
-  list(class = "kerasdist_peer_lost",
-       message = sprintf("%s of this multi-worker cluster was lost (%s); the newest checkpoint is intact: restart the group to resume.",
-                         if (is.null(peer)) "A peer" else peer, exit$detail),
-       peer = peer)
+                 c(list(message = message), fields[names(fields) != "class"], list(call = call, status = status))))
 }
 
 # An R closure (not a Python callable seen through reticulate): TensorFlow would call it on one of
@@ -453,44 +449,67 @@ simplify_graph_error <- function(message) {
           paste(cause, collapse = " "))
 }
 
-parse_python_error <- function(message) {
-  message <- sub("\n+(Detailed traceback|Run `reticulate::py_last_error|See `reticulate::py_last_error).*$", "", message)
-  message <- sub("\\s+$", "", message)
-  type <- "Error"
-  pattern <- "^([A-Za-z_][A-Za-z0-9_.]*(Error|Exception|Interrupt|Exit)): "
-  if (grepl(pattern, message)) {
-    type <- sub("^.*\\.", "", sub(paste0(pattern, ".*$"), "\\1", message))
-    message <- sub(pattern, "", message)
+# The one R-to-Python converter: how a named argument of call_python() crosses, by its name
+# (PY_CONVERSIONS); any other named argument is a count (`epochs = 5`, an R double, becomes an
+# integer, since kerasdist refuses a float where it counts). Unnamed arguments pass as they are.
+PY_CONVERSIONS <- c(
+  x = "data", data = "data", per_example = "data", per_example_loss = "data", sample_weight = "data",
+  validation_data = "data", y = "labels", devices = "list", gpus = "list", strategies = "list",
+  environ = "dict", env = "dict", tf_config = "tf_config", callbacks = "callbacks",
+  dataset_args = "counts", features = "shapes"
+)
+
+py_args <- function(args) {
+  named <- if (is.null(names(args))) rep("", length(args)) else names(args)
+  for (i in which(nzchar(named))) {
+    as <- PY_CONVERSIONS[named[[i]]]
+    value <- as_py(args[[i]], if (is.na(as)) "count" else as)
+    if (is.null(value)) args[i] <- list(NULL) else args[[i]] <- value
   }
-  list(type = type, message = simplify_graph_error(message))
+  args
 }
 
-# R-to-Python argument helpers: vectors of any length become lists, whole doubles become integers.
-as_py_list <- function(x) if (is.null(x)) NULL else as.list(x)
-
-# One callback or a list of them (a Python object is an environment, which as.list() would take apart).
-as_py_callbacks <- function(callbacks) {
-  if (is.null(callbacks) || is.list(callbacks)) callbacks else list(callbacks)
-}
-
-as_py_dict <- function(x) {
-  if (is.null(x)) NULL else if (length(x) == 0) reticulate::dict() else as.list(x)
+# `x` as Python takes it, converted `as`:
+# - "count": a whole R number becomes an integer; anything else passes unchanged;
+# - "counts", "shapes": each element a count, or a shape (a list of integers);
+# - "data": R data as the Python core reads it: vectors become 1-d arrays (reticulate would make
+#   lists of them, or scalars of length-1 vectors), lists keep their names, matrices, arrays, data
+#   frames, file patterns and Python objects pass as they are (reticulate keeps an array's element
+#   [i, j] at [i - 1, j - 1], whatever its memory order); "labels" as "data", but one string (a
+#   label column's name) passes as it is;
+# - "list": a character vector of any length becomes a list (anything else is a "count": `devices`
+#   names devices in select_strategy() and counts them in bench_strategies()); "dict": a named list or vector, `dict()` when
+#   empty; "callbacks": one callback or a list of them (a Python object is an environment, which
+#   as.list() would take apart); "tf_config": a TF_CONFIG given as a nested R list gets its task
+#   index as an integer (JSON text and NULL pass unchanged).
+as_py <- function(x, as) {
+  if (is.null(x)) return(NULL)
+  switch(as,
+    count = if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x,
+    counts = lapply(x, as_py, "count"),
+    shapes = lapply(x, function(shape) {
+      if (inherits(shape, "python.builtin.object")) shape else as.list(as.integer(shape))
+    }),
+    data = {
+      if (inherits(x, "python.builtin.object") || is.data.frame(x)) x
+      else if (is.character(x)) as.list(x)
+      else if (is.list(x)) lapply(x, as_py, "data")
+      else if (is.atomic(x) && is.null(dim(x))) array(x, dim = length(x))
+      else x
+    },
+    labels = if (is.character(x) && length(x) == 1) x else as_py(x, "data"),
+    list = if (is.character(x)) as.list(x) else as_py(x, "count"),  # bench_strategies' `devices` is a count
+    dict = if (length(x) == 0) reticulate::dict() else as.list(x),
+    callbacks = if (is.list(x)) x else list(x),
+    tf_config = {
+      if (is.list(x) && is.list(x$task) && !is.null(x$task$index)) x$task$index <- as_py(x$task$index, "count")
+      x
+    },
+    stop("unknown conversion: ", as)
+  )
 }
 
 is_count <- function(x) is.integer(x) && length(x) == 1 && !is.na(x) && x >= 1L
-
-as_py_int <- function(x) {
-  if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
-}
-
-# A TF_CONFIG given as a nested R list: its task index as an integer (R's `index = 0` is a double,
-# which Python refuses); JSON text and NULL pass unchanged.
-as_py_tf_config <- function(tf_config) {
-  if (is.list(tf_config) && is.list(tf_config$task) && !is.null(tf_config$task$index)) {
-    tf_config$task$index <- as_py_int(tf_config$task$index)
-  }
-  tf_config
-}
 
 # A Python History as keras3's `keras_training_history` (what keras3's fit() returns), so that
 # print(), plot() and as.data.frame() work; `model` is the trained model.
@@ -500,6 +519,22 @@ as_training_history <- function(history) {
   params <- if (is.null(params)) list() else reticulate::py_to_r(params)
   params$epochs <- if (length(metrics) == 0) 0L else length(metrics[[1]])
   structure(class = "keras_training_history", list(params = params, metrics = metrics, model = history$model))
+}
+
+# A data frame of Python's columns: (name, R type, values) each, None where missing; type "time"
+# is seconds since 1970, which becomes a POSIXct in UTC.
+columns_to_data_frame <- function(columns) {
+  frame <- lapply(columns, function(column) {
+    values <- lapply(column[[3]], function(v) if (is.null(v)) NA else v)
+    if (identical(column[[2]], "time")) {
+      return(as.POSIXct(vapply(values, as.numeric, numeric(1)), origin = "1970-01-01", tz = "UTC"))
+    }
+    vapply(values, function(v) as.vector(v, column[[2]]), vector(column[[2]], 1), USE.NAMES = FALSE)
+  })
+  names(frame) <- vapply(columns, function(column) column[[1]], character(1))
+  frame <- as.data.frame(frame, stringsAsFactors = FALSE)
+  rownames(frame) <- NULL
+  frame
 }
 
 # A Python dataclass record (CheckpointInfo, ClusterInfo, DatasetInfo, ...) as a named R list:

@@ -1,29 +1,22 @@
 # Strategy selection: thin wrappers over python/kerasdist/strategy.py.
 
+# r-docs: python/kerasdist/strategy.py:select_strategy (make r-docs)
 #' Choose and create a tf.distribute strategy
 #'
-#' Picks the right `tf.distribute` strategy from the hardware and the cluster
-#' signals, and remembers why. `"auto"` checks, in order: a reachable TPU ->
-#' `"tpu"`; a cluster (TF_CONFIG) with ps tasks -> `"parameter_server"`; a
-#' cluster with more than one worker (TF_CONFIG, or Slurm with more than one
-#' task) -> `"multi_worker"`; more than one GPU -> `"mirrored"`; one GPU ->
-#' `"one_device"`; the CPU split by [simulate_devices()] -> `"mirrored"`;
-#' otherwise `"default"`. Printing the result describes it.
+#' "auto" checks, in order: a reachable TPU -> "tpu"; a cluster with ps tasks -> "parameter_server";
+#' a cluster with more than one worker (TF_CONFIG, or Slurm with more than one task) ->
+#' "multi_worker"; more than one GPU -> "mirrored"; one GPU -> "one_device" on it; CPU split by
+#' `simulate_devices(n)` with n > 1 -> "mirrored" over those; otherwise "default".
+#' `describe_strategy()` on the result tells which signal decided.
 #'
-#' @param kind `"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
-#'   `"multi_worker"`, `"parameter_server"` or `"tpu"`.
-#' @param devices Character vector of devices for `"mirrored"` or
-#'   `"one_device"`, e.g. `c("/gpu:0", "/gpu:1")`.
+#' Printing the result describes it (see [describe_strategy()]).
+#'
+#' @inheritParams plan_strategy
+#' @param kind `"auto"`, `"default"`, `"one_device"`, `"mirrored"`, `"multi_worker"`,
+#'   `"parameter_server"` or `"tpu"`.
 #' @param cross_device_ops For `"mirrored"`: `"nccl"`, `"hierarchical_copy"`,
 #'   `"reduce_to_one_device"` or `NULL` for TensorFlow's choice.
-#' @param communication For `"multi_worker"`: `"auto"`, `"ring"` or `"nccl"`.
-#' @param tf_config A TF_CONFIG as JSON text or a nested list, used instead of
-#'   the `TF_CONFIG` environment variable.
-#' @param cluster_resolver A TensorFlow cluster resolver (Python object).
-#' @param environ Named list of environment variables to read TF_CONFIG,
-#'   SLURM_* and TPU_NAME from; `NULL` for the process environment.
-#' @param gpus GPU names to plan for; `NULL` for the GPUs TensorFlow sees.
-#' @param tpu A TPU name or address, `FALSE` for none, `NULL` to detect.
+#' @param communication For "multi_worker": "auto", "ring" or "nccl".
 #' @returns The strategy (a Python `tf.distribute.Strategy`); use it as
 #'   `with(strategy$scope(), { ... })`.
 #' @family strategy
@@ -44,26 +37,37 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
                             tpu = NULL) {
   strategy <- call_python(
     kerasdist_module()$select_strategy, kind,
-    devices = as_py_list(devices), cross_device_ops = cross_device_ops,
-    communication = communication, tf_config = as_py_tf_config(tf_config),
-    cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
-    gpus = as_py_list(gpus), tpu = tpu
+    devices = devices, cross_device_ops = cross_device_ops,
+    communication = communication, tf_config = tf_config,
+    cluster_resolver = cluster_resolver, environ = environ,
+    gpus = gpus, tpu = tpu
   )
   class(strategy) <- c("kerasdist_strategy", class(strategy))
   strategy
 }
 
-#' Decide a strategy without creating it
+# r-docs: python/kerasdist/strategy.py:plan_strategy (make r-docs)
+#' Decide which strategy to use and why, without creating it
 #'
-#' Applies the same rules as [select_strategy()] and returns the decision, so
-#' the choice can be checked for hardware or clusters this machine lacks. It
-#' takes the arguments that decide the kind and the devices;
-#' `cross_device_ops` and `communication`, which only shape a strategy once it
-#' is made, are [select_strategy()]'s alone.
+#' It applies the rules of [select_strategy()] to the arguments that decide the kind and the
+#' devices, so the choice can be checked for hardware or clusters this machine lacks;
+#' `cross_device_ops` and `communication`, which only shape a strategy once it is made, are
+#' [select_strategy()]'s alone.
 #'
-#' @inheritParams select_strategy
-#' @returns A list of class `kerasdist_strategy_plan`: `kind`, `reason`,
-#'   `devices`, `tpu` and `cluster` (see [parse_tf_config()]).
+#' @param kind `"auto"` (decide from the signals below) or one of `"default"`, `"one_device"`,
+#'   `"mirrored"`, `"multi_worker"`, `"parameter_server"`, `"tpu"`.
+#' @param devices Character vector of devices for `"mirrored"` or `"one_device"`, e.g.
+#'   `c("/gpu:0", "/gpu:1")`.
+#' @param tf_config A TF_CONFIG as JSON text or a nested list, used instead of the `TF_CONFIG`
+#'   environment variable.
+#' @param cluster_resolver A TensorFlow cluster resolver (Python object); its cluster is used
+#'   instead of TF_CONFIG.
+#' @param environ Named list of environment variables to read TF_CONFIG, SLURM_* and TPU_NAME from;
+#'   `NULL` for the process environment.
+#' @param gpus GPU names to plan for; `NULL` for the GPUs TensorFlow sees.
+#' @param tpu A TPU name or address, `FALSE` for none, `NULL` to detect.
+#' @returns A list of class `kerasdist_strategy_plan`: `kind`, `reason`, `devices`, `tpu` and
+#'   `cluster` (see [parse_tf_config()]); printing it shows Python's text.
 #' @family strategy
 #' @seealso Python: `kerasdist.plan_strategy()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -74,27 +78,26 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
                           tpu = NULL) {
   plan <- call_python(
     kerasdist_module()$plan_strategy, kind,
-    devices = as_py_list(devices), tf_config = as_py_tf_config(tf_config),
-    cluster_resolver = cluster_resolver, environ = as_py_dict(environ),
-    gpus = as_py_list(gpus), tpu = tpu
+    devices = devices, tf_config = tf_config,
+    cluster_resolver = cluster_resolver, environ = environ,
+    gpus = gpus, tpu = tpu
   )
   structure(
     list(
       kind = plan$kind, reason = plan$reason, devices = as.character(unlist(plan$devices)),
       tpu = plan$tpu, cluster = py_record_to_r(plan$cluster, "is_chief")
     ),
+    text = reticulate::py_str(plan),
     class = "kerasdist_strategy_plan"
   )
 }
 
+# r-docs: python/kerasdist/strategy.py:describe_strategy (make r-docs)
 #' Describe a strategy
 #'
-#' Tells the kind, the signal that chose it, the number of replicas, the
-#' devices, the workers and whether this process is the chief.
-#'
-#' @param strategy A strategy from [select_strategy()] or any
-#'   `tf.distribute.Strategy`; `NULL` for the one whose scope is active.
-#' @returns A list of class `kerasdist_strategy_description`.
+#' @param strategy A strategy from [select_strategy()] or any `tf.distribute.Strategy`; `NULL` for
+#'   the one whose scope is active.
+#' @returns A list of class `kerasdist_strategy_description`; printing it shows Python's text.
 #' @family strategy
 #' @seealso Python: `kerasdist.describe_strategy()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -109,13 +112,12 @@ describe_strategy <- function(strategy = NULL) {
   )
 }
 
+# r-docs: python/kerasdist/strategy.py:simulate_devices (make r-docs)
 #' Split the CPU into logical devices
 #'
-#' Lets mirrored code run on one CPU: after `simulate_devices(2)`,
-#' `select_strategy()` returns a MirroredStrategy with two replicas. It must run
-#' before TensorFlow initializes its devices: before any model, op or strategy
-#' (with keras3 loaded, before the first keras3 model or op; loading keras3 is
-#' fine).
+#' Must run before TensorFlow initializes its devices (before any op, model or strategy; from R
+#' before any keras3 function runs: `library(keras3)` first is fine). Calling it again with the same
+#' `n` is a no-op.
 #'
 #' @param n Number of logical CPU devices (at least 1).
 #' @returns The device names, invisibly.
@@ -127,15 +129,21 @@ describe_strategy <- function(strategy = NULL) {
 #' }
 #' @export
 simulate_devices <- function(n) {
-  n <- as_py_int(n)
+  n <- as_py(n, "count")
+  split_cpu_at_import(n)
+  names <- call_python(kerasdist_module()$simulate_devices, n)
+  invisible(as.character(unlist(names)))
+}
+
+# keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so the
+# split must happen inside kerasdist's own import (see python/kerasdist/startup.py): before it,
+# Python is told `n` here; once kerasdist is imported this does nothing.
+split_cpu_at_import <- function(n) {
   if (is.null(.kerasdist$module) && is_count(n) && !keras_imported()) {
-    # keras3's load hook starts TensorFlow's devices right after Python's keras is imported, so
-    # the split must happen inside kerasdist's own import (see python/kerasdist/startup.py).
     activate_python()
     python_environ()$update(list(KERASDIST_SIMULATE_DEVICES = as.character(n)))
   }
-  names <- call_python(kerasdist_module()$simulate_devices, n)
-  invisible(as.character(unlist(names)))
+  invisible()
 }
 
 #' @export
@@ -154,8 +162,10 @@ print.kerasdist_strategy_description <- function(x, ...) {
 }
 
 #' @export
+format.kerasdist_strategy_plan <- function(x, ...) attr(x, "text")
+
+#' @export
 print.kerasdist_strategy_plan <- function(x, ...) {
-  cat(sprintf("strategy:  %s\nwhy:       %s\ndevices:   %s\n", x$kind, x$reason,
-              if (length(x$devices)) paste(x$devices, collapse = ", ") else "(strategy's choice)"))
+  cat(format(x), sep = "\n")
   invisible(x)
 }

@@ -1,60 +1,58 @@
 # Custom training loops: thin wrapper over python/kerasdist/training/custom_loop.py.
 
+# r-docs: python/kerasdist/training/custom_loop.py:custom_fit (make r-docs)
 #' Train with your own step function, distributed, checkpointed and resumable
 #'
-#' Runs `step_fn(model, optimizer, batch)` on every replica through
-#' `strategy.run` inside one `tf.function`, sums the scalars it returns across
-#' replicas, averages them over the epoch, logs like keras3's `fit()`, runs
-#' Keras callbacks, and checkpoints (every epoch, every `every_steps` steps,
-#' on SIGTERM) so the same call after a crash continues at the next unseen
-#' batch.
+#' Every epoch, `data`'s batches are distributed and `step_fn(model, optimizer, batch)` runs on
+#' every replica through `strategy.run`, all in one `tf.function`. The dict it returns holds
+#' per-replica scalars already scaled with `scaled_loss` (each replica's share of the global mean):
+#' they are summed across replicas, averaged over the epoch's steps and logged as Keras logs them
+#' (`verbose`, callbacks, History). Checkpoints are written through kerasdist's checkpoint callback
+#' at every epoch end (and every `every_steps` steps, and on SIGTERM, which then exits with status
+#' 75); the same call after a crash continues at the next unseen batch, bit for bit on the default
+#' strategy with seeded data and op determinism.
 #'
-#' `step_fn` must be a **Python** function: TensorFlow calls it on one thread
-#' per replica, where R code cannot run. Write it with
-#' `reticulate::py_run_string()` and pass `py$step`; it computes the gradients
-#' of a loss scaled with `kerasdist.scaled_loss` (Python) and applies them, and
-#' returns a dict of scalars such as `{"loss": loss}`.
+#' From R, `step_fn` must be a **Python** function: TensorFlow calls it on one thread per replica,
+#' where R code cannot run. Write it with `reticulate::py_run_string()` and pass `py$step`; it
+#' computes the gradients of a loss scaled with `kerasdist.scaled_loss` (Python) and applies them,
+#' and returns a dict of scalars such as `{"loss": loss}`.
 #'
-#' @param model A built keras3 model (from [make_or_restore_model()]), or a
-#'   function with no arguments that builds and compiles one (then built in
-#'   the strategy's scope and restored from `checkpoint_dir`).
-#' @param data A `tf.data.Dataset` of global batches (e.g. from
-#'   [make_dataset()]), or a Python function of a `tf.distribute.InputContext`
-#'   (with `steps_per_epoch`).
-#' @param step_fn A Python function `step_fn(model, optimizer, batch)`;
-#'   `NULL` for Keras's own step of the compiled model.
-#' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint_dir Directory of checkpoints; `NULL` for the one `model`
-#'   was made or restored from.
 #' @inheritParams make_or_restore_model
-#' @param optimizer `NULL` for the compiled model's optimizer.
-#' @param strategy Where a build function builds the model; `NULL` for the
-#'   active strategy.
-#' @param steps_per_epoch Batches per epoch when `data` cannot tell.
-#' @param every_steps Also checkpoint every this many steps; `NULL`: epoch
-#'   ends only.
-#' @param every_seconds Also checkpoint at the first step end this many seconds
-#'   after the last save (time-based, e.g. `600` for every 10 minutes); `NULL`:
-#'   no time-based saves. The chief alone decides and writes. [goodput()]
-#'   suggests a value from a run's failures and save cost.
+#' @param model A built keras3 model (from [make_or_restore_model()]), or a function with no
+#'   arguments that builds and compiles one (then built in the strategy's scope and restored from
+#'   `checkpoint_dir`).
+#' @param data A `tf.data.Dataset` of global batches (e.g. from [make_dataset()]), or a Python
+#'   function of a `tf.distribute.InputContext` (with `steps_per_epoch`).
+#' @param step_fn A Python function `step_fn(model, optimizer, batch)`; `NULL` for Keras's own step
+#'   of the compiled model.
+#' @param epochs Total number of epochs, counting those done by earlier runs.
+#' @param checkpoint_dir Directory of checkpoints (or an object-store URL); `NULL` for the one
+#'   `model` was made or restored from.
+#' @param optimizer `NULL` for the compiled model's optimizer; an optimizer given for a model
+#'   compiled without one is attached, so checkpoints hold its state.
+#' @param strategy Where a build function builds the model; default the active strategy. A model
+#'   given built trains under its own strategy.
+#' @param steps_per_epoch Batches per epoch, when `data` cannot tell.
+#' @param every_steps Also checkpoint every this many steps (batches, also under gradient
+#'   accumulation); `NULL`: epoch ends only.
 #' @param keep How many of the newest checkpoints to keep.
 #' @param callbacks A Keras callback or a list of them.
-#' @param verbose 0, 1, 2 or `"auto"`.
-#' @param mixed_precision Train under `mixed_float16` (GPU) or
-#'   `mixed_bfloat16` (CPU); `model` must then be a build function.
+#' @param verbose 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
+#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
+#'   model must be built under it (pass a build function).
 #' @param jit_compile Compile the per-replica step with XLA.
-#' @param gradient_accumulation_steps Apply the optimizer every this many
-#'   steps; `NULL`: every step.
-#' @param async_save Write checkpoints in a background thread (default
-#'   `TRUE`): training waits only while the model's state is copied, and the
-#'   next save, a preemption save and the end of training wait for the write,
-#'   raising its error if it failed; a crash during the write leaves the
-#'   checkpoints saved before. `FALSE` writes each checkpoint before training
-#'   goes on.
+#' @param gradient_accumulation_steps Apply the optimizer once every this many steps (Keras 3
+#'   optimizers accumulate the gradients); `NULL` or 1: every step.
+#' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
+#'   only while the model's state is copied; `FALSE` writes each on the training thread (see
+#'   `checkpoint_callback`).
+#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
+#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
+#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
+#' @returns The training history of all epochs, earlier runs included, invisibly: a
+#'   `keras_training_history`, as keras3's `fit()` returns.
 #' @inheritSection resume_fit Preemption
 #' @inheritSection resume_fit A lost peer
-#' @returns The training history of all epochs, earlier runs included,
-#'   invisibly: a `keras_training_history`, as keras3's `fit()` returns.
 #' @family training
 #' @seealso Python: `kerasdist.custom_fit()`, `kerasdist.scaled_loss()`.
 #' @examples
@@ -87,7 +85,7 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
     kerasdist_module()$custom_fit, model, data, step_fn = step_fn, epochs = epochs,
     checkpoint_dir = checkpoint_dir,
     optimizer = optimizer, strategy = strategy, steps_per_epoch = steps_per_epoch,
-    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
+    every_steps = every_steps, keep = keep, callbacks = callbacks,
     verbose = verbose, mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
     storage_options = storage_options, every_seconds = every_seconds

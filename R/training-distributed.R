@@ -1,93 +1,76 @@
 # One-call distributed training: thin wrapper over python/kerasdist/training/distributed.py.
 
+# r-docs: python/kerasdist/training/distributed.py:distributed_fit (make r-docs)
 #' Train a model under a distribution strategy, surviving restarts, in one call
 #'
-#' Selects the strategy (`"auto"` by default), builds the model with
-#' `build_fn()` inside its scope or restores it from the newest valid
-#' checkpoint in `checkpoint_dir`, feeds [make_dataset()] rebuilt for each
-#' epoch (its order a pure function of `seed` and the epoch), writes crash-safe
-#' checkpoints at every epoch end (and every `every_steps` steps), and fits
-#' until `epochs` epochs are done in total. Run the same call again after a
-#' crash, a kill or a preemption and it continues at the next unseen batch.
+#' One call does what a fault-tolerant distributed run needs: selects the strategy ("auto" by
+#' default), builds the model inside its scope or restores it from the newest valid checkpoint in
+#' `checkpoint_dir`, feeds `make_dataset(x, y, ...)` rebuilt for each epoch (its order a pure
+#' function of `seed` and the epoch), saves crash-safe checkpoints at every epoch end (and every
+#' `every_steps` steps), and fits until `epochs` epochs are done in total. Run the same call again
+#' after a crash, a kill or a preemption and it continues at the next unseen batch.
 #'
-#' Under a strategy with more than one replica, TensorFlow runs the loss, the
-#' metrics and the layers on one thread per replica, where R cannot run: an R
-#' function there would make R abort ("C stack usage is too close to the
-#' limit"). `distributed_fit()` checks the compiled model first and stops with
-#' an error of class `kerasdist_error` naming what to change: use a built-in
-#' loss or metric by name (`loss = "mse"`, `metrics = list("accuracy")`), or a
-#' Python function defined with [reticulate::py_run_string()] or
-#' [reticulate::source_python()]. R callbacks are fine: they run on R's thread.
+#' Under a strategy with more than one replica, TensorFlow runs the loss, the metrics and the layers
+#' on one thread per replica, where R cannot run: an R function there would make R abort ("C stack
+#' usage is too close to the limit"). `distributed_fit()` checks the compiled model first and stops
+#' with an error of class `kerasdist_error` naming what to change: use a built-in loss or metric by
+#' name (`loss = "mse"`, `metrics = list("accuracy")`), or a Python function defined with
+#' [reticulate::py_run_string()] or [reticulate::source_python()]. R callbacks are fine: they run on
+#' R's thread.
 #'
-#' @param build_fn An R (or Python) function with no arguments returning a
-#'   compiled, built Keras model (a keras3 model or one made through
-#'   reticulate); called inside the strategy's scope.
-#' @param x The features: anything [make_dataset()] takes (R matrices and
-#'   arrays, data frames, a `tf.data.Dataset` of unbatched elements, file
-#'   patterns).
-#' @param y The targets, same number of rows as `x` (or a column name).
-#' @param epochs Total number of epochs, counting those of earlier runs.
-#' @param checkpoint_dir Directory of checkpoints, created if missing; or an
-#'   object-store URL (`"s3://bucket/run"`, `"gs://bucket/run"`): see
-#'   [make_or_restore_model()].
 #' @inheritParams make_or_restore_model
-#' @param strategy A strategy from [select_strategy()] (or any
-#'   `tf.distribute.Strategy`), or a kind for [select_strategy()]: `"auto"`,
-#'   `"default"`, `"mirrored"`, ...
-#' @param batch_size Global batch size; or give `per_replica_batch_size`;
-#'   neither means 32.
-#' @param per_replica_batch_size Batch size of one replica (multiplied by the
-#'   number of replicas).
+#' @param build_fn An R (or Python) function with no arguments returning a compiled, built Keras
+#'   model (a keras3 model or one made through reticulate); called inside the strategy's scope.
+#' @param x The features: anything [make_dataset()] takes (R matrices and arrays, data frames, a
+#'   `tf.data.Dataset` of unbatched elements, file patterns).
+#' @param y The targets, same number of rows as `x` (or a column name).
+#' @param epochs Total number of epochs, counting those done by earlier (interrupted) runs.
+#' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL
+#'   (`"s3://bucket/run"`, `"gs://bucket/run"`): see [make_or_restore_model()].
+#' @param strategy A strategy from [select_strategy()] (or any `tf.distribute.Strategy`), or a kind
+#'   for [select_strategy()]: `"auto"`, `"default"`, `"mirrored"`, ...
+#' @param batch_size Global batch size; or give `per_replica_batch_size`; neither means 32.
+#' @param per_replica_batch_size Batch size of one replica (multiplied by the replicas).
 #' @param seed Seed of the per-epoch shuffle.
 #' @param shuffle Shuffle each epoch (as a function of `seed` and the epoch).
-#' @param sample_weight Optional per-sample weights.
-#' @param validation_split Fraction in (0, 1) of the rows (the last ones, as in
-#'   Keras) held out for validation; in-memory data only.
-#' @param validation_data `list(x_val, y_val)` (batched like the training data,
-#'   in order) or a batched `tf.data.Dataset`.
-#' @param every_steps Also checkpoint every this many steps (mid-epoch); `NULL`
-#'   for epoch ends only.
-#' @param every_seconds Also checkpoint at the first step end this many seconds
-#'   after the last save (time-based, e.g. `600` for every 10 minutes); `NULL`:
-#'   no time-based saves. The chief alone decides and writes. [goodput()]
-#'   suggests a value from a run's failures and save cost.
+#' @param sample_weight Optional per-sample weights (a numeric vector).
+#' @param validation_split Fraction in (0, 1) of the samples (the last ones, as in Keras) held out
+#'   for validation; in-memory data only.
+#' @param validation_data `list(x_val, y_val)` (batched like the training data, in order) or a
+#'   batched `tf.data.Dataset`.
+#' @param every_steps Also checkpoint every this many steps (mid-epoch); `NULL`: epoch ends only.
 #' @param keep How many of the newest checkpoints to keep.
-#' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping,
-#'   CSVLogger, your own, R ones included); checkpoints are added by
-#'   `distributed_fit()` itself.
+#' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own,
+#'   R ones included); checkpoints are added by `distributed_fit()` itself.
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param verbose Passed to `fit`.
-#' @param mixed_precision Train under `mixed_float16` (GPU) or
-#'   `mixed_bfloat16` (CPU). Like `jit_compile` and
-#'   `gradient_accumulation_steps`, recorded in every checkpoint: a resumed run
+#' @param steps_per_execution Training steps per call into the graph (Keras's `compile` option;
+#'   callbacks' batch hooks then run once per call). An integer must divide the steps of an epoch,
+#'   and `every_steps` must be a multiple of it; above 1 it needs a strategy of one replica (Keras
+#'   3.15's multi-step loop fails under several: keras-team/keras#19246). "auto" (default): the
+#'   model's own compiled value if above 1; else 1 when a callback has batch hooks, under several
+#'   replicas and parameter servers; else a divisor of the epoch's steps (and of `every_steps`) that
+#'   makes one call last about 50 ms of estimated compute (from the model's size and the batch),
+#'   which hides the per-call hand-off of small models. Not recorded: a resumed run may use another
+#'   value and still continues exactly.
+#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU). Like
+#'   `jit_compile` and `gradient_accumulation_steps`, recorded in every checkpoint: a resumed run
 #'   with other values is refused, naming the setting.
 #' @param jit_compile Compile the training step with XLA.
-#' @param gradient_accumulation_steps Apply the optimizer every this many
-#'   steps; `NULL`: every step.
-#' @param steps_per_execution Training steps per call into the graph (Keras's
-#'   `compile()` option; callbacks' batch hooks then run once per call): an
-#'   integer that divides the steps of an epoch (and of which `every_steps` is a
-#'   multiple), or `"auto"` (default): the model's own compiled value if above
-#'   1; else 1 when a callback has batch hooks, under several replicas (Keras
-#'   3.15 fails there, keras-team/keras#19246; an integer above 1 is refused)
-#'   and parameter servers; else a divisor of the epoch's steps that makes one
-#'   call last about 50 ms of estimated compute, which hides the per-call
-#'   hand-off of small models. A resumed run may use another value and still
-#'   continues exactly.
-#' @param async_save Write checkpoints in a background thread (default
-#'   `TRUE`): training waits only while the model's state is copied, and the
-#'   next save, a preemption save and the end of training wait for the write,
-#'   raising its error if it failed; a crash during the write leaves the
-#'   checkpoints saved before. `FALSE` writes each checkpoint before training
-#'   goes on.
+#' @param gradient_accumulation_steps Apply the optimizer every this many steps; `NULL`: every step.
+#' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
+#'   only while the model's state is copied; `FALSE` writes each on the training thread (see
+#'   `checkpoint_callback`).
+#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
+#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
+#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
+#' @returns The training history of all epochs, earlier runs included, as keras3's `fit()` returns
+#'   it (invisibly): a `keras_training_history`, so `plot(history)`, `as.data.frame(history)` and
+#'   `print(history)` work; `history$metrics$loss` is the loss per epoch and `history$model` the
+#'   trained model.
 #' @inheritSection resume_fit Preemption
 #' @inheritSection resume_fit A lost peer
-#' @returns The training history of all epochs, earlier runs included, as
-#'   keras3's `fit()` returns it (invisibly): a `keras_training_history`, so
-#'   `plot(history)`, `as.data.frame(history)` and `print(history)` work;
-#'   `history$metrics$loss` is the loss per epoch and `history$model` the
-#'   trained model.
 #' @family training
 #' @seealso Python: `kerasdist.distributed_fit()`; the pieces it combines:
 #'   [select_strategy()], [make_or_restore_model()], [make_dataset()],
@@ -119,18 +102,15 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                             gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
                             every_seconds = NULL) {
-  if (is.list(validation_data) && !inherits(validation_data, "python.builtin.object")) {
-    validation_data <- lapply(validation_data, as_py_data)
-  }
   history <- call_python(
-    kerasdist_module()$distributed_fit, build_fn, as_py_data(x),
-    y = if (is.character(y) && length(y) == 1) y else as_py_data(y),
+    kerasdist_module()$distributed_fit, build_fn, x = x,
+    y = y,
     epochs = epochs, checkpoint_dir = checkpoint_dir, strategy = strategy,
     batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
-    seed = seed, shuffle = shuffle, sample_weight = as_py_data(sample_weight),
+    seed = seed, shuffle = shuffle, sample_weight = sample_weight,
     validation_split = validation_split, validation_data = validation_data,
-    every_steps = every_steps, keep = keep, callbacks = as_py_callbacks(callbacks),
-    dataset_args = if (is.null(dataset_args)) NULL else lapply(dataset_args, as_py_int),
+    every_steps = every_steps, keep = keep, callbacks = callbacks,
+    dataset_args = dataset_args,
     verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,

@@ -1,30 +1,39 @@
 # Resuming fit: thin wrapper over python/kerasdist/training/resume.py.
 
+# r-docs: python/kerasdist/training/resume.py:resume_fit (make r-docs)
 #' Fit to a total number of epochs, continuing from the newest checkpoint
 #'
-#' A run restarted after a crash continues at the next unseen batch of the
-#' interrupted epoch, so with seeded data and TensorFlow op determinism it ends
-#' with the same weights, bit for bit, as an uninterrupted run. The model comes
-#' first, so it pipes like keras3's `fit()`: `model |> resume_fit(data, epochs
-#' = 10)`; a model from [make_or_restore_model()] remembers its checkpoint
-#' directory, so `checkpoint` can be left out.
+#' A run restarted after a crash continues at the next unseen batch of the interrupted epoch (not at
+#' the epoch start), so with seeded data and TensorFlow op determinism it ends with the same
+#' weights, bit for bit, as a run that was never interrupted.
 #'
-#' @param model A compiled Keras model (a keras3 model), usually from
-#'   [make_or_restore_model()].
-#' @param data A `tf.data.Dataset` of batches that is the same every epoch (for
-#'   example from [make_dataset()] with `epochs = 1`), or a function of the
-#'   (0-based) epoch returning that epoch's batches.
+#' Under a `tf.distribute.ParameterServerStrategy` (the model built in its scope, on the chief)
+#' training runs through `ps_fit`, since Keras 3 `fit` cannot: `steps_per_epoch` is then required,
+#' `data` (and `validation_data`) is a dataset or a function of a `tf.distribute.InputContext` as
+#' `ps_fit` takes, checkpoints are written at epoch ends by the coordinator (`every_steps` and
+#' `every_seconds` are refused: steps run asynchronously on the workers), and a run stopped
+#' mid-epoch by SIGTERM resumes with the steps that epoch had left.
+#'
+#' The model comes first, so it pipes like keras3's `fit()`:
+#' `model |> resume_fit(data, epochs = 10)`; a model from [make_or_restore_model()] remembers its
+#' checkpoint directory, so `checkpoint` can be left out.
+#'
+#' @param model A compiled Keras model (a keras3 model), usually from [make_or_restore_model()].
+#' @param data A `tf.data.Dataset` of batches that is the same every epoch (for example from
+#'   [make_dataset()] with `epochs = 1`), or a function of the (0-based) epoch returning that
+#'   epoch's batches.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint A [checkpoint_callback()], or a directory for one; `NULL`
-#'   for the directory `model` was made or restored from by
-#'   [make_or_restore_model()].
-#' @param steps_per_epoch Batches per epoch when the dataset cannot tell.
-#' @param callbacks A Keras callback or a list of them (keras3's `callback_*()`
-#'   included).
+#' @param checkpoint A [checkpoint_callback()], or a directory for one; `NULL` for the directory
+#'   `model` was made or restored from by [make_or_restore_model()].
+#' @param steps_per_epoch Batches per epoch, when the dataset cannot tell (unknown cardinality).
+#' @param callbacks A Keras callback or a list of them (keras3's `callback_*()` included).
 #' @param validation_data Passed to `fit`.
-#' @param validation_steps Passed to `fit`; required with `validation_data`
-#'   under a parameter-server strategy.
+#' @param validation_steps Passed to `fit`; required with `validation_data` under a parameter-server
+#'   strategy.
 #' @param verbose Passed to `fit`.
+#' @returns The training history of all epochs, earlier runs included, invisibly, as keras3's
+#'   `fit()` returns it: a `keras_training_history` (`plot(history)`, `as.data.frame(history)`,
+#'   `history$metrics$loss`).
 #' @section Preemption: On SIGTERM the checkpoint callback saves at the next
 #'   step and stops training. Under Rscript the process then exits with
 #'   status 75, as Python does, so a launcher or cluster manager restarts it;
@@ -39,9 +48,6 @@
 #'   76; interactively (or with the option above) it stops with a condition
 #'   of class `kerasdist_peer_lost` whose `peer` names the lost task (e.g.
 #'   `"worker:1"`).
-#' @returns The training history of all epochs, earlier runs included,
-#'   invisibly, as keras3's `fit()` returns it: a `keras_training_history`
-#'   (`plot(history)`, `as.data.frame(history)`, `history$metrics$loss`).
 #' @family checkpoint
 #' @seealso Python: `kerasdist.resume_fit()`.
 #' @examples
@@ -67,7 +73,7 @@ resume_fit <- function(model, data, epochs, checkpoint = NULL, steps_per_epoch =
   }
   history <- call_python(
     kerasdist_module()$resume_fit, model, epoch_data, epochs = epochs, checkpoint = checkpoint,
-    steps_per_epoch = steps_per_epoch, callbacks = as_py_callbacks(callbacks),
+    steps_per_epoch = steps_per_epoch, callbacks = callbacks,
     validation_data = validation_data, validation_steps = validation_steps, verbose = verbose
   )
   invisible(as_training_history(history))

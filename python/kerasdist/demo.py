@@ -115,6 +115,7 @@ def steps_per_epoch() -> int:
 def kill_point(epochs: int) -> tuple[int, int]:
     """(epoch, step) at which the first run kills itself: in epoch `epochs // 2` (0-based), from
     its middle on, the first step `LOST_STEPS` steps after a mid-epoch checkpoint."""
+    epochs = integer("epochs", epochs, 1)
     steps = steps_per_epoch()
     kill_epoch, kill_step = epochs // 2, steps // 2
     while (kill_epoch * steps + kill_step) % EVERY_STEPS != LOST_STEPS:  # mid-way between two saves

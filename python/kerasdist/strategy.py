@@ -42,6 +42,10 @@ class StrategyPlan:
     cluster: ClusterInfo = field(default_factory=ClusterInfo)
     tpu: str | None = None
 
+    def __str__(self) -> str:
+        devices = ", ".join(self.devices) or "(strategy's choice)"
+        return f"strategy:  {self.kind}\nwhy:       {self.reason}\ndevices:   {devices}"
+
 
 @dataclass(frozen=True)
 class StrategyDescription:

@@ -76,6 +76,25 @@ test_that("list_checkpoints and checkpoint_table are data frames; the table show
   expect_identical(nrow(list_checkpoints(withr::local_tempdir())), 0L)
 })
 
+test_that("the checkpoint tables' columns and types come from Python, also with no rows", {
+  skip_if_no_kerasdist()
+  types <- function(frame) vapply(frame, function(column) class(column)[[1]], "")
+  empty <- list_checkpoints(withr::local_tempdir())
+  expect_identical(types(empty), c(path = "character", epoch = "integer", step_in_epoch = "integer",
+                                   global_step = "integer", saved_at = "POSIXct", size = "numeric",
+                                   writer = "character", restart = "logical"))
+  table <- checkpoint_table(withr::local_tempdir())
+  expect_identical(names(table), c("path", "global_step", "epoch", "step_in_epoch", "saved_at", "size", "writer",
+                                   "valid", "problem", "restart"))
+  expect_identical(nrow(table), 0L)
+  # saved_at: one representation (seconds) from Python in both tables, the table's to the second
+  dir <- trained_checkpoints()
+  listed <- list_checkpoints(dir)
+  expect_identical(attr(listed$saved_at, "tzone"), "UTC")
+  expect_equal(as.numeric(checkpoint_table(dir)$saved_at), floor(as.numeric(listed$saved_at)), tolerance = 1)
+  expect_equal(as.numeric(listed$saved_at[[2]]), latest_checkpoint(dir)$saved_at)
+})
+
 test_that("checkpoint_manager lists, restores and prunes the checkpoints of a directory", {
   skip_if_no_kerasdist()
   dir <- trained_checkpoints()

@@ -1,4 +1,4 @@
-# distributed_evaluate, distributed_predict and scaled_loss from R: keras3's single-device results,
+# distributed_evaluate and distributed_predict from R: keras3's single-device results,
 # under 2 simulated devices (fresh R sessions) and on a model restored from a checkpoint.
 
 eval_build_model <- function() {
@@ -10,18 +10,6 @@ eval_build_model <- function() {
             metrics = "accuracy")
 }
 environment(eval_build_model) <- globalenv()  # callr sends it to fresh sessions without the test's frames
-
-test_that("scaled_loss divides by the global batch and refuses a reduced loss", {
-  skip_if_no_kerasdist()
-  tf <- reticulate::import("tensorflow")
-  expect_equal(as.numeric(scaled_loss(tf$constant(c(1, 2, 3, 6)))$numpy()), 3)
-  expect_equal(as.numeric(scaled_loss(c(1, 2, 3, 6), global_batch_size = 8)$numpy()), 1.5)
-  # a matrix: the non-batch axis is averaged per example
-  expect_equal(as.numeric(scaled_loss(matrix(c(1, 2, 3, 5), 2, byrow = TRUE))$numpy()), 2.75)
-  expect_equal(as.numeric(scaled_loss(c(1, 2), sample_weight = c(1, 0))$numpy()), 0.5)
-  err <- expect_error(scaled_loss(tf$constant(1)), class = "kerasdist_ValueError")
-  expect_match(conditionMessage(err), "per_example_loss is a scalar: it is already reduced", fixed = TRUE)
-})
 
 test_that("distributed_evaluate and distributed_predict give keras3's results on one device", {
   skip_if_no_kerasdist()

@@ -29,6 +29,12 @@ class PreemptedExit(SystemExit):
         self.checkpoint = checkpoint
         self.global_step = global_step
 
+    @property
+    def message(self) -> str:
+        """What happened and what to do, one sentence (R's `kerasdist_preempted` message)."""
+        return (f"Preempted (SIGTERM): saved checkpoint {self.checkpoint or '(none)'}; "
+                "run the same call again to continue.")
+
 
 def exit_preempted(signum: int | None = None, frame: object = None) -> None:
     """SIGTERM outside training: say why, flush what was printed, and end the process with 75
@@ -69,9 +75,15 @@ class PeerLostExit(SystemExit):
         self.peer = peer
         self.detail = detail
 
+    @property
+    def message(self) -> str:
+        """What happened and what to do, one sentence (R's `kerasdist_peer_lost` message)."""
+        return (f"{self.peer or 'A peer'} of this multi-worker cluster was lost ({self.detail}); "
+                "the newest checkpoint is intact: restart the group to resume.")
+
     def __str__(self) -> str:
-        return (f"kerasdist: {self.peer or 'a peer'} of this multi-worker cluster was lost ({self.detail}); "
-                f"the newest checkpoint is intact: restart the group to resume. Exiting with {self.code}.")
+        said = self.message if self.peer else "a" + self.message[1:]
+        return f"kerasdist: {said} Exiting with {self.code}."
 
 
 def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -> PeerLostExit | None:

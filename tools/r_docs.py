@@ -1,0 +1,192 @@
+"""Write the R wrappers' roxygen from the Python docstrings: `make r-docs` (then roxygen2 makes man/).
+
+Each wrapper to generate is named in tools/r_docs.json, per R file: the Python function (or class)
+it forwards to, as "python/kerasdist/<module>.py:<name>", and what R says differently (an R type
+in a parameter, an R value returned, an R paragraph): `title`, `params`, `returns`, `details`,
+`inherit`, `python_description` (false: the docstring's description holds only in Python, and
+`details` replaces it). In the R file, the generated lines follow a marker comment
+(`# r-docs: <python>`) down to the first hand-written tag (`@section`, `@inheritSection`, `@family`, `@seealso`,
+`@examples`, `@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
+paragraph), the description (its other paragraphs before `Args:`), one `@param` per argument of
+the R function (Python's `Args:` entry unless `params` gives the R text; none where `inherit`
+covers it) and `@returns`. Python's words become R's (None, True, False), the text is escaped for
+roxygen and wrapped.
+
+    python tools/r_docs.py            # rewrite the R files
+    python tools/r_docs.py --check    # exit 1, naming the files, if they differ from the output
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERRIDES = ROOT / "tools" / "r_docs.json"
+MARKER = "# r-docs: "
+HAND_TAGS = re.compile(r"^#' @(section|inheritSection|family|seealso|examples|examplesIf|export|keywords)\b")
+SECTIONS = ("Args:", "Returns:", "Raises:", "Attributes:", "Example:", "Examples:")
+WIDTH = 100
+
+
+def docstring(spec: str) -> str:
+    """The docstring of "path/to/module.py:name" (a function or class), read without importing."""
+    path, name = spec.split(":")
+    tree = ast.parse((ROOT / path).read_text())
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return ast.get_docstring(node) or ""
+    raise SystemExit(f"r_docs: {name} not found in {path}")
+
+
+def sections(doc: str) -> dict[str, str]:
+    """The docstring split: "" (the text before the first section), "Args:", "Returns:", ..."""
+    parts: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in doc.splitlines():
+        if line.strip() in SECTIONS and not line.startswith(" "):
+            current = line.strip()
+            parts[current] = []
+        else:
+            parts[current].append(line)
+    return {key: textwrap.dedent("\n".join(lines)).strip() for key, lines in parts.items()}
+
+
+def arguments(args_text: str) -> dict[str, str]:
+    """`name: text` entries of an Args: section, continuation lines joined."""
+    found: dict[str, str] = {}
+    name = None
+    for line in args_text.splitlines():
+        entry = re.match(r"^(\w+)(?: \([^)]*\))?: (.*)$", line)
+        if entry and not line.startswith(" "):
+            name = entry[1]
+            found[name] = entry[2]
+        elif name is not None:
+            found[name] += " " + line.strip()
+    return found
+
+
+def to_r(text: str) -> str:
+    """Python's words as R says them, escaped for roxygen's markdown (brackets outside code are
+    not links; % and @ are literal)."""
+    pieces = re.split(r"(`[^`]*`)", text)
+    out = []
+    for piece in pieces:
+        code = piece.startswith("`")
+        piece = re.sub(r"\bNone\b", "NULL" if code else "`NULL`", piece)
+        piece = re.sub(r"\bTrue\b", "TRUE" if code else "`TRUE`", piece)
+        piece = re.sub(r"\bFalse\b", "FALSE" if code else "`FALSE`", piece)
+        if not code:
+            piece = piece.replace("[", "\\[").replace("]", "\\]")
+        piece = piece.replace("%", "\\%").replace("@", "@@")
+        out.append(piece)
+    return "".join(out).replace("``NULL``", "`NULL`")
+
+
+def paragraphs(text: str) -> list[str]:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # Python examples: R's are in the R file
+    return [" ".join(line.strip() for line in block.splitlines()) for block in re.split(r"\n\s*\n", text.strip()) if
+            block.strip()]
+
+
+def wrap(text: str, first: str = "#' ", rest: str = "#' ") -> list[str]:
+    glued = re.sub(r"`[^`]*`", lambda code: code[0].replace(" ", "\0"), text)  # code spans stay on one line
+    lines = [line.replace("\0", " ") for line in textwrap.wrap(
+        glued, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False)]
+    # a wrapped line must not start what markdown reads as a list, a quote or a heading
+    return [lines[0]] + [re.sub(r"^(#'\s+)([-+*>#]\s|\d+[.)]\s|=+$)", r"\1\\\2", line) for line in lines[1:]]
+
+
+def r_formals(r_source: str, function: str) -> list[str]:
+    """The argument names of `function <- function(...)` in an R file."""
+    start = re.search(rf"^{re.escape(function)} <- function\(", r_source, re.M)
+    if start is None:
+        raise SystemExit(f"r_docs: {function} <- function( not found")
+    depth, i = 1, start.end()
+    while depth:
+        depth += {"(": 1, ")": -1}.get(r_source[i], 0)
+        i += 1
+    text = r_source[start.end():i - 1]
+    names, depth, current = [], 0, ""
+    for char in text + ",":
+        if char == "," and depth == 0:
+            names.append(current.split("=")[0].strip())
+            current = ""
+            continue
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(char, 0)
+        current += char
+    return [name for name in names if name]
+
+
+def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
+    """The generated roxygen lines of one wrapper, its marker first."""
+    parts = sections(docstring(spec["python"]))
+    summary, *body = paragraphs(parts[""])  # the first paragraph is the title, unless `title` replaces it
+    lines = [f"{MARKER}{spec['python']} (make r-docs)"]
+    lines.append("#' " + to_r(spec.get("title", summary.rstrip("."))))
+    if not spec.get("python_description", True):  # Python's text says what only holds in Python
+        body = []
+    for paragraph in [to_r(text) for text in body] + spec.get("details", []):
+        lines += ["#'"] + wrap(paragraph)
+    lines.append("#'")
+    if "inherit" in spec:
+        lines.append(f"#' @inheritParams {spec['inherit']}")
+    python_args = arguments(parts.get("Args:", ""))
+    for name in formals:
+        overrides = spec.get("params", {})
+        if name in overrides and overrides[name] is None:
+            continue  # documented by `inherit`
+        text = overrides.get(name)
+        if text is None and name in python_args:
+            text = to_r(python_args[name][:1].upper() + python_args[name][1:])
+        if text is not None:
+            lines += wrap(text, f"#' @param {name} ", "#'   ")
+    returns = spec.get("returns") or to_r(" ".join(parts.get("Returns:", "").split()))
+    if returns:
+        lines += wrap(returns, "#' @returns ", "#'   ")
+    return lines
+
+
+def generate(r_file: str, wrappers: dict[str, dict[str, Any]]) -> str:
+    source = (ROOT / r_file).read_text()
+    lines = source.splitlines()
+    for function, spec in wrappers.items():
+        formals = r_formals(source, function)
+        at = lines.index(next(line for line in lines if line.startswith(f"{function} <- function(")))
+        start = at
+        while start > 0 and (lines[start - 1].startswith("#'") or lines[start - 1].startswith(MARKER)):
+            start -= 1
+        hand = next((i for i in range(start, at) if HAND_TAGS.match(lines[i])), at)
+        lines[start:hand] = block(function, spec, formals)
+        source = "\n".join(lines) + "\n"
+    return source
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if an R file differs")
+    args = parser.parse_args(argv)
+    overrides = json.loads(OVERRIDES.read_text())
+    differ = []
+    for r_file, wrappers in overrides.items():
+        if r_file.startswith("_"):
+            continue
+        new = generate(r_file, wrappers)
+        if new != (ROOT / r_file).read_text():
+            differ.append(r_file)
+            if not args.check:
+                (ROOT / r_file).write_text(new)
+    if args.check and differ:
+        print(f"r_docs: {', '.join(differ)} differ from their Python docstrings: run `make r-docs`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
