@@ -168,7 +168,7 @@ append_uv_constraint <- function(file) {
 }
 
 # Importing kerasdist fixes Keras 3's multi-worker fit and explains a multi-worker strategy made
-# too late (python/kerasdist/compat.py), so code that makes its own strategy with
+# too late (python/kerasdist/compat/tf_distribute.py), so code that makes its own strategy with
 # tensorflow::tf$distribute and trains with keras3's fit() needs only library(kerasdist). Quiet:
 # a Python without kerasdist is reported by the first kerasdist call, not by TensorFlow's import.
 # A user's own reticulate::import("kerasdist") brings TensorFlow in and so fires this hook: with

@@ -38,8 +38,10 @@
 #'   for validation; in-memory data only.
 #' @param validation_data `list(x_val, y_val)` (batched like the training data, in order) or a
 #'   batched `tf.data.Dataset`.
-#' @param every_steps Also checkpoint every this many steps (mid-epoch); `NULL`: epoch ends only.
-#' @param keep How many of the newest checkpoints to keep.
+#' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
+#'   `NULL`: only at epoch ends.
+#' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
+#'   deleted).
 #' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own,
 #'   R ones included); checkpoints are added by `distributed_fit()` itself.
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
@@ -60,11 +62,16 @@
 #' @param jit_compile Compile the training step with XLA.
 #' @param gradient_accumulation_steps Apply the optimizer every this many steps; `NULL`: every step.
 #' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
-#'   only while the model's state is copied; `FALSE` writes each on the training thread (see
-#'   `checkpoint_callback`).
+#'   only while the model's state is copied; `FALSE` writes each one on the training thread before
+#'   training goes on.
 #' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
 #'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
 #'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
+#' @param ... Further checkpoint options (`CheckpointOptions` in Python), each a named argument:
+#'   `every_epoch`: save at each epoch end; `keep_best`: also keep the checkpoint with the best
+#'   `monitor` value; `monitor`: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss";
+#'   `mode`: "min" or "max": whether a smaller or larger `monitor` is better; `handle_sigterm`: on
+#'   SIGTERM (preemption), save at the next step end and exit with status 75; default `TRUE`.
 #' @returns The training history of all epochs, earlier runs included, as keras3's `fit()` returns
 #'   it (invisibly): a `keras_training_history`, so `plot(history)`, `as.data.frame(history)` and
 #'   `print(history)` work; `history$metrics$loss` is the loss per epoch and `history$model` the
@@ -101,7 +108,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             callbacks = NULL, dataset_args = NULL, verbose = "auto",
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                             gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
-                            every_seconds = NULL) {
+                            every_seconds = NULL, ...) {
   history <- call_python(
     kerasdist_module()$distributed_fit, build_fn, x = x,
     y = y,
@@ -114,7 +121,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
-    storage_options = storage_options, every_seconds = every_seconds
+    storage_options = storage_options, every_seconds = every_seconds, ...
   )
   invisible(as_training_history(history))
 }

@@ -35,14 +35,60 @@ SECTIONS = ("Args:", "Returns:", "Raises:", "Attributes:", "Example:", "Examples
 WIDTH = 100
 
 
-def docstring(spec: str) -> str:
-    """The docstring of "path/to/module.py:name" (a function or class), read without importing."""
+# Functions decorated with `takes_checkpoint_options` take every field of CheckpointOptions as a
+# keyword: their R twins document the fields they name and forward the others through `...`.
+CHECKPOINT_OPTIONS = "python/kerasdist/checkpoint/options.py:CheckpointOptions"
+
+
+def definition(spec: str) -> ast.FunctionDef | ast.ClassDef:
+    """The function or class "path/to/module.py:name", read without importing."""
     path, name = spec.split(":")
     tree = ast.parse((ROOT / path).read_text())
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-            return ast.get_docstring(node) or ""
+            return node
     raise SystemExit(f"r_docs: {name} not found in {path}")
+
+
+def docstring(spec: str) -> str:
+    """The docstring of "path/to/module.py:name" (a function or class), read without importing."""
+    return ast.get_docstring(definition(spec)) or ""
+
+
+def takes_checkpoint_options(spec: str) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "takes_checkpoint_options" for d in definition(spec).decorator_list)
+
+
+def record_docs(spec: str) -> dict[str, str]:
+    """A record's fields and their docs (its `Attributes:` or `Args:` section)."""
+    parts = sections(docstring(spec))
+    return arguments(parts.get("Attributes:") or parts.get("Args:", ""))
+
+
+def checkpoint_option_docs() -> dict[str, str]:
+    return record_docs(CHECKPOINT_OPTIONS)
+
+
+def field_docs_of_decorators(spec: str) -> dict[str, str]:
+    """The fields `@with_field_docs(Record)` adds to a function's docstring when it is imported."""
+    found: dict[str, str] = {}
+    for decorator in definition(spec).decorator_list:
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "with_field_docs":
+            name = decorator.args[0].id
+            path = next(p for p in sorted((ROOT / "python" / "kerasdist").rglob("*.py"))
+                        if re.search(rf"^class {name}\b", p.read_text(), re.M))
+            found.update(record_docs(f"{path.relative_to(ROOT)}:{name}"))
+    return found
+
+
+def forwarded_options_text(documented: list[str]) -> str:
+    """`...`'s @param: the checkpoint options the R function does not name, each with its doc."""
+    others = {name: text for name, text in checkpoint_option_docs().items() if name not in documented}
+    if not others:
+        return ("Checkpoint options (`CheckpointOptions` in Python) this function does not name, each a named "
+                "argument: none today; an option added in Python is taken here with no change in R.")
+    listed = "; ".join(f"`{name}`: {text.rstrip('.')}" for name, text in others.items())
+    return "Further checkpoint options (`CheckpointOptions` in Python), each a named argument: " + listed + "."
 
 
 def sections(doc: str) -> dict[str, str]:
@@ -53,6 +99,9 @@ def sections(doc: str) -> dict[str, str]:
         if line.strip() in SECTIONS and not line.startswith(" "):
             current = line.strip()
             parts[current] = []
+        elif current and line.strip() and not line.startswith(" "):  # a paragraph after a section
+            current = "after"
+            parts.setdefault(current, []).append(line)
         else:
             parts[current].append(line)
     return {key: textwrap.dedent("\n".join(lines)).strip() for key, lines in parts.items()}
@@ -63,10 +112,10 @@ def arguments(args_text: str) -> dict[str, str]:
     found: dict[str, str] = {}
     name = None
     for line in args_text.splitlines():
-        entry = re.match(r"^(\w+)(?: \([^)]*\))?: (.*)$", line)
+        entry = re.match(r"^(\*{0,2}\w+)(?: \([^)]*\))?: (.*)$", line)
         if entry and not line.startswith(" "):
             name = entry[1]
-            found[name] = entry[2]
+            found[name] = entry[2]  # "**kwargs" too, so its text is not taken for the entry before
         elif name is not None:
             found[name] += " " + line.strip()
     return found
@@ -137,7 +186,11 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     lines.append("#'")
     if "inherit" in spec:
         lines.append(f"#' @inheritParams {spec['inherit']}")
-    python_args = arguments(parts.get("Args:", ""))
+    python_args = {**field_docs_of_decorators(spec["python"]), **arguments(parts.get("Args:", ""))}
+    if takes_checkpoint_options(spec["python"]):
+        python_args = {**checkpoint_option_docs(), **python_args}
+        if "..." in formals and "..." not in spec.get("params", {}):
+            python_args["..."] = forwarded_options_text(formals)
     for name in formals:
         overrides = spec.get("params", {})
         if name in overrides and overrides[name] is None:

@@ -3,7 +3,7 @@
 Each check returns the value in its plain Python form or raises ValueError with one message shape:
 "<argument> must be <what was expected>, got <what was given>." Counts must be Python or NumPy
 integers: floats are refused even when whole (R's wrappers convert their doubles with
-`as_py_int()` at the boundary, so Python need not guess), and so are bools and strings.
+`as_py()` at the boundary, so Python need not guess), and so are bools and strings.
 """
 
 from __future__ import annotations

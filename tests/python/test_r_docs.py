@@ -30,19 +30,24 @@ def test_committed_r_files_are_what_the_tool_writes():
     assert tool.main(["--check"]) == 0
 
 
-def test_a_docstring_edit_reaches_the_r_file(tmp_path):
+def test_a_docstring_edit_reaches_the_r_file(tmp_path, monkeypatch):
+    """A checkpoint option's doc is written once, in CheckpointOptions: an edit there reaches every
+    R wrapper that names the option, and the `...` of those that forward the rest."""
     tool = _tool()
-    source = (ROOT / "python/kerasdist/checkpoint/callback.py").read_text()
-    edited = source.replace("keep: how many of the newest checkpoints to keep (>= 1).",
-                            "keep: how many of the newest checkpoints to keep (>= 1, None for all).")
+    source = (ROOT / "python/kerasdist/checkpoint/options.py").read_text()
+    edited = source.replace("keep: how many of the newest checkpoints to keep (>= 1;",
+                            "keep: how many of the newest checkpoints to keep (>= 1, None for all;")
+    edited = edited.replace("keep_best: also keep the checkpoint with the best `monitor` value.",
+                            "keep_best: also keep the best checkpoint by `monitor`.")
     assert edited != source
-    module = tmp_path / "callback.py"
+    module = tmp_path / "options.py"
     module.write_text(edited)
-    wrappers = _overrides()["R/checkpoint.R"]
-    wrappers["checkpoint_callback"] = dict(wrappers["checkpoint_callback"], python=f"{module}:checkpoint_callback")
-    generated = tool.generate("R/checkpoint.R", wrappers)
+    monkeypatch.setattr(tool, "CHECKPOINT_OPTIONS", f"{module}:CheckpointOptions")
+    generated = tool.generate("R/checkpoint.R", _overrides()["R/checkpoint.R"])
     assert generated != (ROOT / "R/checkpoint.R").read_text()
-    assert "#' @param keep How many of the newest checkpoints to keep (>= 1, `NULL` for all)." in generated
+    assert "#' @param keep How many of the newest checkpoints to keep (>= 1, `NULL` for all;" in generated
+    fit = tool.generate("R/training-distributed.R", _overrides()["R/training-distributed.R"])
+    assert "`keep_best`: also keep the best checkpoint by `monitor`;" in fit
 
 
 def test_every_argument_of_a_generated_wrapper_is_documented():
@@ -52,7 +57,7 @@ def test_every_argument_of_a_generated_wrapper_is_documented():
     def params(function: str) -> set[str]:
         source = next(text for text in sources.values() if f"\n{function} <- function(" in text)
         at = source.index(f"\n{function} <- function(")
-        return set(re.findall(r"^#' @param (\w+)", source[source.rindex(tool.MARKER, 0, at):at], re.M))
+        return set(re.findall(r"^#' @param (\w+|\.\.\.)", source[source.rindex(tool.MARKER, 0, at):at], re.M))
 
     for r_file, wrappers in _overrides().items():
         for function, spec in wrappers.items():

@@ -236,6 +236,21 @@ test_that("every_seconds saves by time from R; a bad value is a readable conditi
                                every_seconds = "600"), "every_seconds must be", class = "kerasdist_ValueError")
 })
 
+test_that("checkpoint options R does not name reach Python through ...: used, checked, an unknown one named", {
+  skip_if_no_kerasdist()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  x <- matrix(seq_len(96) / 96, ncol = 3)
+  history <- distributed_fit(build_model, x, rowSums(x), epochs = 3, checkpoint_dir = dir, strategy = "default",
+                             batch_size = 32, keep = 1, keep_best = TRUE, monitor = "loss", mode = "max",
+                             verbose = 0)
+  worst <- which.max(history$metrics$loss)  # the "best" by mode "max"
+  expect_identical(sort(checkpoint_table(dir)$global_step), sort(unique(c(worst, 3L))))  # 32 rows: a step an epoch
+  expect_error(distributed_fit(build_model, x, rowSums(x), epochs = 1, checkpoint_dir = tempfile(),
+                               handle_sigterm = "yes"), "handle_sigterm must be", class = "kerasdist_ValueError")
+  expect_error(custom_fit(build_model(), list(x, rowSums(x)), epochs = 1, checkpoint_dir = tempfile(),
+                          keep_bets = TRUE), "keep_bets")
+})
+
 test_that("a run log that cannot be written is an R warning, and training and checkpoints go on", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
