@@ -81,9 +81,12 @@ def choice(name: str, value: Any, options: Sequence[str]) -> str:
 
 
 def verbosity(name: str, value: Any) -> int:
-    """Keras's `verbose`: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1."""
+    """Keras's `verbose`: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1;
+    False and True are 0 and 1, as Keras takes them."""
     if isinstance(value, str) and value == "auto":
         return 1
+    if isinstance(value, bool):
+        return int(value)
     if not _is_integer(value) or value not in (0, 1, 2):
         raise ValueError(f'{name} must be 0, 1, 2 or "auto", got {value!r}.')
     return int(value)

@@ -107,3 +107,12 @@ def test_a_guarded_model_checks_its_step_when_keras_builds_the_train_function():
     finally:
         step_guard.check_step_functions = original
     assert checked == [(model, model.distribute_strategy)]
+
+
+def test_kerasdist_imports_with_docstrings_stripped():
+    """`python -OO` drops docstrings; the decorators that put the option records' docs into the
+    trainers' docstrings must then leave them alone, not fail the import."""
+    done = subprocess.run([sys.executable, "-OO", "-c", "import kerasdist; print(kerasdist.distributed_fit.__doc__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "None"

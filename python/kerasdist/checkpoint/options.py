@@ -97,7 +97,7 @@ OPTION_NAMES = tuple(f.name for f in dataclasses.fields(CheckpointOptions))
 def option_docs() -> dict[str, str]:
     """Each checkpoint option's name and its doc (from `CheckpointOptions`' docstring), in order."""
     entries = _doc_entries(CheckpointOptions.__doc__ or "", "Attributes")
-    return {name: entries[name] for name in OPTION_NAMES}
+    return {name: entries.get(name, "") for name in OPTION_NAMES}
 
 
 def takes_checkpoint_options(function: F) -> F:
@@ -110,7 +110,8 @@ def takes_checkpoint_options(function: F) -> F:
     options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
                for f in dataclasses.fields(CheckpointOptions)]
     function.__signature__ = signature.replace(parameters=[*own, *options])  # type: ignore[attr-defined]
-    function.__doc__ = _with_option_docs(function.__doc__ or "")
+    if function.__doc__ is not None:  # python -OO strips docstrings
+        function.__doc__ = _with_option_docs(function.__doc__)
     return function
 
 
