@@ -71,6 +71,13 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def optional_boolean(name: str, value: Any) -> bool | None:
+    """`value` if it is True, False or None (None: decided elsewhere, e.g. by the environment)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None, got {value!r}.")
+    return value
+
+
 def choice(name: str, value: Any, options: Sequence[str]) -> str:
     """`value` if it is one of the strings `options`."""
     if not isinstance(value, str) or value not in options:

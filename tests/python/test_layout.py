@@ -1,5 +1,6 @@
-"""The core stays readable in two hops: no module over 600 lines, no function over 60 lines of
-code (docstring, blank and comment lines aside). ARCHITECTURE.md names every module. Imports run
+"""The core stays readable in two hops: no module over 560 lines, no function over 56 lines of
+code (docstring, blank and comment lines aside; both lowered after the #46 redesign, from 600 and
+60, so they hold what it reached). ARCHITECTURE.md names every module. Imports run
 one way: no circle between modules, and no private name (`_x`) taken from another module: what
 modules share has a public name in the module that owns it."""
 
@@ -23,18 +24,18 @@ def _code_lines(function: ast.FunctionDef | ast.AsyncFunctionDef, source: list[s
     return sum(1 for n in numbers if source[n - 1].strip() and not source[n - 1].strip().startswith("#"))
 
 
-def test_no_module_over_600_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in MODULES if (n := p.read_text().count("\n")) > 600}
+def test_no_module_over_560_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in MODULES if (n := p.read_text().count("\n")) > 560}
     assert long == {}
 
 
-def test_no_function_over_60_lines_of_code():
+def test_no_function_over_56_lines_of_code():
     long = {}
     for path in MODULES:
         source = path.read_text()
         lines = source.splitlines()
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := _code_lines(node, lines)) > 60:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := _code_lines(node, lines)) > 56:
                 long[f"{path.relative_to(PACKAGE)}:{node.name}"] = n
     assert long == {}
 

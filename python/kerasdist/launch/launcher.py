@@ -28,7 +28,7 @@ from kerasdist.launch.result import (
 )
 from kerasdist.launch.warm_start import SOCKET_VARIABLE, WarmServer
 from kerasdist.preemption import PREEMPTED_EXIT_CODE
-from kerasdist.validation import integer
+from kerasdist.validation import integer, optional_boolean
 
 
 def launch(
@@ -132,13 +132,11 @@ def launch(
     timeout = _seconds("timeout", timeout, allow_none=True)
     grace_period = _seconds("grace_period", grace_period, allow_zero=True)
     startup_timeout = _seconds("startup_timeout", startup_timeout, allow_none=True)
-    if not isinstance(warm_start, (bool, type(None))):
-        raise ValueError(f"warm_start must be True, False or None, got {warm_start!r}.")
+    optional_boolean("warm_start", warm_start)
     argv = resolve_command(command, cwd)
     check_host(host)
     tasks = _task_list(num_workers, num_ps)
-    base_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
-    base_env.setdefault("PYTHONUNBUFFERED", "1")  # so output lines arrive as they are printed
+    base_env = _task_environment(env)
 
     deadline = None if timeout is None else time.monotonic() + timeout
     server = _warm_server(warm_start, argv, base_env, deadline)
@@ -146,8 +144,7 @@ def launch(
     try:
         failures: list[TaskFailure] = []
         exit_codes: list[dict[str, int]] = []
-        restart = restarts_at_size = port_retries = 0
-        workers = num_workers
+        restart, restarts_at_size, port_retries, workers = 0, 0, 0, num_workers
         while True:
             cluster = build_cluster(tasks, host)
             group = ProcessGroup(argv, tasks, cluster, restart, base_env, cwd, warm_socket)
@@ -221,6 +218,13 @@ def _warm_server(warm_start: bool | None, argv: list[str], base_env: dict[str, s
     _say(f"warm start is off for this run: its server did not come up ({server.why_not_ready()}).")
     server.stop()
     return None
+
+
+def _task_environment(env: Mapping[str, Any] | None) -> dict[str, str]:
+    """This process's environment with `env` on top, as every task starts from."""
+    base_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
+    base_env.setdefault("PYTHONUNBUFFERED", "1")  # so output lines arrive as they are printed
+    return base_env
 
 
 def _task_list(num_workers: int, num_ps: int) -> list[tuple[str, int]]:
