@@ -14,7 +14,8 @@ chief-only writes, preemption.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
 - `options`: `CheckpointOptions`, the checkpoint options as one record, checked once.
 - `callback`: the Keras callback, made of `save_policy` (when), `saver` (how), `preemption_hold`
-  (SIGTERM during fit, `kerasdist.preemption`) and `recorder` (the run log, `run_log`).
+  (SIGTERM during fit, `kerasdist.preemption`), `other_callbacks` (the fit's other callbacks and
+  their state, `callback_state`) and `recorder` (the run log, `run_log`).
 """
 
 from kerasdist.checkpoint.background import BackgroundSaveError
