@@ -193,7 +193,8 @@ def train(run_dir: Path, epochs: int, *, kill_at: tuple[int, int] | None = None,
     say(f"strategy {desc.kind} with {desc.num_replicas} replicas ({', '.join(desc.devices)}): "
         f"{desc.reason}", flush=True)
     x, y = train_data()
-    callbacks = [progress_callback(say, kill_at, resume), keras.callbacks.CSVLogger(str(run_dir / "log.csv"), append=True)]
+    callbacks = [progress_callback(say, kill_at, resume),
+                 keras.callbacks.CSVLogger(str(run_dir / "log.csv"), append=True)]
     history = distributed_fit(
         build_model, x, y, epochs=epochs, checkpoint_dir=run_dir / "checkpoints", strategy=strategy,
         batch_size=BATCH_SIZE, seed=SEED, validation_split=VALIDATION_SPLIT, every_steps=EVERY_STEPS, keep=3,
