@@ -1,12 +1,14 @@
 """Canaries of the workarounds that moved into the compat package with #46: Keras variables'
-increments made atomic for parameter-server steps (`compat.keras_variables`) and `model.save` in
-two halves for background snapshots (`compat.keras_saving`). Each fails when upstream changes:
-first where the workaround stops being needed or stops working, then where its version gate ends
-(make upstream-check runs them on the next Keras, tools/upstream_check.py)."""
+increments made atomic for parameter-server steps (`compat.keras_variables`), `model.save` in two
+halves for background snapshots and `load_weights` reading in place (`compat.keras_saving`). Each
+fails when upstream changes: first where the workaround stops being needed or stops working, then
+where its version gate ends (make upstream-check runs them on the next Keras,
+tools/upstream_check.py)."""
 
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 
 import keras
@@ -110,3 +112,54 @@ def test_the_recorded_walk_replayed_writes_model_saves_files():
     assert any(name.startswith("assets/") for name in got), list(got)
     assert compat.keras_snapshot_supported(), keras.__version__
     assert not compat.keras_snapshot_supported("3.16.0")
+
+
+def _state(model: keras.Model) -> list[bytes]:
+    return [np.asarray(v.numpy()).tobytes() for v in [*model.weights, *model.optimizer.variables]]
+
+
+def _zeroed(model: keras.Model) -> keras.Model:
+    for variable in [*model.weights, *model.optimizer.variables]:
+        variable.assign(np.zeros(variable.shape, variable.dtype))
+    return model
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatch):
+    """Why compat.load_keras_weights may stand in for `model.load_weights(x.keras)` on restores:
+    Keras's own `H5IOStore`/`_load_state` over the stored weights member read in place load every
+    layer's and the optimizer's variables bit for bit as `load_weights` does, for a Dense + Adam
+    model and one with nested layers and an asset, and leave no file open. Outside the Keras
+    versions checked, and for a compressed member, it is `load_weights` itself. Fails once Keras's
+    loading internals move or load something else, then where the version gate ends (widen
+    compat.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
+    from kerasdist.compat import keras_saving
+
+    for model in (_dense_model(), _lookup_model()):
+        path = tmp_path / f"{model.name}.keras"
+        model.save(path)
+        saved = _state(model)
+        assert any(value.strip(b"\0") for value in saved[len(model.weights):]), "the optimizer state is zeros"
+        _zeroed(model).load_weights(path)
+        assert _state(model) == saved, model.name
+        descriptors = _open_descriptors()
+        assert compat.load_keras_weights(_zeroed(model), path) is True
+        assert _state(model) == saved, model.name
+        assert _open_descriptors() == descriptors
+    compressed = tmp_path / "compressed.keras"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(compressed, "w", zipfile.ZIP_DEFLATED) as target:
+        for name in source.namelist():
+            target.writestr(name, source.read(name))
+    assert compat.load_keras_weights(_zeroed(model), compressed) is False
+    assert _state(model) == saved
+    assert compat.keras_loads_weights_in_place(), keras.__version__
+    assert not compat.keras_loads_weights_in_place("3.16.0")
+    assert not compat.keras_loads_weights_in_place("3.14.0")
+    monkeypatch.setattr(keras_saving, "KERAS_LOAD_IN_PLACE_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
+    assert compat.load_keras_weights(_zeroed(model), path) is False
+    assert _state(model) == saved
+    assert compat.load_keras_weights(_zeroed(model), path, force=True) is True
+    assert _state(model) == saved

@@ -178,7 +178,7 @@ class CheckpointManager:
             check_signature(model, read_record(self.store, entry)["signature"], latest.path)
             _build_optimizer(model, latest.path)
             with self.store.local_files(entry) as local:
-                model.load_weights(local / MODEL_FILE)
+                _load_weights(model, local / MODEL_FILE, verified=self.store.is_local)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
         blob = _callbacks_blob(self.store, self.store.entry_of(latest.path)) if latest is not None else None
         self.restores.append((time.time(), time.perf_counter() - started, latest))
@@ -263,6 +263,16 @@ def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:
     or saved last (object stores name a second save of a step `ckpt-<step>.s<time>`)."""
     name = info.path.rstrip("/").rsplit("/", 1)[-1]
     return info.order, REPLACED_MARK not in name, name
+
+
+def _load_weights(model: Any, path: Path, verified: bool) -> None:
+    """Load a checkpoint's weights into `model`. `verified`: the file itself passed the
+    checkpoint's CRC check (a local store's), so the weights member is read in place, without the
+    zip's second CRC of it; an object store's download was not checked: the zip checks it."""
+    if verified:
+        compat.load_keras_weights(model, path)
+    else:
+        model.load_weights(path)
 
 
 def _build_optimizer(model: Any, path: str) -> None:

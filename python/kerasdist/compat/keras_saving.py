@@ -15,6 +15,7 @@ import contextlib
 import functools
 import io
 import os
+import struct
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -287,3 +288,125 @@ class _AssetRecorder:
 
     def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
         self.files.append((arcname, Path(filename).read_bytes()))
+
+
+# --------------------------------------------------------------------------------------------
+# `model.load_weights(x.keras)` reading the weights member in place
+
+# Keras releases whose `saving_lib.load_weights_only` is `H5IOStore(_VARS_FNAME_H5, archive=...)`
+# over `ZipFile.open`, walked by `_load_state` (3.15.1 checked).
+KERAS_LOAD_IN_PLACE_VERSIONS = ((3, 15), (3, 16))
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length (APPNOTE 4.3.7)
+_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
+
+
+def keras_loads_weights_in_place(version: str = keras.__version__) -> bool:
+    """Whether `load_keras_weights` may read a `.keras` file's weights member in place with this
+    Keras (else it calls `model.load_weights`)."""
+    return version_within(version, KERAS_LOAD_IN_PLACE_VERSIONS)
+
+
+def load_keras_weights(model: Any, path: str | os.PathLike[str], force: bool = False) -> bool:
+    """Load what `model.load_weights(path)` loads from a `.keras` file (the weights of every layer
+    and the optimizer's variables) into built `model`, the weights member read in place, with
+    Keras's own `H5IOStore` and `_load_state`, when this Keras was checked (or `force`), `path` is
+    a local regular file and the member is stored uncompressed (as `model.save` and kerasdist
+    write it); else through `model.load_weights`. The member's CRC-32 is not checked here:
+    callers verify the file first. Returns whether the weights were read in place."""
+    span = _stored_weights_span(path) if force or keras_loads_weights_in_place() else None
+    if span is None:
+        model.load_weights(path)
+        return False
+    from keras.src.saving import saving_lib
+
+    if not model.built:
+        raise ValueError(f"model {model.name!r} is not built: build it before loading weights into it.")
+    store = saving_lib.H5IOStore(saving_lib._VARS_FNAME_H5, archive=_MemberArchive(Path(path), *span), mode="r")
+    failed: set[int] = set()
+    errors: dict[int, Any] = {}
+    try:
+        saving_lib._load_state(model, weights_store=store, assets_store=None, inner_path="",
+                               visited_saveables=set(), failed_saveables=failed, error_msgs=errors)
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors)
+    return True
+
+
+def _stored_weights_span(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(offset, size) of the `.keras` file's weights member, when `path` is a local regular file
+    and the member is stored, unencrypted and within the file; else None."""
+    from keras.src.saving import saving_lib
+
+    if not str(path).endswith(".keras") or not os.path.isfile(path):  # remote paths too
+        return None
+    try:
+        with open(path, "rb") as stream, zipfile.ZipFile(stream) as archive:
+            info = archive.getinfo(saving_lib._VARS_FNAME_H5)
+            if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+                return None
+            stream.seek(info.header_offset)
+            signature, name_length, extra_length = _LOCAL_HEADER.unpack(stream.read(_LOCAL_HEADER.size))
+            end = stream.seek(0, os.SEEK_END)
+    except (OSError, KeyError, zipfile.BadZipFile, struct.error):
+        return None
+    start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    if signature != _LOCAL_HEADER_SIGNATURE or start + info.file_size > end:
+        return None
+    return start, info.file_size
+
+
+class _MemberArchive:
+    """Stands in for the `ZipFile` `H5IOStore` opens the weights member of."""
+
+    def __init__(self, path: Path, start: int, size: int) -> None:
+        self.path, self.start, self.size = path, start, size
+
+    def __bool__(self) -> bool:
+        return True
+
+    def open(self, name: str, mode: str = "r") -> _MemberFile:
+        return _MemberFile(self.path, self.start, self.size)
+
+
+class _MemberFile(io.RawIOBase):
+    """A read-only file over bytes [start, start + size) of a file, read with `os.preadv` straight
+    into the caller's buffer (h5py's reads: no copy, no rewinding seek)."""
+
+    def __init__(self, path: Path, start: int, size: int) -> None:
+        super().__init__()
+        self._fd, self._start, self._size, self._position = os.open(path, os.O_RDONLY), start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise OSError(f"negative seek position {base + offset}")
+        self._position = base + offset
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        wanted = max(0, min(len(view), self._size - self._position))
+        done = 0
+        while done < wanted:  # preadv may return short on large reads
+            count = os.preadv(self._fd, [view[done:wanted]], self._start + self._position + done)
+            if count == 0:
+                raise OSError(f"{self._fd}: the weights member ends before its recorded size")
+            done += count
+        self._position += done
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
