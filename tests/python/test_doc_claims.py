@@ -61,7 +61,8 @@ def test_launch_exit_statuses_in_the_help_and_cli_guide_are_the_ones_the_code_re
 
 def _rd_item(rd: str, name: str) -> str:
     text = (ROOT / "man" / f"{rd}.Rd").read_text()
-    return text.split(f"\\item{{{name}}}{{", 1)[1].split("\n\n", 1)[0]
+    item = text.split(f"\\item{{{name}}}{{", 1)[1].split("\n\n", 1)[0]
+    return " ".join(item.split())  # as read: roxygen wraps lines wherever the text's length puts them
 
 
 def test_what_the_r_help_says_of_checkpoint_dir_is_what_the_readers_do(tmp_path):

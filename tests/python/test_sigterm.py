@@ -120,11 +120,12 @@ def test_a_task_blocked_in_c_code_that_lets_threads_run_exits_75():
 @pytest.mark.cold_start
 def test_repeated_sigterms_during_fit_still_save_once_and_exit_75(tmp_path):
     """A scheduler that signals again (srun terminating the step, a second scancel) while the
-    preemption save runs changes nothing."""
+    preemption save runs changes nothing. Steps paced (0.3 s), so the signals land in the first
+    epoch (12 steps) even when the test reads the output late on a loaded machine."""
     ckpt = tmp_path / "ckpt"
     process = subprocess.Popen(
         [sys.executable, "-u", str(SCRIPTS / "train_resumable.py"), str(ckpt), str(tmp_path / "out.npz"),
-         "--every-steps", "1000"],
+         "--every-steps", "1000", "--step-seconds", "0.3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **SLURM_TASK, "TF_CPP_MIN_LOG_LEVEL": "2"})
     code, err = signal_after_line(process, "step 5", signals=5, wait=0.0)

@@ -55,8 +55,13 @@ def say(line):
 
 
 class PrintSteps(keras.callbacks.Callback):
+    def __init__(self, step_seconds=0.0):
+        super().__init__()
+        self.step_seconds = step_seconds  # pacing, so a test's signal lands before the epoch ends
+
     def on_train_batch_end(self, batch, logs=None):
         say(f"step {int(self.model.optimizer.iterations.numpy())}")
+        time.sleep(self.step_seconds)
 
 
 def hold_writes(seconds):
@@ -108,6 +113,7 @@ def main():
     parser.add_argument("--sync-save", action="store_true")
     parser.add_argument("--slow-write", type=float, default=0.0)
     parser.add_argument("--keep", type=int, default=2)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     args = parser.parse_args()
     if args.slow_write:
         hold_writes(args.slow_write)
@@ -124,7 +130,7 @@ def main():
     checkpoint = kerasdist.checkpoint_callback(args.checkpoint_dir, every_steps=args.every_steps, keep=args.keep,
                                              async_save=not args.sync_save)
     history = kerasdist.resume_fit(
-        model, epoch_data(x, y), args.epochs, checkpoint, callbacks=[PrintSteps()], verbose=0
+        model, epoch_data(x, y), args.epochs, checkpoint, callbacks=[PrintSteps(args.step_seconds)], verbose=0
     )
     np.savez(args.out, *model.get_weights())
     print(f"done epochs={len(history.epoch)}", flush=True)
