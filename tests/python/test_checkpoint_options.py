@@ -65,7 +65,8 @@ def test_a_bad_option_is_refused_by_the_one_check_wherever_it_is_given(tmp_path,
 
 
 def test_an_unknown_option_is_a_type_error_naming_it(tmp_path):
-    with pytest.raises(TypeError, match="unexpected keyword argument 'kep': the checkpoint options are every_epoch"):
+    message = r"unexpected keyword argument 'kep': neither an argument of this function nor a checkpoint option \(every"
+    with pytest.raises(TypeError, match=message):
         kerasdist.checkpoint_callback(tmp_path, kep=3)
     with pytest.raises(TypeError, match="'kep'"):
         kerasdist.distributed_fit(lambda: None, [], epochs=1, checkpoint_dir=tmp_path, kep=3)

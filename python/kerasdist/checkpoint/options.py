@@ -86,8 +86,8 @@ class CheckpointOptions:
             raise ValueError(f"options must be a CheckpointOptions, got {type(options).__name__}.")
         unknown = sorted(set(kwargs) - set(OPTION_NAMES))
         if unknown:
-            raise TypeError(f"unexpected keyword argument {unknown[0]!r}: the checkpoint options are "
-                            f"{', '.join(OPTION_NAMES)}.")
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}: neither an argument of this function "
+                            f"nor a checkpoint option ({', '.join(OPTION_NAMES)}).")
         return dataclasses.replace(options if options is not None else cls(), **kwargs)
 
 
