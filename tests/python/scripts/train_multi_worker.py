@@ -99,6 +99,24 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def die_once_saved(chief_dir, step):
+    """SIGKILL this worker once the chief's checkpoint of `step` is committed: the chief writes it
+    in the background, and a peer lost while that write is in flight may lose it (one step redone,
+    RELIABILITY.md), which would move the resume point the test expects. Same machine, so the chief's
+    folder is readable here even when the workers share no disk."""
+    import warnings
+
+    deadline = time.monotonic() + (60 if chief_dir else 0)
+    while time.monotonic() < deadline:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            latest = kerasdist.latest_checkpoint(chief_dir)
+        if latest is not None and latest.global_step >= step:
+            break
+        time.sleep(0.05)
+    die()
+
+
 def stall(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:  # Python bytecode, not a sleep: what a slow save or step does
@@ -135,7 +153,9 @@ def main():
     print(json.dumps({"kind": description.kind, "task": description.task, "chief": description.is_chief,
                       "peer_timeout": compat.coordination_heartbeat_timeout_seconds()}), flush=True)
     index = description.task.split(":")[1] if description.task else "0"
+    chief_dir = args.checkpoint_dir
     if args.checkpoint_dir and args.per_worker_dir:
+        chief_dir = os.path.join(args.checkpoint_dir, "worker-0")
         args.checkpoint_dir = os.path.join(args.checkpoint_dir, f"worker-{index}")
     if args.checkpoint_dir:
         build = None if args.load_only else build_model
@@ -145,7 +165,7 @@ def main():
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
         if first_attempt and description.task == "worker:1":
             if args.die_at_step:
-                callbacks.append(AtStep(args.die_at_step, die))
+                callbacks.append(AtStep(args.die_at_step, lambda: die_once_saved(chief_dir, args.die_at_step)))
             if args.link_down_at_step:
                 callbacks.append(AtStep(args.link_down_at_step, lambda: link_down(args.link)))
         for task, step, seconds in (item.rsplit(":", 2) for item in args.stall):
