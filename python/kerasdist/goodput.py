@@ -39,11 +39,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kerasdist.checkpoint.run_log import (
+    AttemptCounts,
     AttemptLog,
     Event,
     LoggedEvent,
     Status,
     StepRecord,
+    productive_share,
     read_attempt_logs,
 )
 from kerasdist.checkpoint.store import open_store
@@ -215,8 +217,8 @@ def _report(location: str, logs: list[AttemptLog]) -> GoodputReport:
         checkpoint_dir=location,
         wall_seconds=wall,
         seconds=seconds,
-        goodput=seconds["productive"] / wall if wall > 0 else 0.0,
-        goodput_excluding_downtime=seconds["productive"] / running if running > 0 else 0.0,
+        goodput=productive_share(seconds["productive"], wall),
+        goodput_excluding_downtime=productive_share(seconds["productive"], running),
         redone_steps=sum(_redone_steps_of(a.last_step, restored)
                          for a, restored in zip(attempts, [*restored_steps[1:], None], strict=True)),
         failures=failures,
@@ -259,16 +261,16 @@ def _attempt(log: AttemptLog, restored_step: int, next_restored: int | None) -> 
     status = ends[-1]["status"] if ends and events[-1].kind in (Event.TRAIN_END, Event.EXIT) else KILLED
     part = dict.fromkeys(PARTS, 0.0)
     part["restore"] = sum(float(e["seconds"]) for e in events if e.kind is Event.RESTORED)
-    part["checkpoint_blocking"] = sum(float(e["blocked"]) for e in events if e.kind is Event.SAVE)
-    part["evaluation"] = sum(float(e["seconds"]) for e in events if e.kind is Event.EVAL)
     progress_at = _last_progress(events, heartbeat) if status in FAILED and first_step_at is not None else None
     part["detection"] = ended - progress_at if progress_at is not None else 0.0
-    training = _training_seconds(events, ended, until=progress_at)
+    until = ended if progress_at is None else progress_at
+    counts = _counts(events, until)
+    part["checkpoint_blocking"], part["evaluation"] = counts.blocked_seconds, counts.eval_seconds
     if first_step_at is None:
         part["startup"] = ended - started - part["restore"]
     else:
         part["startup"] = max(0.0, first_step_at - started - part["restore"])
-    stepping = max(0.0, training - part["checkpoint_blocking"] - part["evaluation"])
+    stepping = counts.stepping_seconds(until)
     trained_steps = last_step - restored_step
     redone = _redone_steps_of(last_step, next_restored)
     part["redone"] = min(stepping, stepping * redone / trained_steps) if trained_steps > 0 else 0.0
@@ -313,18 +315,13 @@ def _redone_steps_of(last_step: int, next_restored: int | None) -> int:
     return max(0, last_step - next_restored) if next_restored is not None else 0
 
 
-def _training_seconds(events: list[LoggedEvent], ended: float, until: float | None = None) -> float:
-    """Seconds between each first step and its end of training (or the attempt's end), none
-    after `until` (a failed attempt's last progress)."""
-    total, since = 0.0, None
-    limit = ended if until is None else until
+def _counts(events: list[LoggedEvent], until: float) -> AttemptCounts:
+    """An attempt's events counted as the live figures count them, none of its training after
+    `until` (a failed attempt's last progress)."""
+    counts = AttemptCounts()
     for event in events:
-        if event.kind is Event.FIRST_STEP:
-            since = event.t
-        elif event.kind is Event.TRAIN_END and since is not None:
-            total += max(0.0, min(event.t, limit) - since)
-            since = None
-    return total + (max(0.0, limit - since) if since is not None else 0.0)
+        counts.add(event.kind, min(event.t, until), event.fields)
+    return counts
 
 
 def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:

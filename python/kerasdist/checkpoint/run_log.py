@@ -120,15 +120,17 @@ class AttemptLog:
 
 @dataclass
 class AttemptCounts:
-    """What an attempt's events add up to so far, kept as they are written: the run figures
-    (goodput so far) come from here, not from reading the log back."""
+    """What an attempt's events add up to, the one place its productive time is worked out: the
+    live run figures count events here as they are written (never reading the log back), and
+    `kerasdist.goodput` counts each attempt's logged events here too."""
 
     trained_seconds: float = 0.0  # between each first step and its end of training, ended fits
     training_since: float | None = None  # the first step of the fit training now
     blocked_seconds: float = 0.0
     eval_seconds: float = 0.0
 
-    def add(self, kind: Event, at: float, fields: Mapping[str, Any]) -> None:
+    def add(self, kind: Event | None, at: float, fields: Mapping[str, Any]) -> None:
+        """Count an event of kind `kind` at Unix time `at` (a kind of a newer kerasdist: None, not counted)."""
         if kind is Event.FIRST_STEP:
             self.training_since = at
         elif kind is Event.TRAIN_END and self.training_since is not None:
@@ -139,12 +141,21 @@ class AttemptCounts:
         elif kind is Event.EVAL:
             self.eval_seconds += float(fields["seconds"])
 
+    def stepping_seconds(self, until: float) -> float:
+        """Training time (each first step to its end of training, a fit still training counted to
+        `until`) less the saves' blocking and evaluation: productive, unless a later attempt redoes it."""
+        open_fit = max(0.0, until - self.training_since) if self.training_since is not None else 0.0
+        return max(0.0, self.trained_seconds + open_fit - self.blocked_seconds - self.eval_seconds)
+
     def goodput(self, started: float, now: float) -> float:
-        """Productive time (training, less the saves' blocking and evaluation) over the time since
-        the attempt's process started, as `goodput()` counts one attempt with nothing redone."""
-        trained = self.trained_seconds + (now - self.training_since if self.training_since is not None else 0.0)
-        productive = max(0.0, trained - self.blocked_seconds - self.eval_seconds)
-        return productive / (now - started) if now > started else 0.0
+        """This attempt's goodput so far (started: its process start), nothing redone: what
+        `kerasdist.goodput` reports for it when it is the run's only attempt."""
+        return productive_share(self.stepping_seconds(now), now - started)
+
+
+def productive_share(productive: float, wall: float) -> float:
+    """Goodput: productive seconds over wall seconds (0 for no wall time)."""
+    return productive / wall if wall > 0 else 0.0
 
 
 class RunLogWarning(UserWarning):
