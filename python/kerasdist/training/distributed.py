@@ -18,11 +18,11 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
-    CheckpointManager,
     CheckpointOptions,
     RunRecord,
     check_trainer_callbacks,
     make_or_restore_model,
+    manager_for,
     takes_checkpoint_options,
 )
 from kerasdist.context import context_of
@@ -147,8 +147,9 @@ def distributed_fit(
     callbacks = _check_callbacks(callbacks)
     checkpointing = CheckpointOptions.from_kwargs(**checkpoint_options)
     settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps, steps_per_execution)
-    # checked now (a URL: its plugin, then the store answers when the settings are read), created when used
-    checkpoints = CheckpointManager(checkpoint_dir, create=False, storage_options=checkpointing.storage_options)
+    # checked now (a URL: its plugin, then the store answers when the settings are read), created when used;
+    # the store's one manager: a live model or callback of the same store shares what it verified
+    checkpoints = manager_for(checkpoint_dir, checkpointing.storage_options, create=False)
 
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     options = options.replaced(strategy=context)
