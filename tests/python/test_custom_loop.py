@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import keras
@@ -64,6 +65,24 @@ def test_history_spans_earlier_runs_and_settings_mismatch_is_refused(tmp_path):
     assert history.epoch == [0, 1] and len(history.history["loss"]) == 2
 
 
+def test_other_settings_are_refused_before_any_warning_about_the_checkpoint(tmp_path):
+    """A model restored by make_or_restore_model (no checkpoint_dir given) from a mid-epoch
+    checkpoint of another global batch and other settings: custom_fit refuses the settings
+    before it says anything of the batch (the warning would describe a resume that never runs)."""
+    x, y = _data()
+    model = kerasdist.make_or_restore_model(tmp_path, _build)
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(2)
+    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=0, step_in_epoch=2, global_batch_size=16,
+                                         settings={"gradient_accumulation_steps": 2})
+    model = kerasdist.make_or_restore_model(tmp_path, _build)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="gradient_accumulation_steps=None differs from the checkpoint"):
+            kerasdist.custom_fit(model, kerasdist.make_dataset(x, y, batch_size=8), epochs=1, verbose=0)
+    assert [str(w.message) for w in caught if issubclass(w.category, kerasdist.CheckpointWarning)] == []
+
+
 def test_checkpoint_without_settings_still_resumes(tmp_path):
     x, y = _data()
     model = kerasdist.make_or_restore_model(tmp_path, _build)
@@ -85,6 +104,13 @@ def test_bad_arguments_are_named(tmp_path):
         kerasdist.custom_fit(_build, lambda context: batches, epochs=1, checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="mixed_precision must be"):
         kerasdist.custom_fit(_build, batches, epochs=1, checkpoint_dir=tmp_path, mixed_precision="yes")
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    for bad, match in [(dict(model="m"), "model must be a Keras model"), (dict(model=unbuilt), "model is not built"),
+                       (dict(data=[1, 2]), "data must be a tf.data.Dataset"),
+                       (dict(model=_build(), optimizer=keras.optimizers.SGD()), "optimizer differs")]:
+        with pytest.raises(ValueError, match=match):  # refused before the checkpoint directory is made
+            kerasdist.custom_fit(**{"model": _build, "data": batches, **bad}, epochs=1, checkpoint_dir=tmp_path / "c")
+        assert not (tmp_path / "c").exists()
 
 
 def test_two_replicas_match_one_device():

@@ -160,6 +160,8 @@ def custom_fit(
     callbacks = _check_callbacks(callbacks)
     settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = verbosity("verbose", verbose)
+    _check_model(model, checkpoint_dir, optimizer)
+    pipeline = _Pipeline(data, steps_per_epoch)  # checks data and steps_per_epoch
 
     if checkpoint_dir is not None:  # refuse other settings before a checkpoint is loaded
         checkpoint_dir = as_manager(checkpoint_dir, model if isinstance(model, keras.Model) else None,
@@ -170,18 +172,20 @@ def custom_fit(
         context = context_of(model.distribute_strategy)
         check_jit(settings, context)
         check_model_precision(model, settings)
+        _check_optimizer(model, optimizer)
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
         if manager_of(model) is not manager:
             with context.strategy.scope():
                 manager.restore(model)
+        resumed = manager.resume_point(model)  # refused before resume_point warns of its batch or order
+        if resumed is not None:
+            check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
         run = run_record_of(data, settings.record())
         checkpoint = CheckpointCallback(manager, options, run=run)
         start = resume_point(checkpoint, model, run)
-        if start.checkpoint is not None:
-            check_resumed_settings(start.checkpoint.settings, settings, start.checkpoint.path)
         callbacks = monitored(callbacks, context, checkpoint)
-        pipeline = _Pipeline(data, context.strategy, steps_per_epoch)
+        pipeline.strategy = context.strategy
         with context.strategy.scope():
             apply_to_optimizer(optimizer, settings)
             optimizer.build(model.trainable_variables)
@@ -263,12 +267,13 @@ def _train_function(strategy, model, optimizer, step_fn, jit_compile):
 
 
 class _Pipeline:
-    """`data` as distributed iterators: one per epoch (an epoch dataset, an input function), or
-    one for the whole run (a stream over epochs), each started at the next unseen batch."""
+    """`data` as distributed iterators (by `strategy`): one per epoch (an epoch dataset, an input
+    function), or one for the whole run (a stream over epochs), each started at the next unseen
+    batch. Made (and `data` checked) before the model."""
 
-    def __init__(self, data: Any, strategy: Any, steps_per_epoch: Any):
+    def __init__(self, data: Any, steps_per_epoch: Any):
         steps_per_epoch = optional_integer("steps_per_epoch", steps_per_epoch, 1)
-        self.strategy = strategy
+        self.strategy: Any = None  # the model's, set once it is known
         self.data = data
         self._stream = None
         self._rebuild = one_epoch_rebuild(data)
@@ -362,30 +367,42 @@ def _check_callbacks(callbacks: Any) -> list[Any]:
     return check_trainer_callbacks(callbacks, "custom_fit")
 
 
-def _model_of(model: Any, checkpoint_dir: Any, strategy: Any, settings: Any) -> Any:
+def _check_model(model: Any, checkpoint_dir: Any, optimizer: Any) -> None:
+    """Refuse a model that is neither a built Keras model nor a build function (which needs
+    `checkpoint_dir`), and an optimizer a built model cannot take, before anything is touched."""
     if isinstance(model, keras.Model):
         if not model.built:
             raise ValueError("model is not built: give it an Input, or pass a function that builds it.")
+        _check_optimizer(model, optimizer)
+    elif not callable(model):
+        raise ValueError(f"model must be a Keras model or a function that builds one, got {type(model).__name__}.")
+    elif checkpoint_dir is None:
+        raise ValueError("model is a build function: pass checkpoint_dir.")
+
+
+def _model_of(model: Any, checkpoint_dir: Any, strategy: Any, settings: Any) -> Any:
+    if isinstance(model, keras.Model):
         return model
-    if callable(model):
-        if checkpoint_dir is None:
-            raise ValueError("model is a build function: pass checkpoint_dir.")
-        return make_or_restore_model(checkpoint_dir, with_build_settings(model, settings), strategy=strategy)
-    raise ValueError(f"model must be a Keras model or a function that builds one, got {type(model).__name__}.")
+    return make_or_restore_model(checkpoint_dir, with_build_settings(model, settings), strategy=strategy)
 
 
-def _optimizer_of(model: Any, optimizer: Any, context: Any) -> Any:
+def _check_optimizer(model: Any, optimizer: Any) -> None:
     compiled = getattr(model, "optimizer", None)
-    if optimizer is None:
-        if compiled is None:
-            raise ValueError("model has no optimizer: compile it, or pass optimizer.")
-        return compiled
-    if compiled is not None and compiled is not optimizer:
+    if optimizer is None and compiled is None:
+        raise ValueError("model has no optimizer: compile it, or pass optimizer.")
+    if optimizer is not None and compiled is not None and compiled is not optimizer:
         raise ValueError(
             "optimizer differs from the model's compiled optimizer: checkpoints save the model's, "
             "so compile the model with it (or leave optimizer out)."
         )
-    if compiled is None:
-        with context.strategy.scope():
-            model.compile(optimizer=optimizer)
+
+
+def _optimizer_of(model: Any, optimizer: Any, context: Any) -> Any:
+    """The optimizer training uses (checked by `_check_optimizer`): the compiled one, or
+    `optimizer` attached to a model compiled without one."""
+    compiled = getattr(model, "optimizer", None)
+    if compiled is not None:
+        return compiled
+    with context.strategy.scope():
+        model.compile(optimizer=optimizer)
     return optimizer
