@@ -37,7 +37,6 @@ from kerasdist.training.resume_point import (
     check_total_epochs,
     epoch_steps,
     resume_point,
-    run_record_of,
     train_from,
 )
 from kerasdist.training.speed import (
@@ -181,9 +180,8 @@ def custom_fit(
         if resumed is not None:
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
-        run = run_record_of(data, settings.record())
-        checkpoint = CheckpointCallback(manager, options, run=run)
-        start = resume_point(checkpoint, model, run)
+        checkpoint = CheckpointCallback(manager, options)
+        start = resume_point(checkpoint, model, data, settings.record())
         callbacks = monitored(callbacks, context, checkpoint)
         pipeline.strategy = context.strategy
         with context.strategy.scope():

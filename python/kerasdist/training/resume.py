@@ -14,7 +14,6 @@ import tensorflow as tf
 from kerasdist.checkpoint import (
     CheckpointCallback,
     CheckpointManager,
-    RunRecord,
     as_manager,
     manager_of,
 )
@@ -32,7 +31,6 @@ from kerasdist.training.resume_point import (
     check_total_epochs,
     epoch_steps,
     resume_point,
-    run_record_of,
     train_from,
 )
 from kerasdist.training.speed import (
@@ -120,7 +118,7 @@ def resume_fit(
         raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
     data = _epochs_of_planned(data)
     epoch_data = data if callable(data) else (lambda epoch: data)
-    start = resume_point(checkpoint, model, run_record_of(data(0) if _epoch_function(data) else data))
+    start = resume_point(checkpoint, model, data(0) if _epoch_function(data) else data)
     # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
     fit_args = FitArgs([*callbacks, checkpoint], validation_data, verbose=verbose)
     fit = _KerasFit(model, epoch_data, steps_per_epoch, checkpoint.every_steps, context.num_replicas, fit_args)
@@ -200,7 +198,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
                 "more often."
             )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    start = resume_point(checkpoint, model, RunRecord())  # data under parameter servers records nothing
+    start = resume_point(checkpoint, model)  # data under parameter servers records nothing
     fit_args = FitArgs([*callbacks, checkpoint], validation_data, validation_steps, verbose)
 
     def fit(segment: Segment) -> keras.callbacks.History:

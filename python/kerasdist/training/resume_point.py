@@ -76,10 +76,13 @@ class EpochRange:
         return self.make(epoch, epoch + 1, 0)
 
 
-def resume_point(checkpoint: CheckpointCallback, model: Any, run: RunRecord) -> ResumePoint:
+def resume_point(checkpoint: CheckpointCallback, model: Any, data: Any = None,
+                 settings: dict[str, Any] | None = None) -> ResumePoint:
     """The point `model` continues from, from `checkpoint`'s manager (which read its checkpoints
-    when it restored the model), for a run whose checkpoints record `run`; the callback is told
-    `run`, so that its checkpoints record it."""
+    when it restored the model), for a run on `data` with `settings`: the callback is told what
+    such a run records (`run_record_of`; None data, as under parameter servers: nothing of the
+    data), so that its checkpoints record it."""
+    run = run_record_of(data, settings) if data is not None else RunRecord(dict(settings or {}))
     checkpoint.use_run(run)
     point = checkpoint.manager.resume_point(model)
     if point is None:
