@@ -35,12 +35,9 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
                             communication = "auto", tf_config = NULL,
                             cluster_resolver = NULL, environ = NULL, gpus = NULL,
                             tpu = NULL) {
-  strategy <- call_python(
-    kerasdist_module()$select_strategy, kind,
-    devices = devices, cross_device_ops = cross_device_ops,
-    communication = communication, tf_config = tf_config,
-    cluster_resolver = cluster_resolver, environ = environ,
-    gpus = gpus, tpu = tpu
+  strategy <- call_with_signals(
+    kerasdist_module()$select_strategy, kind, devices, tf_config, cluster_resolver, environ, gpus,
+    tpu, cross_device_ops = cross_device_ops, communication = communication
   )
   class(strategy) <- c("kerasdist_strategy", class(strategy))
   strategy
@@ -76,11 +73,8 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
 plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
                           cluster_resolver = NULL, environ = NULL, gpus = NULL,
                           tpu = NULL) {
-  plan <- call_python(
-    kerasdist_module()$plan_strategy, kind,
-    devices = devices, tf_config = tf_config,
-    cluster_resolver = cluster_resolver, environ = environ,
-    gpus = gpus, tpu = tpu
+  plan <- call_with_signals(
+    kerasdist_module()$plan_strategy, kind, devices, tf_config, cluster_resolver, environ, gpus, tpu
   )
   structure(
     list(
@@ -89,6 +83,16 @@ plan_strategy <- function(kind = "auto", devices = NULL, tf_config = NULL,
     ),
     text = reticulate::py_str(plan),
     class = "kerasdist_strategy_plan"
+  )
+}
+
+# select_strategy() and plan_strategy() pass Python the same signals (what decides the kind and
+# the devices), each by name; `...`: select_strategy()'s own arguments.
+call_with_signals <- function(fun, kind, devices, tf_config, cluster_resolver, environ, gpus, tpu,
+                              ..., call = sys.call(-1)) {
+  call_python(
+    fun, kind, devices = devices, tf_config = tf_config, cluster_resolver = cluster_resolver,
+    environ = environ, gpus = gpus, tpu = tpu, ..., call = call
   )
 }
 
