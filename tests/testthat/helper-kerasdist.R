@@ -31,3 +31,13 @@ skip_if_no_kerasdist <- function() {
 in_fresh_r <- function(fun, ...) {
   callr::r(fun, args = list(...), libpath = .libPaths(), env = c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2"))
 }
+
+# Launch the test script scripts/<name>, its arguments `...` after it, as 2 workers on this host
+# (kerasdist's launch()) and expect every worker to succeed; returns the script's path (to run it
+# again as one process).
+launch_r_script <- function(name, ...) {
+  script <- normalizePath(test_path("scripts", name))
+  result <- launch(c(script, ...), num_workers = 2L, grace_period = 2, timeout = 240)
+  expect_true(result$ok)
+  invisible(script)
+}

@@ -2,10 +2,7 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
   checkpoint_dir <- file.path(dir, "ckpt")
-  script <- normalizePath(test_path("scripts", "train_worker.R"))
-  result <- launch(c(script, checkpoint_dir, file.path(dir, "weights")), num_workers = 2L,
-                   grace_period = 2, timeout = 240)
-  expect_true(result$ok)
+  launch_r_script("train_worker.R", checkpoint_dir, file.path(dir, "weights"))
   weights0 <- readLines(file.path(dir, "weights-worker-0.txt"))
   weights1 <- readLines(file.path(dir, "weights-worker-1.txt"))
   expect_identical(weights0, weights1)
@@ -31,9 +28,7 @@ test_that("an R script launched as 2 workers trains, and only the chief writes c
 test_that("a strategy the R user made with TensorFlow's API trains with keras3's fit() and distributed_fit()", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
-  script <- normalizePath(test_path("scripts", "user_strategy.R"))
-  result <- launch(c(script, dir), num_workers = 2L, grace_period = 2, timeout = 240)
-  expect_true(result$ok)
+  launch_r_script("user_strategy.R", dir)
   losses <- lapply(0:1, function(i) readLines(file.path(dir, sprintf("losses-%d.txt", i))))
   expect_length(losses[[1]], 4)  # 2 epochs of fit(), 2 of distributed_fit()
   expect_identical(losses[[1]], losses[[2]])

@@ -5,9 +5,7 @@
 test_that("the multi-worker tutorial and dict inputs train under 2 workers with keras3's fit(), as one process", {
   skip_if_no_kerasdist()
   dir <- withr::local_tempdir()
-  script <- normalizePath(test_path("scripts", "upstream_reports.R"))
-  result <- launch(c(script, dir), num_workers = 2L, grace_period = 2, timeout = 240)
-  expect_true(result$ok)
+  script <- launch_r_script("upstream_reports.R", dir)
   status <- system2(file.path(R.home("bin"), "Rscript"), c("--vanilla", shQuote(script), shQuote(dir)),
                     env = "TF_CPP_MIN_LOG_LEVEL=2", stdout = FALSE, stderr = FALSE)
   expect_identical(status, 0L)
