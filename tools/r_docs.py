@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import re
 import sys
@@ -40,11 +41,29 @@ WIDTH = 100
 CHECKPOINT_OPTIONS = "python/kerasdist/checkpoint/options.py:CheckpointOptions"
 
 
+@functools.cache
+def module_tree(path: str) -> ast.Module:
+    """The parsed module at `path` (from the repository's root), read once per run."""
+    return ast.parse((ROOT / path).read_text())
+
+
+@functools.cache
+def class_index() -> dict[str, str]:
+    """Every top-level class of the package, by name, as its "path/to/module.py:name" spec: built
+    once per run, for the records `@with_field_docs` names."""
+    index: dict[str, str] = {}
+    for path in sorted((ROOT / "python" / "kerasdist").rglob("*.py")):
+        module = str(path.relative_to(ROOT))
+        for node in module_tree(module).body:
+            if isinstance(node, ast.ClassDef):
+                index.setdefault(node.name, f"{module}:{node.name}")
+    return index
+
+
 def definition(spec: str) -> ast.FunctionDef | ast.ClassDef:
     """The function or class "path/to/module.py:name", read without importing."""
     path, name = spec.split(":")
-    tree = ast.parse((ROOT / path).read_text())
-    for node in tree.body:
+    for node in module_tree(path).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             return node
     raise SystemExit(f"r_docs: {name} not found in {path}")
@@ -74,10 +93,7 @@ def field_docs_of_decorators(spec: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for decorator in definition(spec).decorator_list:
         if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "with_field_docs":
-            name = decorator.args[0].id
-            path = next(p for p in sorted((ROOT / "python" / "kerasdist").rglob("*.py"))
-                        if re.search(rf"^class {name}\b", p.read_text(), re.M))
-            found.update(record_docs(f"{path.relative_to(ROOT)}:{name}"))
+            found.update(record_docs(class_index()[decorator.args[0].id]))
     return found
 
 
