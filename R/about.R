@@ -1,7 +1,9 @@
-#' Versions and the strategy chosen here
+# r-docs: python/kerasdist/about.py:kerasdist_info (make r-docs)
+#' Versions of the stack and a description of the strategy `select_strategy(kind)` gives
 #'
-#' Prints the versions of kerasdist, TensorFlow, Keras, NumPy and Python, then
-#' the strategy `select_strategy(kind)` gives on this machine and why.
+#' From R it prints that text (the versions of kerasdist, TensorFlow, Keras, NumPy and Python, then
+#' the strategy `select_strategy(kind)` gives on this machine and why) after a line with the
+#' versions of R and reticulate.
 #'
 #' @inheritParams select_strategy
 #' @returns The text, invisibly.

@@ -1,57 +1,48 @@
 # The strategy advisor: thin wrapper over python/kerasdist/advisor.py.
 
+# r-docs: python/kerasdist/advisor.py:bench_strategies (make r-docs)
 #' Time your model under each strategy this machine can run, and recommend one
 #'
-#' Trains `steps` steps of the model under `"default"`, `"mirrored"` (over the
-#' GPUs, or `devices` simulated CPU devices when there are none; not run
-#' with a single GPU) and
-#' `"multi_worker"` (`workers` processes on 127.0.0.1, started by [launch()]),
-#' each in a fresh process, at the same global batch size. For each it
-#' measures the step time on the real input pipeline ([make_dataset()]), the
-#' compute time (the same step fed one batch held in memory) and the input
-#' pipeline alone, and then says which strategy to use and why, e.g. that
-#' mirrored is slower here because the model is too small for the all-reduce
-#' to pay off.
+#' Each strategy runs in a fresh process ([launch()] for `"multi_worker"`), at the same global batch
+#' size; for each, the step time on the real input pipeline ([make_dataset()]), the compute time
+#' (the same step fed one batch held in memory) and the input pipeline alone are measured, and
+#' `reason` says why the recommendation wins, e.g. that mirrored is slower here because the model is
+#' too small for the all-reduce to pay off.
 #'
-#' The model is rebuilt in every strategy's process, so it is named, not
-#' passed: a Python function returning a compiled Keras model, as
-#' `"module:function"` or `"path/to/file.py:function"` (write it with
-#' `reticulate::py_run_string()` into a file, or keep a `models.py` next to
-#' your R script). `"kerasdist.example_models:tiny_dense"` and
-#' `"kerasdist.example_models:mid_cnn"` are two examples to try.
-#'
-#' Bad input is refused before any process starts, with an error of class
+#' The model is rebuilt in every strategy's process, so it is named, not passed: a Python function
+#' returning a compiled Keras model, as `"module:function"` or `"path/to/file.py:function"` (write
+#' it with `reticulate::py_run_string()` into a file, or keep a `models.py` next to your R script).
+#' `"kerasdist.example_models:tiny_dense"` and `"kerasdist.example_models:mid_cnn"` are two examples
+#' to try. Bad input is refused before any process starts, with an error of class
 #' `kerasdist_ValueError` naming the argument.
 #'
-#' @param model `"module:function"` or `"path/to/file.py:function"`: a Python
-#'   function with no arguments that returns a compiled Keras model.
-#' @param x,y Training data (matrices, arrays, vectors), or `NULL` for both:
-#'   random data shaped for the model's input and output.
-#' @param strategies Character vector, a subset of `"default"`, `"mirrored"`,
-#'   `"multi_worker"`; `NULL` for all three.
-#' @param steps Timed training steps per strategy (after 10 warm-up steps).
+#' @param model Where the model comes from, as "module:function" (an importable module) or
+#'   "path/to/file.py:function"; the function takes no arguments and returns a compiled Keras model.
+#'   It is called in each strategy's process, inside the strategy's scope.
+#' @param x Training data (matrices, arrays, vectors), or `NULL` for both `x` and `y`: random data
+#'   shaped for the model's input and output.
+#' @param y Training targets, as `x`.
+#' @param strategies Character vector, a subset of `"default"`, `"mirrored"`, `"multi_worker"`;
+#'   `NULL` for all three.
+#' @param steps Timed training steps per strategy (after a warm-up of 10).
 #' @param batch_size The global batch size, the same under every strategy.
-#' @param devices CPU devices to simulate for `"mirrored"` without GPUs.
-#' @param workers Worker processes for `"multi_worker"`.
-#' @param seed Seed of the data and of the shuffle.
+#' @param devices CPU devices to simulate for "mirrored" on a machine without GPUs.
+#' @param workers Worker processes for "multi_worker".
+#' @param seed Seed of the data and the shuffle.
 #' @param timeout Seconds allowed for each strategy's run.
 #' @param verbose Print a line as each strategy starts and ends.
-#' @param speed_options Also time the recommended strategy with
-#'   `mixed_precision = TRUE` (`mixed_bfloat16` on a CPU, `mixed_float16` on a
-#'   GPU) and with `jit_compile = TRUE` (XLA), in one more process of that
-#'   strategy that times the model plain and with each option, interleaved
-#'   round by round (so each speedup compares runs of the same moment), and
-#'   say in `reason` whether either helps (more than 5% faster) and so is worth
-#'   passing to [distributed_fit()] or [custom_fit()]. Off by default: one more
-#'   process.
-#' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data
-#'   frame, one row per strategy: replicas, devices, steps_per_second,
-#'   examples_per_second, step_ms, compute_ms, input_wait_ms, input_only_ms,
-#'   error), `recommendation`, `reason`, `model`, `parameters`,
-#'   `global_batch_size`, `steps`, `device`, `speed_options` (with
-#'   `speed_options = TRUE`, a data frame, one row per option: option,
-#'   strategy, steps_per_second, step_ms, speedup, error; else `NULL`) and
-#'   `text` (what `print()` shows).
+#' @param speed_options Also time the recommended strategy with `mixed_precision=TRUE` (the model
+#'   built under `mixed_float16` on a GPU, `mixed_bfloat16` on a CPU) and with `jit_compile=TRUE`
+#'   (XLA), in one more process of that strategy that times the model plain and with each option,
+#'   interleaved round by round (each speedup compares runs of the same moment), and say in `reason`
+#'   whether either helps (more than 5\% faster) and so is worth passing to `distributed_fit` or
+#'   `custom_fit`. Off by default: one more process.
+#' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data frame, one row per
+#'   strategy: replicas, devices, steps_per_second, examples_per_second, step_ms, compute_ms,
+#'   input_wait_ms, input_only_ms, error), `recommendation`, `reason`, `model`, `parameters`,
+#'   `global_batch_size`, `steps`, `device`, `speed_options` (with `speed_options = TRUE`, a data
+#'   frame, one row per option: option, strategy, steps_per_second, step_ms, speedup, error; else
+#'   `NULL`) and `text` (what `print()` shows).
 #' @family strategy
 #' @seealso Python: `kerasdist.bench_strategies()`; command line:
 #'   `python -m kerasdist bench --model module:function`.

@@ -1,74 +1,69 @@
 # Input pipelines: thin wrappers over python/kerasdist/data/ (the names its __init__ exports).
 
+# r-docs: python/kerasdist/data/api.py:make_dataset (make r-docs)
 #' Build a dataset of batches for distributed fit
 #'
-#' Turns R matrices, arrays, data frames, lists of them (multi-input models),
-#' an existing `tf.data.Dataset` or TFRecord/CSV files into a `tf.data.Dataset`
-#' of batches for `fit()` under the active strategy.
+#' From R: matrices, arrays, data frames, lists of them (multi-input models), an existing
+#' `tf.data.Dataset` or TFRecord/CSV files become a `tf.data.Dataset` of batches for keras3's
+#' `fit()` under the active strategy.
 #'
-#' By default the dataset is one epoch, as tf.data users expect:
-#' `model |> fit(ds, epochs = 2)` and `reticulate::iterate()` work, and each
-#' new pass over it (read to the end) is the next epoch: pass k is epoch
-#' `initial_epoch + k`, the same in every process and after a restart. With
-#' `epochs` (or `repeat_epochs = TRUE`) it is instead one stream of batches over
-#' epochs `initial_epoch` .. `epochs - 1` (endless with `repeat_epochs`); give `fit()`
-#' the `steps_per_epoch` that [dataset_info()] reports. Each epoch's order is a pure function of
-#' `(seed, epoch)`: the permutation [epoch_order()] returns, computed with
-#' TensorFlow's `stateless_shuffle`, so it does not depend on the global
-#' seed, the process or the worker. A run resumed after `k` batches of epoch
-#' `e` rebuilds its stream with `initial_epoch = e, skip_batches = k`: the
-#' batches are the ones the uninterrupted run would have seen next.
+#' By default the dataset is one epoch, as tf.data users expect: `model |> fit(ds, epochs = 2)` and
+#' `reticulate::iterate()` work, and each new pass over it (read to the end) is the next epoch: pass
+#' k is epoch `initial_epoch + k`, the same in every process and after a restart. With `epochs` (or
+#' `repeat_epochs = TRUE`) it is instead one stream of batches over epochs `initial_epoch` ..
+#' `epochs - 1` (endless with `repeat_epochs`); give `fit()` the `steps_per_epoch` that
+#' [dataset_info()] reports. Each epoch's order is a pure function of `(seed, epoch)`: the
+#' permutation [epoch_order()] returns. A run resumed after `k` batches of epoch `e` rebuilds its
+#' stream with `initial_epoch = e, skip_batches = k`: the batches are the ones the uninterrupted run
+#' would have seen next.
 #'
-#' The first index of a matrix or array is the sample: row `i` of `x` is
-#' sample `i`, with its values in R's order (`matrix(1:12, 4)` gives a first
-#' sample `c(1, 5, 9)`). Data frames must be all numeric (factor and character
-#' columns are refused: encode them first); they become one float matrix.
+#' The first index of a matrix or array is the sample: row `i` of `x` is sample `i`, with its values
+#' in R's order (`matrix(1:12, 4)` gives a first sample `c(1, 5, 9)`). Data frames must be all
+#' numeric (factor and character columns are refused: encode them first); they become one float
+#' matrix.
 #'
-#' @param x Features: a numeric matrix or array (first index = sample), a
-#'   numeric vector, a data frame, an unnamed list (several inputs) or a named
-#'   list (inputs by name) of those, a `tf.data.Dataset` of unbatched elements,
-#'   or a file pattern (character) of TFRecord or CSV files.
-#' @param y Targets with as many samples as `x`, or for a data frame `x` the
-#'   name of its target column. `NULL` for none.
+#' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
+#'   frame, an unnamed list (several inputs) or a named list (inputs by name) of those, a
+#'   `tf.data.Dataset` of unbatched elements, or a file pattern (character) of TFRecord or CSV
+#'   files.
+#' @param y Targets with as many samples as `x`, or for a data frame `x` the name of its target
+#'   column. `NULL` for none.
 #' @param sample_weight Optional per-sample weights (a numeric vector).
 #' @param batch_size Global batch size (all replicas together).
-#' @param per_replica_batch_size Batch size of one replica; the global size is
-#'   this times the strategy's number of replicas. Give one of the two; neither
-#'   means 32.
-#' @param strategy The strategy `fit()` runs under; `NULL` for the one whose
-#'   scope is active.
+#' @param per_replica_batch_size Batch size of one replica; the global size is this times the
+#'   strategy's replicas. Give one of the two; neither means 32.
+#' @param strategy The strategy `fit()` runs under; `NULL` for the one whose scope is active.
 #' @param drop_remainder Drop each epoch's last, smaller batch.
-#' @param shuffle Permute each epoch (a pure function of `seed` and the epoch).
-#' @param seed The shuffle seed, an integer.
-#' @param initial_epoch The first epoch of the stream, 0-based as in keras3's
-#'   `fit(initial_epoch = )`.
-#' @param skip_batches Batches of `initial_epoch` already consumed (a
-#'   mid-epoch resume); needs `epochs` or `repeat_epochs`.
-#' @param epochs `NULL` (default): one epoch, the next one on each pass. A
-#'   number: one stream that stops before this epoch (as `fit(epochs = )`).
-#' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's
-#'   `repeat=True`; `repeat` is a reserved word in R).
+#' @param shuffle Permute each epoch; the order is a pure function of (seed, epoch).
+#' @param seed The shuffle seed (an integer).
+#' @param initial_epoch The epoch of the first pass (0-based, like Keras's `initial_epoch`), or the
+#'   first epoch of the stream.
+#' @param skip_batches Batches of `initial_epoch` already consumed (a mid-epoch resume); needs
+#'   `epochs` or `repeat_epochs`.
+#' @param epochs `NULL` (default): the dataset is one epoch, the next one on each new pass. An
+#'   integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive, like Keras's
+#'   `epochs`).
+#' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's `repeat=True`; `repeat` is
+#'   a reserved word in R).
 #' @param per_worker Build one pipeline per worker with
-#'   `strategy$distribute_datasets_from_function()`, each reading only its
-#'   share; otherwise the dataset carries the auto-shard policy of its source
-#'   (DATA for in-memory data, FILE for enough files, else DATA).
-#' @param cache `TRUE` or `"memory"` to cache in memory, or a file path prefix.
-#'   Caches the records of files or of a dataset before shuffling; in-memory
-#'   data needs none.
-#' @param map_fn A per-element transform, run in parallel after shuffling. It
-#'   must be a Python function (for example from [reticulate::py_run_string()]):
-#'   TensorFlow calls it from its own threads, where R code cannot run.
-#' @param check_finite Refuse `NaN` or `Inf` in the features.
-#' @param file_format `"tfrecord"` or `"csv"`; `NULL` to tell from the file
-#'   extension.
-#' @param label_column For files: the column (CSV) or feature (TFRecord) that
-#'   is `y`.
-#' @param features For TFRecord files of `tf.train.Example`: a named list of
-#'   float feature shapes, e.g. `list(x = 3L, y = integer(0))`.
-#' @param shuffle_buffer Block size of the shuffle of cached files and of
-#'   datasets.
-#' @returns A `tf.data.Dataset` (Python object), or a distributed dataset with
-#'   `per_worker = TRUE`. For a validation split see [make_dataset_split()].
+#'   `strategy$distribute_datasets_from_function()`, each reading only its share; otherwise the
+#'   dataset carries the auto-shard policy of its source (DATA for in-memory data, FILE for files
+#'   when there are at least as many files as workers, DATA otherwise).
+#' @param cache `TRUE` or "memory" to cache in memory, or a file path prefix; caches the source
+#'   records (files, an existing dataset) before shuffling. In-memory arrays are already in memory,
+#'   so it changes nothing for them.
+#' @param map_fn A per-element transform, run in parallel after shuffling. It must be a Python
+#'   function (for example from [reticulate::py_run_string()]): TensorFlow calls it from its own
+#'   threads, where R code cannot run.
+#' @param check_finite Refuse NaN or Inf in the features (checked up front for in-memory data, while
+#'   reading for files).
+#' @param file_format "tfrecord" or "csv"; default from the file extension.
+#' @param label_column For CSV/TFRecord files: the column (feature) that is y.
+#' @param features For TFRecord files of `tf.train.Example`: a named list of float feature shapes,
+#'   e.g. `list(x = 3L, y = integer(0))`; the non-label features, concatenated, are `x`.
+#' @param shuffle_buffer Block size of the stream-source shuffle with `cache`.
+#' @returns A `tf.data.Dataset` (Python object), or a distributed dataset with `per_worker = TRUE`;
+#'   [dataset_info()] tells what was decided. For a validation split see [make_dataset_split()].
 #' @family data
 #' @seealso Python: `kerasdist.make_dataset()`.
 #' @examples
@@ -93,21 +88,22 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
   call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
 }
 
+# r-docs: python/kerasdist/data/api.py:make_dataset_split (make r-docs)
 #' Make a training dataset and a validation dataset from one set of samples
 #'
-#' [make_dataset()] for all but the last `validation_split` of the rows (as
-#' keras3's `fit(validation_split = )` holds out the last ones), and one
-#' unshuffled, finite pass over those rows.
+#' [make_dataset()] for all but the last `validation_split` of the rows (as keras3's
+#' `fit(validation_split = )` holds out the last ones), and one unshuffled, finite pass over those
+#' rows.
 #'
-#' @param x,y In-memory data: R matrices and arrays, data frames (and `y` a
-#'   column name), lists of them.
-#' @param validation_split Fraction in (0, 1) of the rows kept out for
-#'   validation.
-#' @param ... Further arguments of [make_dataset()], by name (`batch_size`,
-#'   `seed`, `strategy`, ...), with its defaults.
-#' @returns A list: `train`, the training dataset (as [make_dataset()] makes
-#'   it from the other arguments), and `validation`, the held-out rows batched
-#'   like it.
+#' @param x In-memory data: R matrices and arrays, data frames, lists of them.
+#' @param y Targets, as `x` (for a data frame `x`, a column name), or `NULL` when `x` holds them.
+#' @param validation_split Fraction in (0, 1) of the samples kept out for validation.
+#' @param ... Further arguments of [make_dataset()], by name (`batch_size`, `seed`, `strategy`,
+#'   ...), with its defaults; they shape the training dataset, and the validation dataset has its
+#'   batch size (and `drop_remainder`).
+#' @returns A list: `train`, the training dataset (as [make_dataset()] makes it from the other
+#'   arguments), and `validation`, the held-out rows batched like it; [dataset_info()] of each tells
+#'   its sizes (`validation_samples` on the training one).
 #' @family data
 #' @seealso Python: `kerasdist.make_dataset_split()`.
 #' @examples
@@ -160,17 +156,17 @@ call_dataset_function <- function(fun, args, call) {
   ), split), quote = TRUE)  # quote: `call` is a call, not to be run again
 }
 
+# r-docs: python/kerasdist/data/api.py:plan_dataset (make r-docs)
 #' Plan a dataset without building it
 #'
-#' Checks the same arguments as [make_dataset()], reads the source once and
-#' returns what [dataset_info()] would say of the dataset (sizes, steps per
-#' epoch, shard policy, form), without building any pipeline.
+#' Checks the same arguments as [make_dataset()], reads the source once and returns what
+#' [dataset_info()] would say of the dataset (sizes, steps per epoch, shard policy, form), without
+#' building any pipeline.
 #'
 #' @inheritParams make_dataset
-#' @param ... Arguments of [make_dataset()], by name, with its defaults; and
-#'   `validation_split`, as in [make_dataset_split()]: the plan is then that of
-#'   its training dataset.
-#' @returns A list of class `kerasdist_dataset_info`.
+#' @param ... Arguments of [make_dataset()], by name, with its defaults; and `validation_split`, as
+#'   in [make_dataset_split()]: the plan is then that of its training dataset.
+#' @returns A list of class `kerasdist_dataset_info`, as [dataset_info()] gives.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -182,14 +178,16 @@ plan_dataset <- function(x, y = NULL, ...) {
   structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 
+# r-docs: python/kerasdist/data/info.py:dataset_info (make r-docs)
 #' What make_dataset decided for a dataset
 #'
-#' Tells the source kind, the number of samples, the global and per-replica
-#' batch sizes and which of them was given, the steps per epoch to give
-#' `fit()`, the auto-shard policy (or `"per_worker"`) and the order settings.
+#' The plan travels on the dataset object itself; a dataset derived from it (`ds$take(3L)`) is a new
+#' dataset without one. [plan_dataset()] gives the same without building a pipeline.
 #'
 #' @param dataset A dataset returned by [make_dataset()].
-#' @returns A list of class `kerasdist_dataset_info`.
+#' @returns A list of class `kerasdist_dataset_info`: the source kind, the number of samples, the
+#'   global and per-replica batch sizes and which of them was given (`sizing`), the steps per epoch
+#'   to give `fit()`, the auto-shard policy (or `"per_worker"`) and the order settings.
 #' @family data
 #' @seealso Python: `kerasdist.dataset_info()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -201,22 +199,22 @@ dataset_info <- function(dataset) {
   structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 
-#' Global and per-replica batch sizes
+# r-docs: python/kerasdist/data/info.py:batch_size_info (make r-docs)
+#' Work out the global and per-replica batch sizes, without building anything
 #'
-#' Works out the global batch size from `batch_size`, or from
-#' `per_replica_batch_size` times the number of replicas, and says which was
-#' used, without building a dataset.
-#'
-#' @inheritParams make_dataset
-#' @param num_replicas The number of replicas, instead of asking `strategy`.
-#' @param num_samples When given, `steps_per_epoch` is computed and the sizes
-#'   are checked against it.
-#' @param require_even_split The global size must split evenly over the
-#'   replicas (per-worker pipelines need it).
-#' @returns A list of class `kerasdist_batch_size_info`: `batch_size`,
-#'   `per_replica_batch_size` (`NULL` when it does not split evenly),
-#'   `num_replicas`, `sizing` (`"batch_size"`, `"per_replica_batch_size"` or
-#'   `"default"`), `num_samples`, `steps_per_epoch`, `drop_remainder`.
+#' @param batch_size The global batch size (all replicas together).
+#' @param per_replica_batch_size The batch size of one replica; the global size is this times the
+#'   strategy's `num_replicas_in_sync`. Give one of the two; neither means 32.
+#' @param strategy The strategy to size for; default the one whose scope is active.
+#' @param num_replicas The replica count, instead of asking a strategy.
+#' @param num_samples When given, `steps_per_epoch` is computed and the sizes are checked against
+#'   it.
+#' @param drop_remainder Whether a last, smaller batch is dropped.
+#' @param require_even_split The global size must split evenly over the replicas (per-worker
+#'   pipelines need that).
+#' @returns A list of class `kerasdist_batch_size_info`: `batch_size`, `per_replica_batch_size`
+#'   (`NULL` when it does not split evenly), `num_replicas`, `sizing` (`"batch_size"`,
+#'   `"per_replica_batch_size"` or `"default"`), `num_samples`, `steps_per_epoch`, `drop_remainder`.
 #' @family data
 #' @seealso Python: `kerasdist.batch_size_info()`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -234,13 +232,14 @@ batch_size_info <- function(batch_size = NULL, per_replica_batch_size = NULL, st
   structure(py_record_to_r(info), class = "kerasdist_batch_size_info")
 }
 
+# r-docs: python/kerasdist/data/order.py:epoch_order (make r-docs)
 #' The sample order of one epoch
 #'
-#' The permutation [make_dataset()] uses for epoch `epoch` with `seed`: a pure
-#' function of `(n, seed, epoch)`, the same in R, in Python, on every worker
-#' and after a restart. Unlike Python's `kerasdist.epoch_order()`, which gives
-#' 0-based indices, this returns R's 1-based ones: `x[epoch_order(nrow(x)), ]`
-#' is the epoch's order.
+#' The permutation [make_dataset()] uses for epoch `epoch` with `seed`: a pure function of
+#' `(n, seed, epoch)`, the same in R, in Python, on every worker and after a restart (TensorFlow's
+#' `stateless_shuffle`, the op [make_dataset()] runs; a TensorFlow release may change it). Unlike
+#' Python's `kerasdist.epoch_order()`, which gives 0-based indices, this returns R's 1-based ones:
+#' `x[epoch_order(nrow(x)), ]` is the epoch's order.
 #'
 #' @param n Number of samples.
 #' @param seed The shuffle seed.

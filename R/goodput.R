@@ -1,37 +1,30 @@
+# r-docs: python/kerasdist/goodput.py:goodput (make r-docs)
 #' Where a run's time went: goodput, and what failures cost
 #'
-#' Reads the run log the chief of every kerasdist trainer writes beside the
-#' checkpoints (`runs/` in the checkpoint directory or bucket) and splits the
-#' wall time from the run's first start to its end: productive training,
-#' start-up (R, Python, TensorFlow, the cluster, the model, the first step),
-#' restore, checkpoint blocking (training waiting in saves), redone work (steps
-#' trained again because a failure came after the last checkpoint), evaluation,
-#' detection (for a start that failed: from the end of its last completed step
-#' to its end, e.g. waiting until a dead peer is declared lost), other (after
-#' training) and downtime (no process running, e.g. a requeued
-#' job waiting in the queue). Goodput is productive time over wall time.
+#' The wall time from the run's first start to its end splits into productive training, start-up
+#' (the interpreter, TensorFlow, the cluster, the model, the first step), restore, checkpoint
+#' blocking (training waiting in saves), redone work (steps trained again because a failure came
+#' after the last checkpoint), evaluation, detection (for a start that failed: from the end of its
+#' last completed step to its end, e.g. waiting until a dead peer is declared lost), other (after
+#' training) and downtime (no process running, e.g. a requeued job waiting in the queue). Goodput is
+#' productive time over wall time.
 #'
 #' @inheritParams make_or_restore_model
-#' @param checkpoint_dir Directory of checkpoints whose `runs/` holds the run
-#'   log (never created: one without a run log is an error naming it),
-#'   or an object-store URL (`"s3://..."`, `"gs://..."`, `"memory://..."`,
-#'   `"file://..."`), as in [make_or_restore_model()].
-#' @returns A data frame with one row per part (`part`, `seconds`, `share` of
-#'   the wall time), of class `kerasdist_goodput` (its print shows the whole
-#'   report), with attributes `goodput`, `goodput_excluding_downtime`,
-#'   `wall_seconds`, `redone_steps`, `failures`, `save_cost_seconds`,
-#'   `mean_time_between_failures`, `suggested_interval_seconds` (the
-#'   checkpoint interval that loses least by Young/Daly, `sqrt(2 x save cost x
-#'   mean time between failures)`, `NA` without failures or without saves),
-#'   `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
-#'   one row per start of the chief's process, with its `status`:
-#'   `"completed"`, `"preempted"`, `"peer lost"` or `"killed or crashed"`, its first step's
-#'   time, `last_step` and `last_step_at` (the last step it completed and when),
-#'   `detection_seconds` (its time after that step, when it failed),
-#'   `recovery_seconds`, from the previous attempt's failure (the end of its
-#'   last completed step) to this one's first step, and `workers`, the workers that trained in it: a
-#'   job that shrank on a lost host and grew back shows 2, 1, 2). An error if
-#'   the directory holds no run log.
+#' @param checkpoint_dir Directory of checkpoints whose `runs/` holds the run log (never created:
+#'   one without a run log is an error naming it), or an object-store URL (`"s3://..."`,
+#'   `"gs://..."`, `"memory://..."`, `"file://..."`), as in [make_or_restore_model()].
+#' @returns A data frame with one row per part (`part`, `seconds`, `share` of the wall time), of
+#'   class `kerasdist_goodput` (its print shows the whole report), with attributes `goodput`,
+#'   `goodput_excluding_downtime`, `wall_seconds`, `redone_steps`, `failures`, `save_cost_seconds`,
+#'   `mean_time_between_failures`, `suggested_interval_seconds` (the checkpoint interval that loses
+#'   least by Young/Daly, `sqrt(2 x save cost x mean time between failures)`, `NA` without failures
+#'   or without saves), `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
+#'   one row per start of the chief's process, with its `status`: `"completed"`, `"preempted"`,
+#'   `"peer lost"` or `"killed or crashed"`, its first step's time, `last_step` and `last_step_at`
+#'   (the last step it completed and when), `detection_seconds` (its time after that step, when it
+#'   failed), `recovery_seconds`, from the previous attempt's failure (the end of its last completed
+#'   step) to this one's first step, and `workers`, the workers that trained in it: a job that
+#'   shrank on a lost host and grew back shows 2, 1, 2). An error if the directory holds no run log.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.goodput()`; the shell: `kerasdist goodput DIR`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -75,14 +68,16 @@ print.kerasdist_goodput <- function(x, ...) {
   invisible(x)
 }
 
+# r-docs: python/kerasdist/goodput.py:plot_goodput (make r-docs)
 #' Draw a run's timeline, failures marked
 #'
-#' One bar per start of the chief's process, its parts coloured (start-up,
-#' restore, productive, checkpoint blocking, evaluation, redone, detection), each failure
-#' marked, the gaps between bars the downtime; the title gives the goodput.
+#' One bar per start of the chief's process, its parts coloured (start-up, restore, productive,
+#' checkpoint blocking, evaluation, redone, detection), each failure marked, the gaps between bars
+#' the downtime; the title gives the goodput. It needs matplotlib in the Python kerasdist uses
+#' ([install_kerasdist()] installs it).
 #'
 #' @param report What [goodput()] returned.
-#' @param path Where to write the PNG.
+#' @param path Where to write the PNG (one file name).
 #' @returns `path`, invisibly.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.plot_goodput()`; the shell: `kerasdist goodput DIR --plot PNG`.

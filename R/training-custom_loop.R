@@ -100,19 +100,17 @@ custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NUL
   invisible(as_training_history(history))
 }
 
+# r-docs: python/kerasdist/training/custom_loop.py:fit_step (make r-docs)
 #' One of `fit`'s training steps, the default step of custom_fit()
 #'
-#' Runs Keras's training step for a compiled model on one batch: the
-#' compiled loss (plus regularization losses), its gradients, and the
-#' optimizer update. [custom_fit()] uses this step when `step_fn` is `NULL`
-#' (there it runs in Python on every replica); called from R it runs once,
+#' Runs Keras's training step for a compiled model on one batch: the compiled loss (plus
+#' regularization losses), its gradients, and the optimizer update. [custom_fit()] uses this step
+#' when `step_fn` is `NULL` (there it runs in Python on every replica); called from R it runs once,
 #' on the calling thread.
 #'
 #' @param model A compiled Keras model (a keras3 model).
-#' @param optimizer The optimizer to apply the gradients with; usually
-#'   `model$optimizer`.
-#' @param batch One batch: `list(x, y)` or `list(x, y, sample_weight)` of
-#'   tensors or arrays.
+#' @param optimizer The optimizer to apply the gradients with; usually `model$optimizer`.
+#' @param batch One batch: `list(x, y)` or `list(x, y, sample_weight)` of tensors or arrays.
 #' @returns A named list with the step's `loss` (a tensor).
 #' @family training
 #' @seealso Python: `kerasdist.fit_step()`; [custom_fit()].

@@ -126,20 +126,24 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
   invisible(as_training_history(history))
 }
 
+# r-docs: python/kerasdist/step_guard.py:check_step_functions (make r-docs)
 #' Find R functions that TensorFlow would run inside the training step
 #'
-#' Looks at a compiled model's loss, metrics and layers for R functions
-#' (reticulate hands them to Python as functions made by
-#' `rpytools.call.make_python_function`). Under a strategy with more than one
-#' replica they would be called on TensorFlow's replica threads, where R
-#' aborts, so this stops with an error of class `kerasdist_error` that says
-#' what to use instead; with one replica it only reports them.
-#' [distributed_fit()] runs it before training.
+#' Under a multi-replica strategy TensorFlow traces the training step once per replica, each on its
+#' own thread. An R function used there (a loss, a metric, a Lambda layer's function, a layer's or
+#' the model's `call`) is then called off R's main thread and R aborts the whole process ("C stack
+#' usage ... is too close to the limit"). reticulate hands R functions to Python as functions made
+#' by `rpytools.call.make_python_function`; this looks for those, also inside wrappers (closures,
+#' `functools.wraps`, Keras loss and metric wrappers).
+#'
+#' From R: the error is a condition of class `kerasdist_error`; [distributed_fit()] runs this check
+#' before training.
 #'
 #' @param model A compiled Keras model.
 #' @param strategy The strategy training will run under; `NULL` for the active one.
-#' @returns A character vector of the places holding R functions (e.g.
-#'   `"loss"`, `"metrics[1]"`), invisibly; empty if none.
+#' @returns A character vector of the places holding R functions (e.g. `"loss"`, `"metrics[1]"`),
+#'   invisibly; empty if none. With one replica they are allowed (they run on the calling thread)
+#'   and only reported.
 #' @family training
 #' @seealso Python: `kerasdist.check_step_functions()`.
 #' @examples

@@ -173,8 +173,17 @@ def goodput(checkpoint_dir: str | os.PathLike[str], *,
     (every trainer writes it: `distributed_fit`, `resume_fit`, `custom_fit`, and `ps_fit` given a
     checkpoint callback).
 
+    The wall time from the run's first start to its end splits into productive training,
+    start-up (the interpreter, TensorFlow, the cluster, the model, the first step), restore,
+    checkpoint blocking (training waiting in saves), redone work (steps trained again because a
+    failure came after the last checkpoint), evaluation, detection (for a start that failed: from
+    the end of its last completed step to its end, e.g. waiting until a dead peer is declared
+    lost), other (after training) and downtime (no process running, e.g. a requeued job waiting in
+    the queue). Goodput is productive time over wall time.
+
     Args:
-        checkpoint_dir: the run's checkpoint directory or URL (`s3://...`, `gs://...`).
+        checkpoint_dir: the run's checkpoint directory or URL (`s3://...`, `gs://...`), whose
+            `runs/` holds the run log; never created.
         storage_options: options for an object store's filesystem, as for checkpoints.
 
     Returns:
@@ -326,7 +335,12 @@ def _counts(events: list[LoggedEvent], until: float) -> AttemptCounts:
 
 def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
     """Draw the run's timeline into a PNG: one bar per attempt, its parts coloured, each
-    failure marked, downtime as the gaps (needs matplotlib: `pip install "kerasdist[plot]"`)."""
+    failure marked, downtime as the gaps (needs matplotlib: `pip install "kerasdist[plot]"`).
+
+    Args:
+        report: what `goodput()` returned.
+        path: the PNG file to write.
+    """
     if not isinstance(report, GoodputReport):
         raise ValueError(f"report must be what goodput() returned (a GoodputReport), got {type(report).__name__}.")
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):

@@ -68,3 +68,31 @@ def test_every_argument_of_a_generated_wrapper_is_documented():
 def test_python_words_become_r_words():
     tool = _tool()
     assert tool.to_r("None: all; `None` or True, [0, 3) and 5%") == "`NULL`: all; `NULL` or `TRUE`, \\[0, 3) and 5\\%"
+
+
+# R functions that forward the documented Python function of their name but keep hand-written
+# roxygen, each with the reason: none. (R-only functions, which forward nothing of their name, such
+# as kerasdist_demo(), install_kerasdist() and the print methods, are hand-written: ARCHITECTURE.md.)
+HAND_WRITTEN: dict[str, str] = {}
+
+
+def test_every_r_wrapper_of_a_documented_python_function_is_generated():
+    """An exported R function that forwards the Python function of its name gets its roxygen from
+    that function's docstring (an entry in tools/r_docs.json), unless HAND_WRITTEN says why not:
+    a new twin cannot slip in with docs copied by hand."""
+    tool = _tool()
+    generated = {function for wrappers in _overrides().values() for function in wrappers}
+    documented = set()
+    for path in (ROOT / "python" / "kerasdist").rglob("*.py"):
+        module = str(path.relative_to(ROOT))
+        documented |= {node.name for node in tool.module_tree(module).body
+                       if isinstance(node, (tool.ast.FunctionDef, tool.ast.ClassDef)) and tool.ast.get_docstring(node)}
+    hand = []
+    for path in sorted((ROOT / "R").glob("*.R")):
+        source = path.read_text()
+        for match in re.finditer(r"^#' @export\n([\w.]+) <- function\(", source, re.M):
+            name = match[1]
+            body = source[match.end():source.find("\n}", match.end())]
+            if name in documented and f"kerasdist_module()${name}" in body and name not in generated:
+                hand.append(name)
+    assert sorted(hand) == sorted(HAND_WRITTEN), "write their roxygen from the docstring: an entry in tools/r_docs.json"
