@@ -26,11 +26,9 @@
 #' workers, which serve until stopped) are stopped.
 #'
 #' Security: TensorFlow's gRPC runtime has no authentication. TF_CONFIG names `host` (127.0.0.1 by
-#' default), but TensorFlow's servers listen on their ports on every interface; never expose those
-#' ports to an untrusted network (see the module docstring).
-#'
-#' TensorFlow's servers bind `0.0.0.0:PORT` whatever `TF_CONFIG` says: firewall the ports, or use a
-#' container or network namespace without outside access.
+#' default), but TensorFlow's servers bind `0.0.0.0:PORT` whatever it says: never expose those ports
+#' to an untrusted network (firewall them, or use a container or network namespace without outside
+#' access).
 #'
 #' From R: on Linux a launcher killed outright (SIGKILL) leaves nothing running: each task gets
 #' SIGTERM when the launcher dies. Bad input is refused before anything starts, with an error of

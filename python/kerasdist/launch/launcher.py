@@ -71,8 +71,9 @@ def launch(
     parameter-server workers, which serve until stopped) are stopped.
 
     Security: TensorFlow's gRPC runtime has no authentication. TF_CONFIG names `host`
-    (127.0.0.1 by default), but TensorFlow's servers listen on their ports on every interface;
-    never expose those ports to an untrusted network (see the module docstring).
+    (127.0.0.1 by default), but TensorFlow's servers bind `0.0.0.0:PORT` whatever it says: never
+    expose those ports to an untrusted network (firewall them, or use a container or network
+    namespace without outside access).
 
     Example:
 
