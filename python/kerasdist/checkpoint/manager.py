@@ -463,11 +463,14 @@ def make_or_restore_model(
             if multi_worker:
                 check_chief_checkpoint_is_seen(manager, context)
             model = manager.load_model(custom_objects, safe_mode)
-        else:
+        elif multi_worker:  # only the chief reads: the hosts may share no disk
             model = _build(build_fn)
-            if multi_worker:  # only the chief reads: the hosts may share no disk
-                restore_from_chief(manager, model, context)
-            else:
+            restore_from_chief(manager, model, context)
+        else:
+            # a build about to be restored draws no random numbers (see initializers_deferred);
+            # a fresh start's initial values are drawn as ever
+            with compat.initializers_deferred(enabled=manager.latest() is not None):
+                model = _build(build_fn)
                 manager.restore(model)
     guard_train_function(model)
     return model
