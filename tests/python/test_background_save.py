@@ -122,6 +122,37 @@ def test_snapshot_loads_with_keras_load_model(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_synchronous_saves_write_model_saves_files_through_the_snapshot(tmp_path, make, monkeypatch):
+    """A synchronous save (`save_checkpoint`) makes its model.keras through the recorded walk, in
+    one buffer sized beforehand (page-aligned, never grown): the same members and bytes as
+    model.save, a record whose CRC-32 holds; on a Keras outside the snapshot's gate, model.save's
+    own bytes, the same."""
+    from kerasdist.checkpoint import snapshot as snapshot_module
+    from kerasdist.compat import keras_saving
+
+    model, (x, y) = make(), inputs_for(make)
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = zip_members(keras_bytes_now(model))
+    writes = []  # per write into a file buffer: whether it had to grow it
+    monkeypatch.setattr(snapshot_module._FileBuffer, "ensure", lambda buffer, end, _real=_FileBuffer.ensure: (
+        writes.append(end > buffer.array.size), _real(buffer, end))[1])
+    for gated_off in (False, True):
+        if gated_off:
+            assert writes and not any(writes)  # the snapshot's buffer, sized once
+            writes.clear()
+            monkeypatch.setattr(keras_saving, "KERAS_SNAPSHOT_VERSIONS", ((3, 0), (3, 1)))
+        directory = tmp_path / f"gated-off-{gated_off}"
+        info = save_checkpoint(model, directory, epoch=1)
+        assert kerasdist.latest_checkpoint(directory) == info  # its CRC-32s verified
+        got = zip_members((Path(info.path) / "model.keras").read_bytes())
+        assert list(got) == list(expected)
+        for name in expected:
+            if name != "metadata.json":  # holds the time of saving, to the second
+                assert got[name] == expected[name], name
+    assert writes == []  # model.save's own bytes
+
+
 def address_of(content) -> int:
     return np.frombuffer(content, np.uint8).ctypes.data
 

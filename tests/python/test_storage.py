@@ -150,6 +150,24 @@ def test_local_files_are_written_whole_with_or_without_the_page_cache(tmp_path, 
         assert (tmp_path / "direct").read_bytes() == data
 
 
+def test_a_page_aligned_file_is_written_from_where_it_is(tmp_path, monkeypatch):
+    """O_DIRECT writes of bytes that start on a page boundary (a save's file buffer) go from them,
+    without the copy through the reused buffer; unaligned bytes still go through it. Either way the
+    file holds exactly the bytes."""
+    from kerasdist.checkpoint.snapshot import _page_aligned
+
+    data = os.urandom((8 << 20) + 4096 + 77)
+    aligned = _page_aligned(len(data))
+    aligned[:] = np.frombuffer(data, np.uint8)
+    monkeypatch.setattr(direct_io, "_direct_buffer", None)
+    assert direct_io._write_direct(tmp_path / "aligned", memoryview(aligned)) is True
+    assert direct_io._direct_buffer is None  # never needed
+    assert (tmp_path / "aligned").read_bytes() == data
+    assert direct_io._write_direct(tmp_path / "unaligned", memoryview(aligned)[1:]) is True
+    assert direct_io._direct_buffer is not None
+    assert (tmp_path / "unaligned").read_bytes() == data[1:]
+
+
 def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkeypatch):
     """Where O_DIRECT is refused (EINVAL: some network and FUSE filesystems, older tmpfs) at open
     or at the first aligned write, the file is written through the page cache instead. The
