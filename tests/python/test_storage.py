@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import io
 import json
 import os
@@ -198,6 +199,42 @@ def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkey
 def test_crc32_combine_is_the_crc32_of_the_joined_bytes(first, second):
     a, b = os.urandom(first), os.urandom(second)
     assert checksums.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+class _Trickling:
+    """A stream with only read(), handing out at most `most` bytes per call."""
+
+    def __init__(self, data: bytes, most: int):
+        self._data, self._position, self._most = data, 0, most
+
+    def read(self, size: int) -> bytes:
+        chunk = self._data[self._position:self._position + min(size, self._most)]
+        self._position += len(chunk)
+        return chunk
+
+
+class _TricklingInto(_Trickling):
+    """The same through readinto(): short reads."""
+
+    def readinto(self, buffer: bytearray) -> int:
+        chunk = self.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
+@pytest.mark.parametrize("size", [0, 1, checksums._CHUNK - 1, checksums._CHUNK, 2 * checksums._CHUNK + 17])
+def test_checksums_read_ahead_of_the_summing_are_those_of_the_bytes(tmp_path, size):
+    """The verification's checksum (the next chunk read in a thread while this one is summed) is
+    the CRC-32 and SHA-256 of the file's bytes, whatever the chunks the stream hands out: a file,
+    a stream of short reads into the buffer, a stream with only read()."""
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    expected = {"crc32": f"{zlib.crc32(data):08x}", "sha256": hashlib.sha256(data).hexdigest()}
+    for algorithm, checksum in expected.items():
+        with open(tmp_path / "f", "rb", buffering=0) as raw:
+            assert checksums.checksum_of_stream(raw, algorithm) == checksum
+        for stream in (_Trickling(data, (1 << 20) + 3), _TricklingInto(data, (1 << 20) + 3)):
+            assert checksums.checksum_of_stream(stream, algorithm) == checksum
 
 
 def test_keras_public_save_still_refuses_file_objects(tmp_path):
