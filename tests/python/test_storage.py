@@ -8,6 +8,7 @@ come from tests/cases/checkpoint.json (`object_damage`), read by the R suite too
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -351,6 +352,43 @@ def damage(fs, path: str, row: dict) -> None:
         fs.pipe_file(path, json.dumps(record).encode())
     else:
         raise AssertionError(how)
+
+
+def test_a_download_matching_its_record_is_loaded_in_place_one_that_does_not_is_not(object_template, tmp_path,
+                                                                                      monkeypatch):
+    """An object store's checkpoint is loaded in place (compat.load_keras_weights, no zip CRC) once
+    its download matches the record, the values those load_weights loads; a download that does
+    not (the object changed or was damaged after the listing verified it) is not loaded in place:
+    load_weights, whose zip's CRC refuses it."""
+    memory = fsspec.filesystem("memory")
+    url = memory_url()
+    copy_objects(memory, memory._strip_protocol(object_template), memory, memory._strip_protocol(url))
+    in_place, real = [], compat.load_keras_weights
+    monkeypatch.setattr(compat, "load_keras_weights", lambda model, path: in_place.append(path) or real(model, path))
+    model = kerasdist.make_or_restore_model(url, build_model)
+    assert len(in_place) == 1
+    newest = kerasdist.latest_checkpoint(url)
+    (tmp_path / "model.keras").write_bytes(memory.cat_file(f"{newest.path}/model.keras"))
+    expected = build_model()
+    expected.optimizer.build(expected.trainable_variables)
+    expected.load_weights(tmp_path / "model.keras")
+    for got, want in zip([*model.weights, *model.optimizer.variables],
+                         [*expected.weights, *expected.optimizer.variables], strict=True):
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+    downloads = object_store.ObjectStore.local_files
+
+    @contextlib.contextmanager
+    def damaged_download(store, entry):
+        with downloads(store, entry) as local:
+            data = bytearray((local / "model.keras").read_bytes())
+            data[len(data) // 2] ^= 0xFF  # inside the weights member
+            (local / "model.keras").write_bytes(bytes(data))
+            yield local
+
+    monkeypatch.setattr(object_store.ObjectStore, "local_files", damaged_download)
+    with pytest.raises(Exception, match="CRC"):
+        kerasdist.make_or_restore_model(url, build_model)
+    assert len(in_place) == 1
 
 
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])
