@@ -1,7 +1,9 @@
 """A model's checkpoint as of one step, not yet written: a `Snapshot`, the one type synchronous
 and background saves hand to `record.commit`.
 
-`snapshot_now(model)` makes the files at once with `model.save` (synchronous saves).
+`snapshot_now(model)` is a synchronous save's: the same recorded walk, its files made at once by
+`commit` from reads of the variables (no copy), into one buffer sized beforehand (`model.save` on a
+Keras outside the snapshot's gate).
 `take_snapshot(model)` is what a background save blocks training for: it records everything
 `model.save` would write and `rng.npz` holds, while the model does not change. `Snapshot.files()`
 then makes the checkpoint's files (`{"model.keras": ..., "rng.npz": ...}`, bytes-like) from the snapshot
