@@ -137,20 +137,36 @@ def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.Recorde
 def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
     """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
     (valid until its next save) or in fresh memory, and its CRC-32."""
-    file = space.file if space is not None else _FileBuffer(_file_bytes_about(recorded))
+    about = _file_bytes_about(recorded)
+    file = space.file if space is not None else _FileBuffer(about)
     archive_file = file.window(0)
     weights_start = 0
 
     def weights_file_for(name: str) -> _Window:
         # The weights file is built where the zip will hold it, after its member header: the zip's
-        # write of it is then a copy onto itself, which `_Window.write` skips.
+        # write of it is then a copy onto itself, which `_Window.write` skips. A member the zip may
+        # write with a ZIP64 field in its header (over about 2 GiB) gets room for that field: with
+        # it the copy is skipped; without it, the member moves back by that much (one copy), and
+        # the header is never written over the weights' first bytes.
         nonlocal weights_start
-        weights_start = archive_file.tell() + _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+        header = _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+        if about * 1.05 > 0.9 * zipfile.ZIP64_LIMIT:  # zipfile's test, with the estimate and a margin
+            header += _ZIP64_FIELD_BYTES
+        weights_start = archive_file.tell() + header
         return file.window(weights_start)
 
     member = compat.write_keras_zip(recorded, archive_file, weights_file_for)
     content = archive_file.view()
+    if _data_start(content, member) > weights_start:  # cannot happen with the room above; never commit it
+        raise RuntimeError(f"The checkpoint's weights member was written over (its header is longer than the "
+                           f"{weights_start - member.header_offset} bytes left for it): not saved.")
     return content, _crc32_around(content, member, weights_start)
+
+
+def _data_start(content: memoryview, member: zipfile.ZipInfo) -> int:
+    """Where `member`'s data starts in the zip `content`, by its local header (APPNOTE 4.3.7)."""
+    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)
+    return member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length
 
 
 def _file_bytes_about(recorded: compat.RecordedSave) -> int:
@@ -165,8 +181,7 @@ def _file_bytes_about(recorded: compat.RecordedSave) -> int:
 def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> int:
     """The CRC-32 of the zip `content` from the one the zip computed of `member` (the weights file,
     at `start`) and a pass over the rest; one pass over all of it if the member is elsewhere."""
-    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)  # APPNOTE 4.3.7
-    if member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length != start:
+    if _data_start(content, member) != start:
         return zlib.crc32(content)
     end = start + member.file_size
     crc = crc32_combine(zlib.crc32(content[:start]), member.CRC, member.file_size)
@@ -321,6 +336,7 @@ class _Arena:
 
 
 _ZIP_LOCAL_HEADER_BYTES = 30  # before the member's name, without extra fields (ZIP APPNOTE 4.3.7)
+_ZIP64_FIELD_BYTES = 20  # the ZIP64 extra field zipfile puts in a large member's local header (4.5.3)
 
 
 class _FileBuffer:
