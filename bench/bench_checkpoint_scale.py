@@ -35,10 +35,14 @@ own state. Figures are ratios of the same round (targets of issue #47 at the siz
 informational below); the JSON keeps every second.
 
 `--profile-restore SIZE` instead times the steps of a restore in a fresh process at that size
-(build, verification, signature, optimizer build, load_weights split by cProfile) and prints them.
+(verification, build, signature, optimizer build, the load split by cProfile) and prints them.
+
+`--s3 SIZE` instead saves and restores on kerasdist's S3 test server (SeaweedFS on 127.0.0.1, the
+same cores), each beside a plain upload and download of the same bytes with the same client
+(s3fs), and writes checkpoint_scale_s3.json.
 
 usage: python bench/bench_checkpoint_scale.py [--sizes 60M,600M] [--repeats 2] [--dir DIR]
-                                              [--profile-restore 600M]
+                                              [--profile-restore 600M] [--s3 600M]
 """
 
 from __future__ import annotations
@@ -378,17 +382,18 @@ def plot(path: Path) -> bool:
 # -- the profile of one restore --------------------------------------------------------------------
 
 def profile_restore(directory: str, width: int) -> dict:
-    """The steps of `CheckpointManager.restore` (and the build before it), each timed, in a fresh
-    process with a cold page cache; load_weights split by cProfile."""
+    """The steps of `make_or_restore_model`'s restore, each timed as `CheckpointManager.restore` runs
+    them, in a fresh process with a cold page cache; the load split by cProfile. A build with
+    Keras's initializers first, for scale (not in the total)."""
     import cProfile
     import pstats
 
-    from kerasdist.checkpoint.layout import MODEL_FILE
+    from kerasdist import compat
+    from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
     from kerasdist.checkpoint.manager import CheckpointManager, _build_optimizer
-    from kerasdist.checkpoint.model_state import check_signature
+    from kerasdist.checkpoint.model_state import check_signature, restore_seed_states
     from kerasdist.checkpoint.record import read_record
 
-    drop_page_cache()
     steps = {}
 
     def step(name: str, action: Callable[[], Any]) -> Any:
@@ -397,21 +402,92 @@ def profile_restore(directory: str, width: int) -> dict:
         steps[name] = round(time.perf_counter() - started, 3)
         return result
 
-    model = step("build (initializers)", lambda: build_model(width))
+    step("build with Keras's initializers (not in the total)", lambda: build_model(width))
+    give_back_memory()
+    drop_page_cache()
     manager = step("manager (directory probe)", lambda: CheckpointManager(directory))
     latest = step("verify (list + CRC-32 of every file)", manager.latest)
     entry = manager.store.entry_of(latest.path)
-    step("signature check", lambda: check_signature(model, read_record(manager.store, entry)["signature"], latest.path))
-    step("optimizer build (slots, zeros)", lambda: _build_optimizer(model, latest.path))
     profiler = cProfile.Profile()
-    weights_file = Path(latest.path) / MODEL_FILE
-    step("load_weights (h5 parse + assign)", lambda: profiler.runcall(model.load_weights, weights_file))
+    with compat.initializers_deferred() as deferred:
+        model = step("build, random initializers deferred", lambda: build_model(width))
+        step("signature check", lambda: check_signature(model, read_record(manager.store, entry)["signature"],
+                                                         latest.path))
+        step("optimizer build (slots, zeros)", lambda: _build_optimizer(model, latest.path))
+        step("load (compat.load_keras_weights: h5 parse + assign)",
+             lambda: profiler.runcall(compat.load_keras_weights, model, Path(latest.path) / MODEL_FILE))
+        step("seed states", lambda: restore_seed_states(model, Path(latest.path) / RNG_FILE, latest.path))
+        steps["initializers deferred / left for the end"] = [deferred.deferred, len(deferred.pending)]
     stats = pstats.Stats(profiler)
     top = sorted(((key, value[3], value[2]) for key, value in stats.stats.items()), key=lambda t: -t[2])[:15]
-    steps["load_weights by function (tottime s)"] = {f"{k[0].rsplit('/', 2)[-1]}:{k[1]}({k[2]})": round(tt, 3)
-                                                      for k, _, tt in top}
-    steps["total"] = round(sum(v for v in steps.values() if isinstance(v, float)), 3)
+    steps["load by function (tottime s)"] = {f"{k[0].rsplit('/', 2)[-1]}:{k[1]}({k[2]})": round(tt, 3)
+                                             for k, _, tt in top}
+    steps["total"] = round(sum(v for k, v in steps.items() if isinstance(v, float) and "not in" not in k), 3)
     return steps
+
+
+# -- the S3 path (--s3 SIZE) ----------------------------------------------------------------------
+
+def s3_rounds(state_bytes: int, repeats: int) -> dict:
+    """kerasdist's save and restore on an S3 store (kerasdist's SeaweedFS test server on 127.0.0.1,
+    on the same cores), each beside a plain upload and download of the same bytes (the checkpoint's
+    model.keras) with the same client (s3fs, as the object store uses it)."""
+    import kerasdist
+    from kerasdist.checkpoint import save_checkpoint
+    from kerasdist.s3_test_server import start_s3_server
+
+    width = width_for(state_bytes)
+    model = prepared_model(width)
+    actual = sum(v.numpy().nbytes for v in [*model.weights, *model.optimizer.variables])
+    server = start_s3_server()
+    seconds: dict[str, list[float]] = {}
+    load = [os.getloadavg()]
+
+    def timed(name: str, action: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        result = action()
+        seconds.setdefault(name, []).append(round(time.perf_counter() - started, 3))
+        return result
+
+    try:
+        options = server.storage_options()
+        fs = server.filesystem()
+        for index in range(repeats):
+            url = f"s3://{server.make_bucket()}/run"
+            info = timed("s3_save", lambda u=url: save_checkpoint(model, u, storage_options=options, epoch=1))
+            payload = fs.cat_file(f"{info.path}/model.keras")
+            key = f"{url.removeprefix('s3://').split('/')[0]}/plain/model.keras"
+            timed("s3_upload", lambda k=key, p=payload: fs.pipe_file(k, p))
+            timed("s3_download", lambda k=key: fs.cat_file(k))
+            payload = None
+            give_back_memory()
+            restored = timed("s3_restore", lambda u=url: kerasdist.make_or_restore_model(
+                u, lambda: build_model(width), storage_options=options))
+            assert int(restored.optimizer.iterations.numpy()) == 1
+            restored = None
+            give_back_memory()
+            timed("build_no_init", lambda: build_model(width, "zeros"))
+            load.append(os.getloadavg())
+            figures = ", ".join(f"{k} {v[-1]:.2f}" for k, v in seconds.items())
+            print(f"s3 {size_label(actual)} round {index}: {figures}", file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+    return {"label": size_label(actual), "state_bytes": actual, "width": width, "seconds": seconds,
+            "load_average": [[round(v, 2) for v in triple] for triple in load]}
+
+
+def s3_figures(size: dict) -> list[dict]:
+    from _common import figure
+
+    s, label = size["seconds"], size["label"]
+    at = f"at {label} of state, on kerasdist's S3 test server (SeaweedFS, 127.0.0.1), per round"
+    ratios = [
+        ("s3_save_vs_upload", [a / b for a, b in zip(s["s3_save"], s["s3_upload"], strict=True)],
+         "kerasdist synchronous save to S3 / a plain upload of the same bytes (s3fs pipe_file)"),
+        ("s3_restore_vs_download", [a / b for a, b in zip(s["s3_restore"], s["s3_download"], strict=True)],
+         "make_or_restore_model from S3 (build + verify + download + load) / a plain download (s3fs cat_file)"),
+    ]
+    return [figure(f"{label}_{name}", values, None, f"{what}, {at}") for name, values, what in ratios]
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -423,6 +499,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory "
                                                                 "under bench/results, on the results' disk)")
     parser.add_argument("--profile-restore", type=parse_size, default=None, metavar="SIZE")
+    parser.add_argument("--s3", type=parse_size, default=None, metavar="SIZE",
+                        help="instead: save and restore on kerasdist's S3 test server at SIZE, beside plain "
+                             "uploads and downloads (checkpoint_scale_s3.json)")
     parser.add_argument("--restore-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
@@ -469,6 +548,14 @@ def main() -> None:
             save_checkpoint(prepared_model(width), Path(scratch) / "ckpt", epoch=1)
             print(json.dumps(run_child(["--profile-child", str(Path(scratch) / "ckpt"), "--width", str(width)]),
                              indent=1))
+        return
+
+    if args.s3:
+        started = time.time()
+        size = s3_rounds(args.s3, args.repeats)
+        write_result("checkpoint_scale_s3", s3_figures(size), s3=size, repeats=args.repeats,
+                     seconds_total=round(time.time() - started, 1),
+                     versions=f"TF {tf.__version__}, Keras {keras.__version__}")
         return
 
     started = time.time()

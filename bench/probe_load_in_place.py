@@ -5,7 +5,9 @@ reading the stored member in place (an object standing in for the ZipFile whose 
 file object over the member's bytes, read with `os.preadv`). Also a cold read of the file and
 `zlib.crc32` of its bytes, for scale, and the whole kerasdist restore (`make_or_restore_model`: build
 + verify + load, each in a fresh process, its TensorFlow import not counted) with the in-place load
-(`restore_in_place`) and with it gated off, i.e. `model.load_weights` (`restore_load_weights`).
+(`restore_in_place`), with it gated off, i.e. `model.load_weights` (`restore_load_weights`), and
+with the build's random initializers deferred too (`restore_in_place_no_init`, cut 3: what
+`make_or_restore_model` does now).
 Checks that all of them load the same values, bit for bit. Not part of `make bench` (bench/README.md,
 "Checkpoints at the size people train").
 
@@ -32,14 +34,21 @@ import bench_checkpoint_scale as scale  # noqa: E402
 from kerasdist import compat  # noqa: E402
 from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 
+# The restores compared, each with the cuts up to it: `model.load_weights` and a build with Keras's
+# initializers (before cut 1), the in-place load (cut 1), and the build without random initializers
+# (cut 3, compat.initializers_deferred).
+RESTORES = ("load_weights", "in_place", "in_place_no_init")
 
-def restore_child(directory: str, width: int, cold: bool, in_place: bool) -> dict:
+
+def restore_child(directory: str, width: int, cold: bool, how: str) -> dict:
     """One `make_or_restore_model` in this fresh process: seconds, and a digest of what it loaded."""
     import kerasdist
     from kerasdist.compat import keras_saving
 
-    if not in_place:  # the gate closed: `model.load_weights`, as before
+    if how == "load_weights":  # the gate closed: `model.load_weights`, as before
         keras_saving.KERAS_LOAD_IN_PLACE_VERSIONS = ((0, 0), (0, 0))
+    if how != "in_place_no_init":  # Keras's random initializers run in the build, as before cut 3
+        keras_saving.KERAS_DEFERRED_INIT_VERSIONS = ((0, 0), (0, 0))
     if cold:
         scale.drop_page_cache()
     else:
@@ -56,9 +65,9 @@ def restore_child(directory: str, width: int, cold: bool, in_place: bool) -> dic
     return {"seconds": round(seconds, 3), "digest": digest.hexdigest()}
 
 
-def run_child(directory: Path, width: int, cold: bool, in_place: bool) -> dict:
+def run_child(directory: Path, width: int, cold: bool, how: str) -> dict:
     done = subprocess.run([sys.executable, __file__, "--restore-child", str(directory), str(width),
-                           "cold" if cold else "warm", "in_place" if in_place else "load_weights"],
+                           "cold" if cold else "warm", how],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child failed:\n{done.stderr[-3000:]}")
@@ -72,7 +81,7 @@ def state_of(model) -> list[np.ndarray]:
 def main() -> None:
     if sys.argv[1:2] == ["--restore-child"]:
         directory, width, cold, how = sys.argv[2:6]
-        print(json.dumps(restore_child(directory, int(width), cold == "cold", how == "in_place")))
+        print(json.dumps(restore_child(directory, int(width), cold == "cold", how)))
         return
     width = scale.width_for(scale.parse_size(sys.argv[1] if len(sys.argv) > 1 else "600M"))
     out: dict[str, list[float]] = {}
@@ -101,10 +110,10 @@ def main() -> None:
                 scale.drop_page_cache()
                 timed(name + "_cold", load_weights)
                 timed(name + "_warm", load_weights)
-            for in_place in (False, True):
+            for how in RESTORES:
                 for cold in (True, False):
-                    done = run_child(directory, width, cold, in_place)
-                    name = f"restore_{'in_place' if in_place else 'load_weights'}_{'cold' if cold else 'warm'}"
+                    done = run_child(directory, width, cold, how)
+                    name = f"restore_{how}_{'cold' if cold else 'warm'}"
                     out.setdefault(name, []).append(done["seconds"])
                     digests.add(done["digest"])
             load.append(os.getloadavg()[0])

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -120,6 +121,67 @@ def test_snapshot_loads_with_keras_load_model(tmp_path):
     got = [v.numpy() for v in loaded.weights + loaded.optimizer.variables]
     assert len(got) == len(expected)
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_synchronous_saves_write_model_saves_files_through_the_snapshot(tmp_path, make, monkeypatch):
+    """A synchronous save (`save_checkpoint`) makes its model.keras through the recorded walk, in
+    one buffer sized beforehand (page-aligned, never grown): the same members and bytes as
+    model.save, a record whose CRC-32 holds; on a Keras outside the snapshot's gate, model.save's
+    own bytes, the same."""
+    from kerasdist.checkpoint import snapshot as snapshot_module
+    from kerasdist.compat import keras_saving
+
+    model, (x, y) = make(), inputs_for(make)
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = zip_members(keras_bytes_now(model))
+    writes = []  # per write into a file buffer: whether it had to grow it
+    monkeypatch.setattr(snapshot_module._FileBuffer, "ensure", lambda buffer, end, _real=_FileBuffer.ensure: (
+        writes.append(end > buffer.array.size), _real(buffer, end))[1])
+    for gated_off in (False, True):
+        if gated_off:
+            assert writes and not any(writes)  # the snapshot's buffer, sized once
+            writes.clear()
+            monkeypatch.setattr(keras_saving, "KERAS_SNAPSHOT_VERSIONS", ((3, 0), (3, 1)))
+        directory = tmp_path / f"gated-off-{gated_off}"
+        info = save_checkpoint(model, directory, epoch=1)
+        assert kerasdist.latest_checkpoint(directory) == info  # its CRC-32s verified
+        got = zip_members((Path(info.path) / "model.keras").read_bytes())
+        assert list(got) == list(expected)
+        for name in expected:
+            if name != "metadata.json":  # holds the time of saving, to the second
+                assert got[name] == expected[name], name
+    assert writes == []  # model.save's own bytes
+
+
+@pytest.mark.parametrize("zip64", [True, False], ids=["zip64-field", "room-left-unused"])
+def test_weights_members_over_and_near_the_zip64_size_are_model_saves(tmp_path, monkeypatch, zip64):
+    """zipfile gives a member over about 2 GiB a ZIP64 field in its header; the weights member,
+    built where the zip will hold it, gets room for that field, so the header never overwrites the
+    weights' first bytes (a 2.4 GB checkpoint was unreadable: h5py's 'file signature not found'),
+    and near that size without the field it moves back into place. Both checked with zipfile's
+    limit lowered to this small model's size: the snapshot's files (fresh and reused memory) are
+    model.save's, and a synchronous checkpoint restores bit for bit."""
+    model, (x, y) = build_model(), inputs_for(build_model)
+    model.fit(x, y, epochs=1, verbose=0)
+    members = zipfile.ZipFile(io.BytesIO(keras_bytes_now(model))).infolist()
+    size = next(m.file_size for m in members if m.filename == "model.weights.h5")
+    others = max(m.file_size for m in members if m.filename != "model.weights.h5")  # Keras streams them: no ZIP64
+    assert size > 3 * others, (size, others)
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 2 * others if zip64 else int(size * 1.05) + 1)
+    expected = zip_members(keras_bytes_now(model))  # model.save, under the same limit
+    for files in (take_snapshot(model).files(), take_snapshot(model, SaveMemory()).files()):
+        content = bytes(files["model.keras"])
+        header = zipfile.ZipFile(io.BytesIO(content)).getinfo("model.weights.h5").header_offset
+        assert (struct.unpack_from("<H", content, header + 28)[0] == 20) == zip64  # the ZIP64 field
+        got = zip_members(content)
+        assert list(got) == list(expected)
+        assert all(got[name] == expected[name] for name in expected if name != "metadata.json")
+    save_checkpoint(model, tmp_path / "c", epoch=1)
+    restored = kerasdist.make_or_restore_model(tmp_path / "c", build_model)
+    for got, want in zip([*restored.weights, *restored.optimizer.variables],
+                         [*model.weights, *model.optimizer.variables], strict=True):
+        assert got.numpy().tobytes() == want.numpy().tobytes()
 
 
 def address_of(content) -> int:

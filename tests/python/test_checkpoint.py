@@ -80,6 +80,31 @@ def test_restore_takes_newest_checkpoint_with_optimizer_state(ckpt_dir):
         np.testing.assert_array_equal(restored, saved)
 
 
+def test_a_build_restored_at_once_draws_no_random_numbers_and_a_fresh_start_its_usual_ones(ckpt_dir, tmp_path):
+    """make_or_restore_model's build skips the random initializers only when a checkpoint is
+    restored into it at once (compat.initializers_deferred): the restored values are the
+    checkpoint's bit for bit, and a fresh start gets the seed-driven values a plain build gets."""
+    kernels = []
+
+    def seeded_build() -> keras.Model:
+        keras.utils.set_random_seed(5)
+        model = build_model()
+        kernels.append(model.layers[0].kernel.numpy().copy())  # as build_fn leaves it
+        return model
+
+    fresh = kerasdist.make_or_restore_model(tmp_path / "fresh", seeded_build)
+    keras.utils.set_random_seed(5)
+    plain = build_model().get_weights()
+    assert kernels[0].any()
+    for made, expected in zip(fresh.get_weights(), plain, strict=True):
+        assert made.tobytes() == expected.tobytes()
+    restored = kerasdist.make_or_restore_model(ckpt_dir, seeded_build)
+    assert not kernels[1].any()  # no random numbers drawn for weights the checkpoint overwrites
+    for made, saved in zip(restored.get_weights(), weights_of_checkpoint(kerasdist.latest_checkpoint(ckpt_dir).path),
+                           strict=True):
+        assert made.tobytes() == saved.tobytes()
+
+
 def test_the_public_manager_restores_saves_and_prunes(ckpt_dir):
     manager = kerasdist.CheckpointManager(ckpt_dir)
     assert [c.epoch for c in manager.checkpoints()] == [1, 2]

@@ -8,8 +8,10 @@ come from tests/cases/checkpoint.json (`object_damage`), read by the R suite too
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import hashlib
 import io
 import json
 import os
@@ -150,6 +152,24 @@ def test_local_files_are_written_whole_with_or_without_the_page_cache(tmp_path, 
         assert (tmp_path / "direct").read_bytes() == data
 
 
+def test_a_page_aligned_file_is_written_from_where_it_is(tmp_path, monkeypatch):
+    """O_DIRECT writes of bytes that start on a page boundary (a save's file buffer) go from them,
+    without the copy through the reused buffer; unaligned bytes still go through it. Either way the
+    file holds exactly the bytes."""
+    from kerasdist.checkpoint.snapshot import _page_aligned
+
+    data = os.urandom((8 << 20) + 4096 + 77)
+    aligned = _page_aligned(len(data))
+    aligned[:] = np.frombuffer(data, np.uint8)
+    monkeypatch.setattr(direct_io, "_direct_buffer", None)
+    assert direct_io._write_direct(tmp_path / "aligned", memoryview(aligned)) is True
+    assert direct_io._direct_buffer is None  # never needed
+    assert (tmp_path / "aligned").read_bytes() == data
+    assert direct_io._write_direct(tmp_path / "unaligned", memoryview(aligned)[1:]) is True
+    assert direct_io._direct_buffer is not None
+    assert (tmp_path / "unaligned").read_bytes() == data[1:]
+
+
 def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkeypatch):
     """Where O_DIRECT is refused (EINVAL: some network and FUSE filesystems, older tmpfs) at open
     or at the first aligned write, the file is written through the page cache instead. The
@@ -180,6 +200,42 @@ def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkey
 def test_crc32_combine_is_the_crc32_of_the_joined_bytes(first, second):
     a, b = os.urandom(first), os.urandom(second)
     assert checksums.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+class _Trickling:
+    """A stream with only read(), handing out at most `most` bytes per call."""
+
+    def __init__(self, data: bytes, most: int):
+        self._data, self._position, self._most = data, 0, most
+
+    def read(self, size: int) -> bytes:
+        chunk = self._data[self._position:self._position + min(size, self._most)]
+        self._position += len(chunk)
+        return chunk
+
+
+class _TricklingInto(_Trickling):
+    """The same through readinto(): short reads."""
+
+    def readinto(self, buffer: bytearray) -> int:
+        chunk = self.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
+@pytest.mark.parametrize("size", [0, 1, checksums._CHUNK - 1, checksums._CHUNK, 2 * checksums._CHUNK + 17])
+def test_checksums_read_ahead_of_the_summing_are_those_of_the_bytes(tmp_path, size):
+    """The verification's checksum (the next chunk read in a thread while this one is summed) is
+    the CRC-32 and SHA-256 of the file's bytes, whatever the chunks the stream hands out: a file,
+    a stream of short reads into the buffer, a stream with only read()."""
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    expected = {"crc32": f"{zlib.crc32(data):08x}", "sha256": hashlib.sha256(data).hexdigest()}
+    for algorithm, checksum in expected.items():
+        with open(tmp_path / "f", "rb", buffering=0) as raw:
+            assert checksums.checksum_of_stream(raw, algorithm) == checksum
+        for stream in (_Trickling(data, (1 << 20) + 3), _TricklingInto(data, (1 << 20) + 3)):
+            assert checksums.checksum_of_stream(stream, algorithm) == checksum
 
 
 def test_keras_public_save_still_refuses_file_objects(tmp_path):
@@ -296,6 +352,43 @@ def damage(fs, path: str, row: dict) -> None:
         fs.pipe_file(path, json.dumps(record).encode())
     else:
         raise AssertionError(how)
+
+
+def test_a_download_matching_its_record_is_loaded_in_place_one_that_does_not_is_not(object_template, tmp_path,
+                                                                                      monkeypatch):
+    """An object store's checkpoint is loaded in place (compat.load_keras_weights, no zip CRC) once
+    its download matches the record, the values those load_weights loads; a download that does
+    not (the object changed or was damaged after the listing verified it) is not loaded in place:
+    load_weights, whose zip's CRC refuses it."""
+    memory = fsspec.filesystem("memory")
+    url = memory_url()
+    copy_objects(memory, memory._strip_protocol(object_template), memory, memory._strip_protocol(url))
+    in_place, real = [], compat.load_keras_weights
+    monkeypatch.setattr(compat, "load_keras_weights", lambda model, path: in_place.append(path) or real(model, path))
+    model = kerasdist.make_or_restore_model(url, build_model)
+    assert len(in_place) == 1
+    newest = kerasdist.latest_checkpoint(url)
+    (tmp_path / "model.keras").write_bytes(memory.cat_file(f"{newest.path}/model.keras"))
+    expected = build_model()
+    expected.optimizer.build(expected.trainable_variables)
+    expected.load_weights(tmp_path / "model.keras")
+    for got, want in zip([*model.weights, *model.optimizer.variables],
+                         [*expected.weights, *expected.optimizer.variables], strict=True):
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+    downloads = object_store.ObjectStore.local_files
+
+    @contextlib.contextmanager
+    def damaged_download(store, entry):
+        with downloads(store, entry) as local:
+            data = bytearray((local / "model.keras").read_bytes())
+            data[len(data) // 2] ^= 0xFF  # inside the weights member
+            (local / "model.keras").write_bytes(bytes(data))
+            yield local
+
+    monkeypatch.setattr(object_store.ObjectStore, "local_files", damaged_download)
+    with pytest.raises(Exception, match="CRC"):
+        kerasdist.make_or_restore_model(url, build_model)
+    assert len(in_place) == 1
 
 
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])

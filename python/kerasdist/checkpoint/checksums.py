@@ -10,9 +10,10 @@ second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 Content = bytes | memoryview  # a file's bytes, as saves hand them over
@@ -29,15 +30,44 @@ def _crc32_hex(crc: int) -> str:
     return f"{crc:08x}"
 
 
+_CHUNK = 4 << 20
+
+
 def checksum_of_stream(stream: Any, algorithm: str) -> str:
-    """The checksum by `algorithm` (one of `CHECKSUMS`) of what `stream` reads."""
-    chunks = iter(lambda: stream.read(1 << 20), b"")
+    """The checksum by `algorithm` (one of `CHECKSUMS`) of what `stream` reads. The next chunk is
+    read in a thread while this one is summed (file reads, zlib's crc32 and hashlib release the
+    GIL), so a cold file is checked at the pace of the slower of the two, not of both in turn."""
+    update, result = _summer(algorithm)
+    buffers = (bytearray(_CHUNK), bytearray(_CHUNK))
+    with ThreadPoolExecutor(1, thread_name_prefix="kerasdist-checksum") as reader:
+        index = 0
+        pending = reader.submit(_read_into, stream, buffers[0])
+        while count := pending.result():
+            pending = reader.submit(_read_into, stream, buffers[1 - index])
+            update(memoryview(buffers[index])[:count])
+            index = 1 - index
+    return result()
+
+
+def _summer(algorithm: str) -> tuple[Callable[[memoryview], None], Callable[[], str]]:
+    """(update, result) of a running checksum by `algorithm`."""
     if algorithm == "crc32":
-        return _crc32_hex(functools.reduce(lambda crc, chunk: zlib.crc32(chunk, crc), chunks, 0))
+        crc = [0]
+
+        def update(chunk: memoryview) -> None:
+            crc[0] = zlib.crc32(chunk, crc[0])
+
+        return update, lambda: _crc32_hex(crc[0])
     digest = hashlib.sha256()
-    for chunk in chunks:
-        digest.update(chunk)
-    return digest.hexdigest()
+    return digest.update, digest.hexdigest
+
+
+def _read_into(stream: Any, buffer: bytearray) -> int:
+    if hasattr(stream, "readinto"):
+        return stream.readinto(buffer) or 0
+    data = stream.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
 
 
 _CRC32_POLYNOMIAL = 0xEDB88320  # bit-reflected, as zlib's

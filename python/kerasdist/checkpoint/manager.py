@@ -37,6 +37,7 @@ from kerasdist.checkpoint.record import (
     CheckpointWarning,
     Progress,
     commit,
+    matches_record,
     read_checkpoint,
     read_record,
 )
@@ -175,10 +176,12 @@ class CheckpointManager:
         latest = self.latest()
         if latest is not None:
             entry = self.store.entry_of(latest.path)
-            check_signature(model, read_record(self.store, entry)["signature"], latest.path)
+            record = read_record(self.store, entry)
+            check_signature(model, record["signature"], latest.path)
             _build_optimizer(model, latest.path)
             with self.store.local_files(entry) as local:
-                _load_weights(model, local / MODEL_FILE, verified=self.store.is_local)
+                verified = self.store.is_local or matches_record(record, MODEL_FILE, local / MODEL_FILE)
+                _load_weights(model, local / MODEL_FILE, verified=verified)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
         blob = _callbacks_blob(self.store, self.store.entry_of(latest.path)) if latest is not None else None
         self.restores.append((time.time(), time.perf_counter() - started, latest))
@@ -267,8 +270,9 @@ def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:
 
 def _load_weights(model: Any, path: Path, verified: bool) -> None:
     """Load a checkpoint's weights into `model`. `verified`: the file itself passed the
-    checkpoint's CRC check (a local store's), so the weights member is read in place, without the
-    zip's second CRC of it; an object store's download was not checked: the zip checks it."""
+    checkpoint's checksum (a local store's, or an object store's download checked against the
+    record), so the weights member is read in place, without the zip's second CRC of it; else
+    `load_weights`, whose zip checks it."""
     if verified:
         compat.load_keras_weights(model, path)
     else:
@@ -463,11 +467,14 @@ def make_or_restore_model(
             if multi_worker:
                 check_chief_checkpoint_is_seen(manager, context)
             model = manager.load_model(custom_objects, safe_mode)
-        else:
+        elif multi_worker:  # only the chief reads: the hosts may share no disk
             model = _build(build_fn)
-            if multi_worker:  # only the chief reads: the hosts may share no disk
-                restore_from_chief(manager, model, context)
-            else:
+            restore_from_chief(manager, model, context)
+        else:
+            # a build about to be restored draws no random numbers (see initializers_deferred);
+            # a fresh start's initial values are drawn as ever
+            with compat.initializers_deferred(enabled=manager.latest() is not None):
+                model = _build(build_fn)
                 manager.restore(model)
     guard_train_function(model)
     return model

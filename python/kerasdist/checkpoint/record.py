@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.checksums import CHECKSUMS, describe
+from kerasdist.checkpoint.checksums import CHECKSUMS, checksum_of_stream, describe
 from kerasdist.checkpoint.layout import CALLBACKS_FILE, RECORD_FILE
 from kerasdist.checkpoint.model_state import plain
 from kerasdist.checkpoint.snapshot import Snapshot
@@ -184,6 +185,20 @@ def _checksum_of(item: dict[str, Any]) -> tuple[str, str]:
         if algorithm in item:
             return algorithm, str(item[algorithm])
     raise KeyError("a file entry without a checksum")
+
+
+def matches_record(record: dict[str, Any], name: str, path: Path) -> bool:
+    """Whether the local file `path` holds what `record` says its file `name` holds (size and
+    checksum): a download checked against the record its store was verified by."""
+    try:
+        item = record["files"][name]
+        algorithm, expected = _checksum_of(item)
+        if path.stat().st_size != int(item["size"]):
+            return False
+    except (KeyError, TypeError, ValueError, OSError):
+        return False
+    with open(path, "rb", buffering=0) as stream:
+        return checksum_of_stream(stream, algorithm) == expected
 
 
 def _file_problem(store: Store, entry: str, name: str, expected_size: int, algorithm: str,

@@ -1,7 +1,9 @@
 """A model's checkpoint as of one step, not yet written: a `Snapshot`, the one type synchronous
 and background saves hand to `record.commit`.
 
-`snapshot_now(model)` makes the files at once with `model.save` (synchronous saves).
+`snapshot_now(model)` is a synchronous save's: the same recorded walk, its files made at once by
+`commit` from reads of the variables (no copy), into one buffer sized beforehand (`model.save` on a
+Keras outside the snapshot's gate).
 `take_snapshot(model)` is what a background save blocks training for: it records everything
 `model.save` would write and `rng.npz` holds, while the model does not change. `Snapshot.files()`
 then makes the checkpoint's files (`{"model.keras": ..., "rng.npz": ...}`, bytes-like) from the snapshot
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import io
+import mmap
 import os
 import struct
 import sys
@@ -79,7 +82,12 @@ class Snapshot:
 
 
 def snapshot_now(model: Any) -> Snapshot:
-    """The model's checkpoint files made now, with `model.save` (a synchronous save)."""
+    """The model's checkpoint as of now, for a synchronous save (its files made by `commit` at
+    once). Through the recorded walk where this Keras supports it: no copy of the values (reads of
+    the variables), the file built once, in memory sized for it, its CRC-32 from the zip's; else
+    with `model.save`."""
+    if compat.keras_snapshot_supported():
+        return take_snapshot(model)
     files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
     return Snapshot(optimizer_step(model), signature(model), lambda: (files, {}))
 
@@ -129,27 +137,51 @@ def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.Recorde
 def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
     """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
     (valid until its next save) or in fresh memory, and its CRC-32."""
-    file = space.file if space is not None else _FileBuffer()
+    about = _file_bytes_about(recorded)
+    file = space.file if space is not None else _FileBuffer(about)
     archive_file = file.window(0)
     weights_start = 0
 
     def weights_file_for(name: str) -> _Window:
         # The weights file is built where the zip will hold it, after its member header: the zip's
-        # write of it is then a copy onto itself, which `_Window.write` skips.
+        # write of it is then a copy onto itself, which `_Window.write` skips. A member the zip may
+        # write with a ZIP64 field in its header (over about 2 GiB) gets room for that field: with
+        # it the copy is skipped; without it, the member moves back by that much (one copy), and
+        # the header is never written over the weights' first bytes.
         nonlocal weights_start
-        weights_start = archive_file.tell() + _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+        header = _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
+        if about * 1.05 > 0.9 * zipfile.ZIP64_LIMIT:  # zipfile's test, with the estimate and a margin
+            header += _ZIP64_FIELD_BYTES
+        weights_start = archive_file.tell() + header
         return file.window(weights_start)
 
     member = compat.write_keras_zip(recorded, archive_file, weights_file_for)
     content = archive_file.view()
+    if _data_start(content, member) > weights_start:  # cannot happen with the room above; never commit it
+        raise RuntimeError(f"The checkpoint's weights member was written over (its header is longer than the "
+                           f"{weights_start - member.header_offset} bytes left for it): not saved.")
     return content, _crc32_around(content, member, weights_start)
+
+
+def _data_start(content: memoryview, member: zipfile.ZipInfo) -> int:
+    """Where `member`'s data starts in the zip `content`, by its local header (APPNOTE 4.3.7)."""
+    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)
+    return member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length
+
+
+def _file_bytes_about(recorded: compat.RecordedSave) -> int:
+    """A little more than the `.keras` file of `recorded` takes: its values, the config and assets,
+    and room for the HDF5 and zip headers, so that its buffer is allocated once, not grown."""
+    values = sum(np.asarray(value).nbytes for entry in recorded.entries for _, value in entry.values)
+    others = len(recorded.config_json) + len(recorded.metadata_json) + sum(len(c) for _, c in recorded.assets)
+    headers = sum(4096 + 1024 * len(entry.values) for entry in recorded.entries)
+    return values + others + headers + (1 << 20)
 
 
 def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> int:
     """The CRC-32 of the zip `content` from the one the zip computed of `member` (the weights file,
     at `start`) and a pass over the rest; one pass over all of it if the member is elsewhere."""
-    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)  # APPNOTE 4.3.7
-    if member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length != start:
+    if _data_start(content, member) != start:
         return zlib.crc32(content)
     end = start + member.file_size
     crc = crc32_combine(zlib.crc32(content[:start]), member.CRC, member.file_size)
@@ -304,13 +336,14 @@ class _Arena:
 
 
 _ZIP_LOCAL_HEADER_BYTES = 30  # before the member's name, without extra fields (ZIP APPNOTE 4.3.7)
+_ZIP64_FIELD_BYTES = 20  # the ZIP64 extra field zipfile puts in a large member's local header (4.5.3)
 
 
 class _FileBuffer:
     """The bytes of one file, written through `_Window`s into one buffer grown as needed and kept."""
 
-    def __init__(self) -> None:
-        self.array = np.empty(0, np.uint8)
+    def __init__(self, reserve: int = 0) -> None:
+        self.array = _page_aligned(reserve)
         self.used = 0
 
     def release(self) -> None:
@@ -322,10 +355,19 @@ class _FileBuffer:
 
     def ensure(self, end: int) -> None:
         if end > self.array.size:
-            grown = np.empty(max(end, self.array.size * 3 // 2), np.uint8)
+            grown = _page_aligned(max(end, self.array.size * 3 // 2))
             grown[:self.used] = self.array[:self.used]
             self.array = grown
         self.used = max(self.used, end)
+
+
+def _page_aligned(size: int) -> np.ndarray:
+    """`size` bytes starting on a page boundary, so that the local store's O_DIRECT writes go
+    from them without a copy through their own buffer (NumPy's memory, not a mapping of our own:
+    NumPy asks for huge pages, and a first write of it costs half the time here)."""
+    raw = np.empty(size + mmap.PAGESIZE, np.uint8)
+    start = -raw.ctypes.data % mmap.PAGESIZE
+    return raw[start:start + size]
 
 
 class _Window:

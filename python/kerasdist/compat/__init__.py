@@ -12,7 +12,8 @@ Keras and TensorFlow (tools/upstream_check.py).
 - `keras_saving`: Keras saving's skip-set cache (`warm_saving_skipsets`), `save_model` into memory
   (`keras_model_bytes`), and `model.save` in two halves for background snapshots
   (`keras_snapshot_supported`, `record_save`, `write_keras_zip`), and
-  `model.load_weights(x.keras)` reading the weights member in place (`load_keras_weights`);
+  `model.load_weights(x.keras)` reading the weights member in place (`load_keras_weights`), and
+  a build to be restored at once without its random initializers (`initializers_deferred`);
 - `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`);
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
   (`explain_late_multi_worker_strategy`, applied at import) and the coordination service's
@@ -27,11 +28,15 @@ look inside a workaround import its module.
 
 from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
 from kerasdist.compat.keras_saving import (
+    KERAS_DEFERRED_INIT_VERSIONS,
     KERAS_LOAD_IN_PLACE_VERSIONS,
     KERAS_SNAPSHOT_VERSIONS,
     SAVING_SKIPSET_FIX_VERSIONS,
+    DeferredInitializers,
     RecordedSave,
     SavedEntry,
+    initializers_deferred,
+    keras_defers_initializers,
     keras_loads_weights_in_place,
     keras_model_bytes,
     keras_needs_skipset_fix,
@@ -95,15 +100,16 @@ from kerasdist.compat.versions import version_within
 
 __all__ = [
     "ASSIGN_ADD_FIX_VERSIONS", "CALLBACK_LIST_VERSIONS", "COORDINATION_CONFIG_VERSIONS",
-    "DATA_FUNCTION_FIX_VERSIONS", "KERAS_LOAD_IN_PLACE_VERSIONS", "KERAS_SNAPSHOT_VERSIONS", "LATE_COLLECTIVES_MESSAGE",
+    "DATA_FUNCTION_FIX_VERSIONS", "KERAS_DEFERRED_INIT_VERSIONS", "KERAS_LOAD_IN_PLACE_VERSIONS",
+    "KERAS_SNAPSHOT_VERSIONS", "LATE_COLLECTIVES_MESSAGE",
     "LATE_COLLECTIVES_VERSIONS", "MULTI_WORKER_FIX_VERSIONS", "OPTIMIZER_VARIABLES_FIX_VERSIONS",
     "PREEMPTION_HANDLER_FIX_VERSIONS", "SAVING_SKIPSET_FIX_VERSIONS", "TRAINER", "UNEVEN_BATCH_FIX_VERSIONS",
-    "MultiWorkerStrategyTooLate", "RecordedSave", "SavedEntry",
+    "DeferredInitializers", "MultiWorkerStrategyTooLate", "RecordedSave", "SavedEntry",
     "apply_keras_fixes", "apply_multi_worker_fixes", "apply_optimizer_variables_fix", "apply_uneven_batch_fixes",
     "atomic_variable_increments", "calling_callback_list", "configure_coordination",
     "coordination_heartbeat_timeout_seconds", "explain_late_multi_worker_strategy", "flat_map_on_cpu",
-    "gce_metadata_probe_off", "is_multi_worker", "keras_as_released", "keras_loads_weights_in_place",
-    "keras_model_bytes",
+    "gce_metadata_probe_off", "initializers_deferred", "is_multi_worker", "keras_as_released",
+    "keras_defers_initializers", "keras_loads_weights_in_place", "keras_model_bytes",
     "keras_needs_atomic_increments", "keras_needs_multi_worker_fixes", "keras_needs_optimizer_variables_fix",
     "keras_needs_skipset_fix", "keras_needs_uneven_batch_fixes", "keras_snapshot_supported", "load_keras_weights",
     "local_batch", "map_on_cpu", "record_save", "recording_store", "remove_keras_fixes", "remove_multi_worker_fixes",

@@ -17,6 +17,7 @@ import io
 import os
 import struct
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -410,3 +411,81 @@ class _MemberFile(io.RawIOBase):
         if not self.closed:
             os.close(self._fd)
         super().close()
+
+
+# Keras releases whose backend Variable makes its first value in `_initialize_with_initializer`
+# and takes every assignment through `Variable.assign`, and whose random initializers draw from
+# `self.seed`, an int drawn when the initializer is made (stateless: the same values whenever
+# called) or a SeedGenerator (3.15.1 checked).
+KERAS_DEFERRED_INIT_VERSIONS = ((3, 15), (3, 16))
+
+
+def keras_defers_initializers(version: str = keras.__version__) -> bool:
+    return version_within(version, KERAS_DEFERRED_INIT_VERSIONS)
+
+
+class DeferredInitializers:
+    """The variables made as zeros in `initializers_deferred`, with the initializers owed them."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[Any, Any]] = {}  # id(variable) -> (variable, initializer)
+        self.deferred = 0  # how many variables started as zeros
+
+    def finish(self) -> None:
+        """Give each deferred variable no assignment reached the value its initializer makes."""
+        pending, self.pending = self.pending, {}
+        for variable, initializer in pending.values():
+            variable.assign(initializer(variable.shape, dtype=variable.dtype))
+
+
+def _deferrable(initializer: Any) -> bool:
+    """A random initializer whose values do not depend on when it runs (an int seed)."""
+    from keras.src.initializers.random_initializers import RandomInitializer
+
+    return isinstance(initializer, RandomInitializer) and isinstance(initializer.seed, int)
+
+
+def _zeros(shape: Any, dtype: Any = None) -> Any:
+    return keras.ops.zeros(shape, dtype=dtype)
+
+
+@contextlib.contextmanager
+def initializers_deferred(enabled: bool = True) -> Iterator[DeferredInitializers]:
+    """Variables this thread makes in the block with a random, int-seeded initializer (Keras's
+    defaults: GlorotUniform, RandomNormal, ... seeded when made) start as zeros instead; any that
+    no assignment in the block reached gets its initializer's values at the block's end, the very
+    values it would have had (the seed is stateless), whether or not the block raised. For a model
+    built to be restored at once: a restore assigns every weight, so the random numbers are never
+    drawn. Initializers seeded by a SeedGenerator (whose values depend on when they run) and all
+    others run as usual. A no-op when `enabled` is false or on a Keras outside the gate."""
+    deferred = DeferredInitializers()
+    if not (enabled and keras_defers_initializers()):
+        yield deferred
+        return
+    from keras.src.backend import Variable as BackendVariable
+    from keras.src.backend.common.variables import Variable as CommonVariable
+
+    thread = threading.get_ident()
+    initialize, assign = BackendVariable._initialize_with_initializer, CommonVariable.assign
+
+    def initialize_zeros(variable: Any, initializer: Any) -> None:
+        if threading.get_ident() != thread or not _deferrable(initializer):
+            return initialize(variable, initializer)
+        initialize(variable, _zeros)
+        deferred.pending[id(variable)] = (variable, initializer)
+        deferred.deferred += 1
+
+    def assign_noted(variable: Any, value: Any) -> Any:
+        result = assign(variable, value)
+        if threading.get_ident() == thread:
+            deferred.pending.pop(id(variable), None)
+        return result
+
+    BackendVariable._initialize_with_initializer = initialize_zeros
+    CommonVariable.assign = assign_noted
+    try:
+        yield deferred
+    finally:
+        BackendVariable._initialize_with_initializer = initialize
+        CommonVariable.assign = assign
+        deferred.finish()

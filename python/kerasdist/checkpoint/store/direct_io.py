@@ -1,7 +1,8 @@
 """Writing a file durably, and large files without the page cache: the local store's writes.
 
-Checkpoint files of tens of MB are written with O_DIRECT through one reused buffer, as DeepSpeed's
-FastPersist does: a checkpoint is not read back soon, and filling the page cache with it costs
+Checkpoint files of tens of MB are written with O_DIRECT, from where they are when they start on a
+page boundary (a save's file buffer), else through one reused buffer, as DeepSpeed's FastPersist
+does: a checkpoint is not read back soon, and filling the page cache with it costs
 several times the CPU, which a background save takes from training on a small machine (figures:
 bench/README.md, "Memory the VM has handed back"). Where a filesystem refuses O_DIRECT (tmpfs, some
 network filesystems) the buffered write is used.
@@ -15,6 +16,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kerasdist.checkpoint.checksums import Content
 
@@ -47,7 +50,8 @@ def _write_direct(path: Path, data: Content) -> bool:
     if not hasattr(os, "O_DIRECT"):
         return False
     aligned = len(data) - len(data) % _DIRECT_ALIGN
-    source = memoryview(data)
+    source = memoryview(data).cast("B")
+    in_place = _address(source) % _DIRECT_ALIGN == 0  # written from where it is, no copy
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o666)
     except OSError as error:
@@ -56,12 +60,15 @@ def _write_direct(path: Path, data: Content) -> bool:
         raise
     try:
         with _direct_lock:
-            if _direct_buffer is None:
+            if _direct_buffer is None and not in_place:
                 _direct_buffer = mmap.mmap(-1, _DIRECT_CHUNK)
             for start in range(0, aligned, _DIRECT_CHUNK):
                 size = min(_DIRECT_CHUNK, aligned - start)
-                _direct_buffer[:size] = source[start:start + size]
-                _write_all(fd, memoryview(_direct_buffer)[:size])
+                if in_place:
+                    _write_all(fd, source[start:start + size])
+                else:
+                    _direct_buffer[:size] = source[start:start + size]
+                    _write_all(fd, memoryview(_direct_buffer)[:size])
     except OSError as error:
         if error.errno != errno.EINVAL:
             raise
@@ -71,6 +78,10 @@ def _write_direct(path: Path, data: Content) -> bool:
         os.close(fd)
     _write_and_fsync(path, source[aligned:], "ab")  # the unaligned tail; one fsync for data and metadata
     return True
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
 
 
 def _write_all(fd: int, view: memoryview) -> None:
