@@ -237,14 +237,25 @@ def random_instant(rng: random.Random) -> float | str:
 
 
 def kill_training(cluster: SlurmCluster, host: int, script: str = "train.py") -> list[int]:
-    """SIGKILL the recipe's training process on `host` (not the slurmstepd that runs it, nor, on
-    the batch host, the batch shell, setsid or srun, whose command lines name the script too); its pids."""
+    """SIGKILL the recipe's training process on `host`, as an OOM killer or a crash would take it
+    out: not the slurmstepd that runs it, nor, on the batch host, the batch shell, setsid or srun,
+    whose command lines name the script too; and under kerasdist's supervisor, the training process
+    it forked (same command line, the supervisor its parent), not the supervisor; its pids."""
     launchers = ("slurmstepd", "srun", "setsid", "bash", "sh")
-    victims = [pid for pid in cluster.host_processes(host, script)
-               if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+    tasks = [pid for pid in cluster.host_processes(host, script)
+             if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+    forked = [pid for pid in tasks if parent(pid) in tasks]
+    victims = forked or tasks
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     return victims
+
+
+def parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def load() -> str:
@@ -252,18 +263,25 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:4])
 
 
+# Where the failed processes' output ends: the recipe's line after a step (a restart as a new step),
+# or task 0's supervisor's line as it restarts its training process in place (printed once that
+# process has ended: any step line after it is the new cluster's).
+RESTARTED = (r"^(kerasdist: step exited with status \d+"
+             r"|kerasdist supervise \(task 0\): the training process .*: restart \d+ of \d+, in place)\s*$")
+
+
 def first_step_after(cluster: SlurmCluster, job_id: int, offset: int, timeout: float = 300) -> float:
     """The outside stopwatch's end: the Unix time this tool first saw a step line that a restarted
-    step printed, in the job's output past byte `offset` (after the failed step's "step exited"
-    line, so no line of the failed step counts; a requeued job appends to the same file). Polled
-    every 20 ms."""
+    process printed, in the job's output past byte `offset` (after the failed step's "step exited"
+    line, or task 0's supervisor's restart in place, so no line of a failed process counts; a
+    requeued job appends to the same file). Polled every 20 ms."""
     path = cluster.output_file(job_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = time.time()
         text = path.read_bytes()[offset:].decode(errors="replace") if path.exists() else ""
-        ended = list(re.finditer(r"^kerasdist: step exited with status \d+\s*$", text, re.M))
-        if ended and re.search(r"^step \d+\s*$", text[ended[0].end():], re.M):
+        ended = re.search(RESTARTED, text, re.M)
+        if ended and re.search(r"^step \d+\s*$", text[ended.end():], re.M):
             return seen
         time.sleep(0.02)
     raise TimeoutError(f"job {job_id} printed no step after its failure:\n{cluster.output(job_id)[-3000:]}")
