@@ -63,6 +63,7 @@ RESTARTED = (-signal.SIGKILL, PEER_LOST)  # exit codes restarted in place (negat
 FORMED_FD_VARIABLE = "KERASDIST_SUPERVISOR_FD"  # a restarted process writes to it once its cluster formed
 DEFAULT_FORM_TIMEOUT = 60.0
 FORMING, FORMED = b"1", b"2"  # what a training process writes there
+STARTED_AT_VARIABLE = "KERASDIST_PROCESS_STARTED_AT"  # kerasdist.checkpoint.run_log's
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # interpreter options that take the next word
 _IN_PLACE = "--in-place"  # (internal) this process is the command's interpreter: supervise
@@ -162,6 +163,7 @@ class Supervisor:
         self.restart_log = settings.restart_log
         self.child: int | None = None
         self.signalled = 0
+        self.started_at = _started_at()
         for number in _FORWARDED:
             signal.signal(number, self._on_signal)
 
@@ -197,6 +199,8 @@ class Supervisor:
             if bounded:
                 os.close(words)
                 os.environ[FORMED_FD_VARIABLE] = str(told)
+            else:  # the first: its start-up is the supervisor's (the interpreter, TensorFlow's import)
+                os.environ[STARTED_AT_VARIABLE] = f"{self.started_at:.3f}"
             self._become(warm, mask)
         self.child = pid
         with contextlib.suppress(OSError):
@@ -273,6 +277,17 @@ def _tell(fd: str, word: bytes) -> None:
     if fd.isdigit():
         with contextlib.suppress(OSError):
             os.write(int(fd), word)
+
+
+def _started_at() -> float:
+    """Unix time this process started (Linux: /proc; elsewhere now)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/uptime") as uptime:
+            return time.time() - (float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def _die_with_parent(parent: int) -> None:
