@@ -114,6 +114,23 @@ def test_a_killed_training_process_is_forked_again_by_both_supervisors_and_train
     assert [a.status for a in report.attempts][1:] == ["completed"] and len(report.attempts) == 2, str(report)
 
 
+def test_a_second_kill_during_the_recovery_is_restarted_in_place_too(tmp_path):
+    """Worker 1's training process is killed, then the chief's new one while it forms the new
+    cluster: each supervisor forks again, and training still completes on both."""
+    workers = start_cluster(tmp_path)
+    wait_for_step(workers[0], 8)
+    os.kill(workers[1].training_process(), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while len(workers[0].forked()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(workers[0].training_process(), signal.SIGKILL)
+    codes = [w.wait() for w in workers]
+    outputs = [w.output() for w in workers]
+    assert codes == [0, 0], outputs
+    assert "restart 2 of 3, in place" in outputs[0] and len(workers[0].forked()) == 3, outputs[0]
+    assert all("task 0 done: 2 replicas" in output for output in outputs), outputs
+
+
 def test_a_sigterm_to_a_supervisor_is_a_preemption_its_training_process_saves_and_it_exits_75(tmp_path):
     workers = start_cluster(tmp_path)
     wait_for_step(workers[0], 5)
