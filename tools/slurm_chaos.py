@@ -16,20 +16,22 @@ preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every 
 weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
 exit statuses, requeues, equal or not) and `K/N completed and bitwise equal`.
 
---recovery N measures recovery instead (issues #33, #43): N jobs whose worker on host 1 is
-SIGKILLed after step 8 (the recipe restarts the step inside the allocation), N whose chief on host
-0 is (`--kinds chief`), and N preempted after step 14 (`scancel --full --signal=TERM`: save, exit
-75, requeue), each measured twice: read back from the chief's run log (`kerasdist.goodput`: from the
-failure, the end of the failed attempt's last completed step or a preempted attempt's exit, to the
-first step after it, split into detection, down, Python + TensorFlow, cluster, restore and first
-step) and by an outside stopwatch (from the instant just before the SIGKILL or the scancel to the
-first step line the restarted job printed, the job's output polled every 20 ms); median, min and
-max of each over the N jobs and of their difference, the requeue's wait in "down" for
-preemptions, /proc/loadavg before and after each job.
+--recovery N measures recovery instead (issues #33, #43): N jobs whose worker's training process on
+host 1 is SIGKILLed after step 8 (its task's supervisor forks it again in place, the chief's too, in
+the same step; with KERASDIST_WARM_RESTARTS=0 in the environment the recipe starts the step again
+instead), N whose chief on host 0 is (`--kinds chief`), and N preempted after step 14 (`scancel
+--full --signal=TERM`: save, exit 75, requeue), each measured twice: read back from the chief's run
+log (`kerasdist.goodput`: from the failure, the end of the failed attempt's last completed step or a
+preempted attempt's exit, to the first step after it, split into detection, down, Python +
+TensorFlow, cluster, restore and first step) and by an outside stopwatch (from the instant just
+before the SIGKILL or the scancel to the first step line the restarted processes printed, after task
+0's supervisor's restart line or the recipe's "step exited" line, the job's output polled every 20
+ms); median, min and max of each over the N jobs and of their difference, the requeue's wait in
+"down" for preemptions, /proc/loadavg before and after each job.
 
 --goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step, a
 checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a 0.1 s save
-and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of
+and a failure every 3 minutes) and SIGKILLs its worker's training process on host 1 every --kill-every seconds of
 running (with --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them, and each failure to
 the first step line printed after it).
