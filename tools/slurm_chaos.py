@@ -16,20 +16,22 @@ preemption and `--signal=B:TERM@N` do). Each job must end COMPLETED, with every 
 weights bitwise equal to the reference's. Prints one line per trial (instant, phase, the step's
 exit statuses, requeues, equal or not) and `K/N completed and bitwise equal`.
 
---recovery N measures recovery instead (issues #33, #43): N jobs whose worker on host 1 is
-SIGKILLed after step 8 (the recipe restarts the step inside the allocation), N whose chief on host
-0 is (`--kinds chief`), and N preempted after step 14 (`scancel --full --signal=TERM`: save, exit
-75, requeue), each measured twice: read back from the chief's run log (`kerasdist.goodput`: from the
-failure, the end of the failed attempt's last completed step or a preempted attempt's exit, to the
-first step after it, split into detection, down, Python + TensorFlow, cluster, restore and first
-step) and by an outside stopwatch (from the instant just before the SIGKILL or the scancel to the
-first step line the restarted job printed, the job's output polled every 20 ms); median, min and
-max of each over the N jobs and of their difference, the requeue's wait in "down" for
-preemptions, /proc/loadavg before and after each job.
+--recovery N measures recovery instead (issues #33, #43): N jobs whose worker's training process on
+host 1 is SIGKILLed after step 8 (its task's supervisor forks it again in place, the chief's too, in
+the same step; with KERASDIST_WARM_RESTARTS=0 in the environment the recipe starts the step again
+instead), N whose chief on host 0 is (`--kinds chief`), and N preempted after step 14 (`scancel
+--full --signal=TERM`: save, exit 75, requeue), each measured twice: read back from the chief's run
+log (`kerasdist.goodput`: from the failure, the end of the failed attempt's last completed step or a
+preempted attempt's exit, to the first step after it, split into detection, down, Python +
+TensorFlow, cluster, restore and first step) and by an outside stopwatch (from the instant just
+before the SIGKILL or the scancel to the first step line the restarted processes printed, after task
+0's supervisor's restart line or the recipe's "step exited" line, the job's output polled every 20
+ms); median, min and max of each over the N jobs and of their difference, the requeue's wait in
+"down" for preemptions, /proc/loadavg before and after each job.
 
 --goodput-minutes M runs one job whose training alone lasts about M minutes (0.2 s a step, a
 checkpoint every --every-steps steps, 30 by default: about Young/Daly's interval for a 0.1 s save
-and a failure every 3 minutes) and SIGKILLs its worker on host 1 every --kill-every seconds of
+and a failure every 3 minutes) and SIGKILLs its worker's training process on host 1 every --kill-every seconds of
 running (with --preempt: preempts the whole job instead), then reports `kerasdist goodput` of the run beside
 an outside stopwatch (the job's first start to its end, as this tool saw them, and each failure to
 the first step line printed after it).
@@ -237,14 +239,25 @@ def random_instant(rng: random.Random) -> float | str:
 
 
 def kill_training(cluster: SlurmCluster, host: int, script: str = "train.py") -> list[int]:
-    """SIGKILL the recipe's training process on `host` (not the slurmstepd that runs it, nor, on
-    the batch host, the batch shell, setsid or srun, whose command lines name the script too); its pids."""
+    """SIGKILL the recipe's training process on `host`, as an OOM killer or a crash would take it
+    out: not the slurmstepd that runs it, nor, on the batch host, the batch shell, setsid or srun,
+    whose command lines name the script too; and under kerasdist's supervisor, the training process
+    it forked (same command line, the supervisor its parent), not the supervisor; its pids."""
     launchers = ("slurmstepd", "srun", "setsid", "bash", "sh")
-    victims = [pid for pid in cluster.host_processes(host, script)
-               if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+    tasks = [pid for pid in cluster.host_processes(host, script)
+             if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+    forked = [pid for pid in tasks if parent(pid) in tasks]
+    victims = forked or tasks
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     return victims
+
+
+def parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def load() -> str:
@@ -252,18 +265,25 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:4])
 
 
+# Where the failed processes' output ends: the recipe's line after a step (a restart as a new step),
+# or task 0's supervisor's line as it restarts its training process in place (printed once that
+# process has ended: any step line after it is the new cluster's).
+RESTARTED = (r"^(kerasdist: step exited with status \d+"
+             r"|kerasdist supervise \(task 0\): the training process .*: restart \d+ of \d+, in place)\s*$")
+
+
 def first_step_after(cluster: SlurmCluster, job_id: int, offset: int, timeout: float = 300) -> float:
     """The outside stopwatch's end: the Unix time this tool first saw a step line that a restarted
-    step printed, in the job's output past byte `offset` (after the failed step's "step exited"
-    line, so no line of the failed step counts; a requeued job appends to the same file). Polled
-    every 20 ms."""
+    process printed, in the job's output past byte `offset` (after the failed step's "step exited"
+    line, or task 0's supervisor's restart in place, so no line of a failed process counts; a
+    requeued job appends to the same file). Polled every 20 ms."""
     path = cluster.output_file(job_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = time.time()
         text = path.read_bytes()[offset:].decode(errors="replace") if path.exists() else ""
-        ended = list(re.finditer(r"^kerasdist: step exited with status \d+\s*$", text, re.M))
-        if ended and re.search(r"^step \d+\s*$", text[ended[0].end():], re.M):
+        ended = re.search(RESTARTED, text, re.M)
+        if ended and re.search(r"^step \d+\s*$", text[ended.end():], re.M):
             return seen
         time.sleep(0.02)
     raise TimeoutError(f"job {job_id} printed no step after its failure:\n{cluster.output(job_id)[-3000:]}")

@@ -382,10 +382,13 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
         from kerasdist.compat import configure_coordination
 
         configure_coordination(resolver.cluster_spec(), peer_timeout_seconds())
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver,
-            communication_options=_communication_options(communication),
-        )
+        from kerasdist.launch.supervisor import forming_cluster
+
+        with forming_cluster():  # a supervised restart's wait for its peers is bounded (launch/supervisor.py)
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver,
+                communication_options=_communication_options(communication),
+            )
     if plan.kind == "parameter_server":
         return tf.distribute.ParameterServerStrategy(_resolver_for(plan, resolver))
     return _build_tpu(plan.tpu)

@@ -21,6 +21,7 @@ EXAMPLES = """\
 examples:
   kerasdist info --devices 2                   the strategy "auto" picks here, and why
   kerasdist launch -n 2 -- train.py            train.py as a 2-worker cluster on this machine
+  srun kerasdist supervise -- python train.py  each task restarts in place, warm, after a crash
   kerasdist checkpoints runs/demo/checkpoints  what a restart would resume from
   kerasdist goodput runs/demo/checkpoints      where the run's time went, failures included
   kerasdist demo                               train, kill, resume and plot on 2 CPU replicas
@@ -241,6 +242,68 @@ def _add_launch(commands) -> None:
     launch.set_defaults(run=_launch)
 
 
+def _supervise(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    command = list(args.supervise_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("supervise: no command given: put it after --, e.g. "
+                         "`kerasdist supervise --max-restarts 3 -- python train.py`.")
+    # launch/supervisor.py by path: importing kerasdist.launch would import TensorFlow here, before
+    # the exec, into a process about to be replaced
+    spec = importlib.util.find_spec("kerasdist")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("supervise: the kerasdist package is not installed for this Python.")
+    path = os.path.join(os.path.dirname(spec.origin), "launch", "supervisor.py")
+    module_spec = importlib.util.spec_from_file_location("_kerasdist_supervisor", path)
+    supervisor = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    sys.modules[module_spec.name] = supervisor  # type: ignore[union-attr]  # (its dataclass looks itself up)
+    module_spec.loader.exec_module(supervisor)  # type: ignore[union-attr]
+    settings = supervisor.Settings(args.max_restarts, args.form_timeout, args.restart_log)
+    supervisor.exec_supervised(command, settings)  # never returns
+    return 0
+
+
+def _add_supervise(commands) -> None:
+    supervise = commands.add_parser(
+        "supervise",
+        help="run a training task that restarts in place, warm, after a SIGKILL or a lost peer (76)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="kerasdist supervise [--max-restarts R] [--form-timeout S] [--restart-log FILE] -- COMMAND ...",
+        description=(
+            "Run one task of a multi-worker cluster (what a scheduler starts per task, e.g.\n"
+            "srun) under a supervisor that imports TensorFlow once and forks the training\n"
+            "process from itself. When that process is SIGKILLed (out of memory, a crash) or\n"
+            "exits 76 (it lost a peer), the supervisor forks a new one at once, in place:\n"
+            "no interpreter start, no TensorFlow import, no new step; up to --max-restarts\n"
+            "times. Signals are passed on to the training process; a signalled supervisor\n"
+            "never restarts it (SIGTERM: it saves and exits 75). Otherwise the supervisor\n"
+            "exits as the training process did. A restarted process that has not formed its\n"
+            "cluster within --form-timeout seconds is killed and the supervisor exits 76.\n\n"
+            "COMMAND: a Python interpreter and its options, then a script, -c or -m (a first\n"
+            "word ending in .py runs with this Python). Anything else (Rscript train.R) runs\n"
+            "as given, cold, without a supervisor."
+        ),
+        epilog=(
+            "exit status: the training process's (128+N, or death by signal N, if killed by\n"
+            "it); 75 when signalled with no training process running; 76 when a restarted one\n"
+            "did not form its cluster in time; 2 on bad input.\n\n"
+            "example:\n  srun kerasdist supervise --max-restarts 3 -- python train.py --epochs 5"
+        ),
+    )
+    supervise.add_argument("--max-restarts", type=_at_least(0), default=3, metavar="R",
+                           help="in-place restarts allowed (default 3)")
+    supervise.add_argument("--form-timeout", type=_positive_seconds, default=60.0, metavar="S",
+                           help="seconds a restarted process has to form its cluster (default 60)")
+    supervise.add_argument("--restart-log", default=None, metavar="FILE",
+                           help="append a line per in-place restart: TASK STATUS ($SLURM_PROCID or -)")
+    supervise.add_argument("supervise_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                           help="the training command and its arguments")
+    supervise.set_defaults(run=_supervise)
+
+
 def _add_info(commands) -> None:
     info = commands.add_parser(
         "info", help="show versions and the strategy chosen here, and why",
@@ -389,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_info(commands)
     _add_launch(commands)
+    _add_supervise(commands)
     _add_checkpoints(commands)
     _add_goodput(commands)
     _add_demo(commands)
@@ -397,8 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    if args.command != "supervise":  # (a supervised command gets the environment it was given)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return int(args.run(args))
     except (ValueError, RuntimeError) as err:

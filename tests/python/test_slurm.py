@@ -123,25 +123,38 @@ def test_time_limit_warning_signal_saves_requeues_and_completes_equal(slurm_clus
     assert chaos.step_statuses(output)[0] in (75, 143), output[-3000:]
 
 
-def test_a_sigkilled_worker_restarts_the_step_in_the_allocation_and_completes_equal(slurm_cluster, reference):
-    """An OOM kill (SIGKILL to one task): the recipe starts the step again inside the same
-    allocation (no requeue) and the job completes with the reference's weights."""
+def test_a_sigkilled_worker_is_forked_again_in_place_in_the_same_step_and_completes_equal(slurm_cluster, reference):
+    """An OOM kill (SIGKILL to one task's training process): each task runs under kerasdist's
+    supervisor (`kerasdist supervise`), which forks the training process again at once inside the
+    same step (no new step, no requeue); the other task's, having lost its peer (76), is forked
+    again too, and the job resumes at the checkpointed step and completes with the reference's
+    weights."""
     run = chaos.new_run(slurm_cluster, "sigkill")
     job_id = chaos.submit(slurm_cluster, run, step_seconds=PACE)
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 8$")
-    assert chaos.kill_training(slurm_cluster, 1), "no training process on host 1"
+    killed = chaos.kill_training(slurm_cluster, 1)
+    assert killed, "no training process on host 1"
+    # the training process forked by its supervisor, not the supervisor (the srun task)
+    assert all(chaos.parent(pid) is None or "supervisor.py" in chaos.cmdline(chaos.parent(pid)) for pid in killed)
     slurm_cluster.wait_final(job_id, 300)
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
-    assert job.restarts == 0 and chaos.step_statuses(output) == [137, 0], output[-3000:]
-    assert "restart 1 of 3" in output
-    # the chief's run log: its process ended with the step, the restarted one completed, and
-    # every part of the recovery is measured
+    # one step, which exited 0: the restart was in place
+    assert job.restarts == 0 and chaos.step_statuses(output) == [0], output[-3000:]
+    for task, what in ((1, "was killed (SIGKILL)"), (0, "lost a peer (status 76)")):
+        assert f"kerasdist supervise (task {task}): the training process {what}: restart 1 of 3, in place" in output
+    assert "kerasdist: the step restarted its training processes in place 1 time(s)" in output, output[-3000:]
+    # resumed where the chief's checkpoints were (one every step; that of step 8 may have been in flight)
+    restart = re.search(r"^kerasdist supervise \(task 0\): .*in place$", output, re.M).end()
+    before = [int(s) for s in re.findall(r"^step (\d+)$", output[:restart], re.M)]
+    resumed = int(re.search(r"^step (\d+)$", output[restart:], re.M).group(1))
+    assert before[-1] - 1 <= resumed <= before[-1] + 1 and resumed >= 8, (before[-1], resumed)
+    # the chief's run log: its process ended, the forked one completed, every part of the recovery measured
     report = kerasdist.goodput(run.checkpoint_dir)
     statuses = [a.status for a in report.attempts]
     assert len(statuses) == 2 and statuses[0] != "completed" and statuses[1] == "completed", statuses
     recovery = report.attempts[1].recovery
-    assert 0 < recovery["total"] < 120 and recovery["python_and_tensorflow"] > 0 and recovery["restore"] > 0
+    assert 0 < recovery["total"] < 120 and recovery["restore"] > 0 and recovery["python_and_tensorflow"] >= 0
 
 
 def test_a_step_whose_task_lost_a_peer_is_started_again_in_the_allocation_then_fails_with_76(slurm_cluster):
@@ -266,8 +279,9 @@ def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(s
     the checkpoints): preempted mid-training, the requeued job restores every worker from the
     chief's newest checkpoint and ends bitwise equal."""
     run = chaos.new_run(slurm_cluster, "node-local")
+    # with warm restarts off (KERASDIST_WARM_RESTARTS=0): the training command runs as given
     job_id = chaos.submit(slurm_cluster, run, checkpoint_dir=slurm_cluster.scratch / "node-local-ckpt",
-                          step_seconds=PACE)
+                          step_seconds=PACE, env={**os.environ, "KERASDIST_WARM_RESTARTS": "0"})
     slurm_cluster.wait_started(job_id)
     chaos.wait_for_output(slurm_cluster, job_id, r"^step 12$")
     slurm_cluster.signal_job(job_id, "TERM")
@@ -277,6 +291,7 @@ def test_checkpoints_on_node_local_scratch_resume_every_worker_from_the_chiefs(s
     job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
     assert job.restarts == 1 and chaos.step_statuses(output) == [75, 0], (listing, output[-3000:])
     assert first_step_after_the_requeue(output) > 12, output[-3000:]
+    assert "kerasdist supervise" not in output, output[-3000:]
 
 
 def test_checkpoints_in_an_s3_bucket_across_hosts_preempted_and_requeued_end_equal(slurm_cluster, reference):

@@ -47,6 +47,10 @@ _IMPORTED_AT = time.time()
 _EVENT, _TIME = "event", "t"  # an event line's kind and time
 _RECORD_BYTES = 80  # a step record, padded with spaces: each rewrite covers the one before
 SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their step records locally
+# Set by kerasdist's supervisor (launch/supervisor.py) in the first training process it forks: when
+# the supervisor started, so that its interpreter's start and TensorFlow's import count as this
+# process's start-up (a process forked later, a restart in place, starts at its fork).
+STARTED_AT_VARIABLE = "KERASDIST_PROCESS_STARTED_AT"
 
 
 class Event(str, Enum):
@@ -163,7 +167,14 @@ class RunLogWarning(UserWarning):
 
 
 def process_started_at() -> float:
-    """Unix time this process started (Linux: from /proc; elsewhere the time kerasdist was imported)."""
+    """Unix time this process started (Linux: from /proc; elsewhere the time kerasdist was imported;
+    `$KERASDIST_PROCESS_STARTED_AT` when its supervisor set it)."""
+    with contextlib.suppress(ValueError):
+        return float(os.environ[STARTED_AT_VARIABLE]) if os.environ.get(STARTED_AT_VARIABLE) else _from_proc()
+    return _from_proc()
+
+
+def _from_proc() -> float:
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         started_ticks = int(fields[19])  # field 22, starttime: clock ticks after boot

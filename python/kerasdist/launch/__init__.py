@@ -23,7 +23,9 @@ The package, by what each module holds:
 - `ports`: free ports on `host`, and telling when one was taken before a server bound it;
 - `process_group`: one attempt's processes, their prefixed output, stopping them;
 - `result`: `LaunchResult`, `TaskFailure`, the exit codes and the launcher's messages;
-- `warm_start`: Python tasks forked from a process that has already imported TensorFlow.
+- `warm_start`: Python tasks forked from a process that has already imported TensorFlow;
+- `supervisor`: one task that forks its training process from itself and restarts it in place
+  (`kerasdist supervise`, the Slurm recipe's tasks).
 """
 
 from kerasdist.launch.command import resolve_command

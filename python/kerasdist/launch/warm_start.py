@@ -163,7 +163,7 @@ def run(socket_path: str, argv: list[str], wait: float = 0.0) -> NoReturn:
     if not line:
         print(f"kerasdist warm start: the server went away while process {pid} ran", file=sys.stderr)
         os._exit(1)
-    _exit_like(json.loads(line)["status"])
+    exit_like(json.loads(line)["status"])
 
 
 def _connect(socket_path: str, wait: float) -> socket.socket:
@@ -187,7 +187,7 @@ def _forward(pid: int, number: int) -> None:
         pass
 
 
-def _exit_like(wait_status: int) -> NoReturn:
+def exit_like(wait_status: int) -> NoReturn:
     code = os.waitstatus_to_exitcode(wait_status)
     if code < 0:  # die of the same signal (SIGKILL's action cannot be set: it is always death)
         if -code != signal.SIGKILL:
@@ -210,7 +210,7 @@ def serve(socket_path: str) -> None:
                          "SOCKET), not with -m: the processes it forks must import kerasdist themselves")
     asked = import_time_environment(os.environ)
     before = dict(os.environ)
-    _import_tensorflow_and_keras()
+    import_tensorflow_and_keras()
     set_by_import = {name: value for name, value in os.environ.items() if name not in before}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(_address(socket_path))  # a client that finds the socket finds a ready server
@@ -224,7 +224,7 @@ def serve(socket_path: str) -> None:
     server.loop()
 
 
-def _import_tensorflow_and_keras() -> None:
+def import_tensorflow_and_keras() -> None:
     """TensorFlow and Keras, imported as `import kerasdist` imports them (kerasdist/startup.py,
     quietly), but not kerasdist itself: each forked process imports it (about 0.1 s more), and so
     installs its SIGTERM guard and reads its settings from its own environment."""
@@ -317,7 +317,7 @@ class _Server:
     def _refusal(self, request: dict[str, Any]) -> str:
         if request.get("python") != sys.executable:  # the path: -S hides a virtualenv's sys.prefix
             return "another Python interpreter"
-        if _entry_point(request["argv"]) is None:
+        if entry_point(request["argv"]) is None:
             return "interpreter options"
         differing = sorted(set(self.environment.items()) ^ set(import_time_environment(request["env"]).items()))
         if differing:
@@ -357,9 +357,7 @@ class _Server:
         os.environ.update(request["env"])
         for name, value in self.set_by_import.items():
             os.environ.setdefault(name, value)
-        _fresh_process_state()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise SystemExit(_run_command(request["argv"]))
+        run_forked(request["argv"], mask)
 
 
 def _peer_uid(connection: socket.socket) -> int:
@@ -390,6 +388,15 @@ def _take_streams(fds: list[int], env: Mapping[str, str]) -> None:
         setattr(sys, f"__{name}__", stream)
 
 
+def run_forked(argv: list[str], mask: set[signal.Signals]) -> NoReturn:
+    """In a process just forked from one that imported TensorFlow (its streams, environment and
+    directory set): run `argv` ([script | -c code | -m module, args...]) as `python` would, with
+    the signal mask `mask` back, and exit with its status (the supervisor's children too)."""
+    _fresh_process_state()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    raise SystemExit(_run_command(argv))
+
+
 def _fresh_process_state() -> None:
     """What a fresh interpreter would not share with its siblings: numpy's global random state
     (Python's `random` reseeds itself after a fork)."""
@@ -398,7 +405,7 @@ def _fresh_process_state() -> None:
     np.random.seed()
 
 
-def _entry_point(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
+def entry_point(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """("script", path, args), ("-c", code, args) or ("-m", module, args); None for anything else
     (interpreter options such as -u, -X, -W change the interpreter, which is already running)."""
     if not argv:
@@ -416,7 +423,7 @@ def _run_command(argv: list[str]) -> int | str | None:
     import traceback
     import types
 
-    kind, target, args = _entry_point(argv)  # type: ignore[misc]  # checked before the fork
+    kind, target, args = entry_point(argv)  # type: ignore[misc]  # checked before the fork
     try:
         if kind == "script":
             sys.argv = [target, *args]
@@ -438,8 +445,8 @@ def _run_command(argv: list[str]) -> int | str | None:
         traceback.print_exc()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # as the interpreter would: the traceback, then status 1
-        traceback.print_exc()
+    except BaseException:  # as the interpreter would: its excepthook (kerasdist's may exit 76), then 1
+        sys.excepthook(*sys.exc_info())
         return 1
     return 0
 
