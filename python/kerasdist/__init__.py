@@ -5,7 +5,7 @@ from kerasdist import preemption, startup
 preemption.signals.install()  # first: a cluster task preempted while TensorFlow starts exits with 75
 startup.import_tensorflow_quietly()  # before any module below imports TensorFlow
 
-from kerasdist import about, compat
+from kerasdist import about, compat, strategy
 from kerasdist.about import kerasdist_info
 from kerasdist.advisor import StrategyBenchmark, StrategyTiming, bench_strategies
 from kerasdist.checkpoint import (
@@ -67,7 +67,7 @@ from kerasdist.training import (
 )
 
 __version__ = about.VERSION  # the one definition is about.py's (hatch and the CLI read it there)
-startup.apply_requested_devices()
+strategy.apply_requested_devices()
 # Keras 3's multi-worker fit, a batch split unevenly over mirrored replicas, and optimizer variables
 # made in a user's traced step (keras#23085), for strategies users make too (each a no-op where not
 # in use); a multi-worker strategy made too late says why.

@@ -19,9 +19,6 @@ import sys
 import tempfile
 
 VERBOSE_VARIABLE = "KERASDIST_VERBOSE"
-# Set by R's simulate_devices() when it must split the CPU before keras3's load hook starts
-# TensorFlow's devices; read (and removed) while kerasdist is imported.
-DEVICES_VARIABLE = "KERASDIST_SIMULATE_DEVICES"
 
 _START_UP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
@@ -84,19 +81,6 @@ def _pass_on(text: str) -> None:
     if kept:
         sys.stderr.write("\n".join(kept) + "\n")
         sys.stderr.flush()
-
-
-def apply_requested_devices() -> None:
-    """Split the CPU as R's simulate_devices() asked before this import, then forget the request
-    (so processes started later do not inherit it)."""
-    requested = os.environ.pop(DEVICES_VARIABLE, None)
-    if requested:
-        from kerasdist.strategy import simulate_devices
-
-        try:
-            simulate_devices(int(requested))
-        except (ValueError, RuntimeError):
-            pass  # the caller's own simulate_devices() call reports it
 
 
 def exit_without_last_collections() -> None:

@@ -22,6 +22,10 @@ from kerasdist.cluster import (
 from kerasdist.context import context_of, plan_of, remember_plan
 from kerasdist.validation import choice, integer
 
+# Set by R's simulate_devices() when it must split the CPU before keras3's load hook starts
+# TensorFlow's devices; read (and removed) while kerasdist is imported.
+DEVICES_VARIABLE = "KERASDIST_SIMULATE_DEVICES"
+
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the package supports 3.10
     from typing_extensions import Unpack
 
@@ -238,6 +242,17 @@ def simulate_devices(n: int) -> list[str]:
                 "function runs; library(keras3) first is fine)."
             ) from None
     return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def apply_requested_devices() -> None:
+    """Split the CPU as R's simulate_devices() asked before this import, then forget the request
+    (so processes started later do not inherit it)."""
+    requested = os.environ.pop(DEVICES_VARIABLE, None)
+    if requested:
+        try:
+            simulate_devices(int(requested))
+        except (ValueError, RuntimeError):
+            pass  # the caller's own simulate_devices() call reports it
 
 
 def _choose_kind(
