@@ -21,7 +21,7 @@ EXAMPLES = """\
 examples:
   kerasdist info --devices 2                   the strategy "auto" picks here, and why
   kerasdist launch -n 2 -- train.py            train.py as a 2-worker cluster on this machine
-  srun kerasdist supervise -- python train.py  each task restarts in place, warm, after a crash
+  srun kerasdist supervise -- python train.py  each task restarts in place, warm, after a SIGKILL or a lost peer
   kerasdist checkpoints runs/demo/checkpoints  what a restart would resume from
   kerasdist goodput runs/demo/checkpoints      where the run's time went, failures included
   kerasdist demo                               train, kill, resume and plot on 2 CPU replicas
@@ -275,7 +275,7 @@ def _add_supervise(commands) -> None:
         description=(
             "Run one task of a multi-worker cluster (what a scheduler starts per task, e.g.\n"
             "srun) under a supervisor that imports TensorFlow once and forks the training\n"
-            "process from itself. When that process is SIGKILLed (out of memory, a crash) or\n"
+            "process from itself. When that process is SIGKILLed (out of memory, `kill -9`) or\n"
             "exits 76 (it lost a peer), the supervisor forks a new one at once, in place:\n"
             "no interpreter start, no TensorFlow import, no new step; up to --max-restarts\n"
             "times. Signals are passed on to the training process; a signalled supervisor\n"

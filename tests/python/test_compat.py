@@ -178,6 +178,33 @@ def _values(model: keras.Model) -> list[bytes]:
     return [np.asarray(v.numpy()).tobytes() for v in model.weights]
 
 
+def _overlap_blocks_in_two_threads() -> None:
+    """Two threads' `initializers_deferred` blocks overlapping (A in, B in, A out, B out), each
+    making a model inside; each thread's deferred kernels are its own."""
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    counts: dict[str, int] = {}
+
+    def block(name: str, entered: threading.Event, wait_for: threading.Event, done: threading.Event | None) -> None:
+        with compat.initializers_deferred() as deferred:
+            entered.set()
+            wait_for.wait(30)
+            _initialized_model()
+            counts[name] = deferred.deferred
+        if done is not None:
+            done.set()
+
+    threads = [threading.Thread(target=block, args=("a", a_in, b_in, a_out)),
+               threading.Thread(target=block, args=("b", b_in, a_out, None))]
+    threads[0].start()
+    a_in.wait(30)
+    threads[1].start()
+    for thread in threads:
+        thread.join(60)
+    assert counts == {"a": 2, "b": 2}, counts
+
+
 def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     """Why a build about to be restored may skip its random initializers: inside
     `initializers_deferred`, variables whose initializer is random with an int seed start as
@@ -213,6 +240,9 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     assert _values(model) == plain
     with compat.initializers_deferred(enabled=False) as deferred:
         assert _values(_initialized_model()) == plain and deferred.deferred == 0
+    _overlap_blocks_in_two_threads()  # A enters, B enters, A leaves, B leaves
+    assert (BackendVariable._initialize_with_initializer, CommonVariable.assign) == originals
+    assert _values(_initialized_model()) == plain  # nothing left deferred, on any thread
     assert compat.keras_defers_initializers(), keras.__version__
     assert not compat.keras_defers_initializers("3.16.0")
     assert not compat.keras_defers_initializers("3.14.0")

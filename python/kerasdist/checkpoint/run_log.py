@@ -51,6 +51,8 @@ SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their ste
 # the supervisor started, so that its interpreter's start and TensorFlow's import count as this
 # process's start-up (a process forked later, a restart in place, starts at its fork).
 STARTED_AT_VARIABLE = "KERASDIST_PROCESS_STARTED_AT"
+# Read once and removed, so that the processes this one starts count from their own start.
+_SUPERVISOR_STARTED_AT = os.environ.pop(STARTED_AT_VARIABLE, "")
 
 
 class Event(str, Enum):
@@ -170,7 +172,7 @@ def process_started_at() -> float:
     """Unix time this process started (Linux: from /proc; elsewhere the time kerasdist was imported;
     `$KERASDIST_PROCESS_STARTED_AT` when its supervisor set it)."""
     with contextlib.suppress(ValueError):
-        return float(os.environ[STARTED_AT_VARIABLE]) if os.environ.get(STARTED_AT_VARIABLE) else _from_proc()
+        return float(_SUPERVISOR_STARTED_AT) if _SUPERVISOR_STARTED_AT else _from_proc()
     return _from_proc()
 
 

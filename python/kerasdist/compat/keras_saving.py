@@ -449,6 +449,63 @@ def _zeros(shape: Any, dtype: Any = None) -> Any:
     return keras.ops.zeros(shape, dtype=dtype)
 
 
+# The patch is installed once for every thread in a block and removed when the last one leaves;
+# each thread's block keeps its own variables (a patch saved and restored per block would leave
+# another thread's patch installed for good when two blocks overlap).
+_deferral_lock = threading.Lock()
+_deferral_blocks = 0
+_deferral_originals: tuple[Any, Any] | None = None
+_this_thread = threading.local()  # .deferred: the DeferredInitializers of this thread's block
+
+
+def _deferred_here() -> DeferredInitializers | None:
+    return getattr(_this_thread, "deferred", None)
+
+
+def _install_deferral() -> None:
+    global _deferral_blocks, _deferral_originals
+    from keras.src.backend import Variable as BackendVariable
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.common.variables import Variable as CommonVariable
+
+    with _deferral_lock:
+        _deferral_blocks += 1
+        if _deferral_blocks > 1:
+            return
+        initialize, assign = BackendVariable._initialize_with_initializer, CommonVariable.assign
+        _deferral_originals = (initialize, assign)
+
+        def initialize_zeros(variable: Any, initializer: Any) -> None:
+            deferred = _deferred_here()
+            if deferred is None or not _deferrable(initializer):
+                return initialize(variable, initializer)
+            initialize(variable, _zeros)
+            deferred.pending[id(variable)] = (variable, initializer)
+            deferred.deferred += 1
+
+        def assign_noted(variable: Any, value: Any) -> Any:
+            result = assign(variable, value)
+            deferred = _deferred_here()
+            if deferred is not None and not in_stateless_scope():  # (a stateless scope only records it)
+                deferred.pending.pop(id(variable), None)
+            return result
+
+        BackendVariable._initialize_with_initializer = initialize_zeros
+        CommonVariable.assign = assign_noted
+
+
+def _remove_deferral() -> None:
+    global _deferral_blocks, _deferral_originals
+    from keras.src.backend import Variable as BackendVariable
+    from keras.src.backend.common.variables import Variable as CommonVariable
+
+    with _deferral_lock:
+        _deferral_blocks -= 1
+        if _deferral_blocks == 0 and _deferral_originals is not None:
+            BackendVariable._initialize_with_initializer, CommonVariable.assign = _deferral_originals
+            _deferral_originals = None
+
+
 @contextlib.contextmanager
 def initializers_deferred(enabled: bool = True) -> Iterator[DeferredInitializers]:
     """Variables this thread makes in the block with a random, int-seeded initializer (Keras's
@@ -457,35 +514,18 @@ def initializers_deferred(enabled: bool = True) -> Iterator[DeferredInitializers
     values it would have had (the seed is stateless), whether or not the block raised. For a model
     built to be restored at once: a restore assigns every weight, so the random numbers are never
     drawn. Initializers seeded by a SeedGenerator (whose values depend on when they run) and all
-    others run as usual. A no-op when `enabled` is false or on a Keras outside the gate."""
+    others run as usual; other threads' variables are not touched, in a block of their own or not.
+    A no-op when `enabled` is false or on a Keras outside the gate."""
     deferred = DeferredInitializers()
     if not (enabled and keras_defers_initializers()):
         yield deferred
         return
-    from keras.src.backend import Variable as BackendVariable
-    from keras.src.backend.common.variables import Variable as CommonVariable
-
-    thread = threading.get_ident()
-    initialize, assign = BackendVariable._initialize_with_initializer, CommonVariable.assign
-
-    def initialize_zeros(variable: Any, initializer: Any) -> None:
-        if threading.get_ident() != thread or not _deferrable(initializer):
-            return initialize(variable, initializer)
-        initialize(variable, _zeros)
-        deferred.pending[id(variable)] = (variable, initializer)
-        deferred.deferred += 1
-
-    def assign_noted(variable: Any, value: Any) -> Any:
-        result = assign(variable, value)
-        if threading.get_ident() == thread:
-            deferred.pending.pop(id(variable), None)
-        return result
-
-    BackendVariable._initialize_with_initializer = initialize_zeros
-    CommonVariable.assign = assign_noted
+    outer = _deferred_here()
+    _install_deferral()
+    _this_thread.deferred = deferred
     try:
         yield deferred
     finally:
-        BackendVariable._initialize_with_initializer = initialize
-        CommonVariable.assign = assign
+        _this_thread.deferred = outer
+        _remove_deferral()
         deferred.finish()

@@ -1,5 +1,5 @@
 """Warm restarts in place: a training task's supervisor, which imports TensorFlow once and forks
-the training process from itself, again after each crash.
+the training process from itself, again after each SIGKILL or lost peer.
 
 `kerasdist supervise [--max-restarts R] -- python train.py ARGS...` (or this file run as a script
 with the same arguments) is what a scheduler runs as the task. It execs itself as the command's
@@ -10,7 +10,7 @@ process, which runs the script, `-c` code or `-m` module as `python` would. The 
 the supervisor's child: in a Slurm step it is in the step (its process tree, its cgroup), so the
 step's signals, kills and accounting reach it, unlike a process forked by a server of another step.
 
-When the training process dies of SIGKILL (an OOM kill, a crash) or exits 76 (kerasdist: a peer of
+When the training process dies of SIGKILL (an out-of-memory kill, a `kill -9`) or exits 76 (kerasdist: a peer of
 its cluster was lost), the supervisor has not been signalled and restarts are left, it forks a new
 one at once, in place: no interpreter start, no TensorFlow import (about 4-6 s of CPU a restart,
 more on a loaded machine), no new step. The peers: a restarted worker registers with the chief's
@@ -163,13 +163,18 @@ class Supervisor:
         self.restart_log = settings.restart_log
         self.child: int | None = None
         self.signalled = 0
+        self.passed_on = False  # the signal reached the training process
         self.started_at = _started_at()
         for number in _FORWARDED:
             signal.signal(number, self._on_signal)
 
     def _on_signal(self, number: int, _frame: object) -> None:
         self.signalled = self.signalled or number
+        self._pass_on(number)
+
+    def _pass_on(self, number: int) -> None:
         if self.child is not None:
+            self.passed_on = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.child, number)  # its own process group: its children get it too
 
@@ -206,6 +211,8 @@ class Supervisor:
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if self.signalled and not self.passed_on:  # its handler ran between the fork and `self.child`
+            self._pass_on(self.signalled)
         _say(f"supervisor {os.getpid()} forked the training process {pid}")
         if not bounded:
             status = os.waitpid(pid, 0)[1]  # retried after a signal's handler ran (PEP 475)
