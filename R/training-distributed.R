@@ -136,8 +136,8 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
 #' by `rpytools.call.make_python_function`; this looks for those, also inside wrappers (closures,
 #' `functools.wraps`, Keras loss and metric wrappers).
 #'
-#' From R: the error is a condition of class `kerasdist_error`; [distributed_fit()] runs this check
-#' before training.
+#' From R: with more than one replica it stops with an error of class `kerasdist_error` that says
+#' what to use instead; [distributed_fit()] runs this check before training.
 #'
 #' @param model A compiled Keras model.
 #' @param strategy The strategy training will run under; `NULL` for the active one.
