@@ -43,6 +43,7 @@ MARKER = re.compile(r"<!--.*-->")
 # [text](target) and ![alt](target), outside code; targets with a scheme (https:, mailto:) are not ours
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+FENCED = re.compile(r"```.*?```", re.S)  # a heading's own `code` is part of its title
 HEADING = re.compile(r"^#{1,6} (?P<title>.+?)\s*$", re.M)
 
 
@@ -86,7 +87,7 @@ def test_every_block_runs_and_every_marker_is_understood():
 def anchors(page: Path) -> set[str]:
     """The heading ids that both GitHub and mkdocs give `page` (links must work on both)."""
     found = set()
-    for title in HEADING.findall(CODE.sub("", page.read_text())):
+    for title in HEADING.findall(FENCED.sub("", page.read_text())):
         words = re.sub(r"[^\w\s-]", "", title.replace("`", "")).strip().lower()
         github, mkdocs = words.replace(" ", "-"), re.sub(r"[-\s]+", "-", words)
         if github == mkdocs:
