@@ -5,9 +5,12 @@ from the checkpoint and complete. The Slurm recipe's use of it is in test_slurm.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -181,3 +184,54 @@ def test_kerasdist_supervise_runs_a_command_that_is_not_python_as_it_is_and_ends
     result = subprocess.run([sys.executable, "-m", "kerasdist_cli", "supervise", "--max-restarts", "x", "--",
                              "bash"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--max-restarts" in result.stderr, result
+
+
+def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_in_place(tmp_path):
+    """The training process runs in a process group of its own: without the terminal handed to
+    it, its first read of the terminal stopped it (SIGTTIN) for good."""
+    script = tmp_path / "reads.py"
+    script.write_text(
+        "import os, signal\n"
+        "print('got', input(), flush=True)\n"
+        f"if not os.path.exists({str(tmp_path / 'killed')!r}):\n"
+        f"    open({str(tmp_path / 'killed')!r}, 'w').close()\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    pid, terminal = pty.fork()
+    if pid == 0:  # a session of its own, the pty its controlling terminal, in the foreground
+        os.execv(sys.executable, [sys.executable, str(SUPERVISOR), "--in-place", "--max-restarts", "1", "--",
+                                  str(script)])
+    try:
+        said = read_terminal_until(terminal, b"forked the training process")
+        os.write(terminal, b"one\n")
+        said += read_terminal_until(terminal, b"restart 1 of 1, in place")
+        said += read_terminal_until(terminal, b"forked the training process")
+        os.write(terminal, b"two\n")
+        said += read_terminal_until(terminal, b"got two")
+        assert b"got one" in said
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.close(terminal)
+
+
+def read_terminal_until(terminal: int, expected: bytes, timeout: float = 90) -> bytes:
+    said, deadline = b"", time.monotonic() + timeout
+    while expected not in said:
+        if time.monotonic() > deadline or not select.select([terminal], [], [], deadline - time.monotonic())[0]:
+            raise TimeoutError(f"{expected!r} not seen on the terminal; it showed:\n{said.decode(errors='replace')}")
+        said += os.read(terminal, 4096)
+    return said
+
+
+def test_the_pipe_to_the_supervisor_is_named_only_to_the_training_process_not_to_what_it_starts():
+    code = ("import os, subprocess, sys\n"
+            "import kerasdist\n"
+            "print(subprocess.run([sys.executable, '-S', '-c', 'import os; print(os.environ.get(\"%s\"))'],"
+            " capture_output=True, text=True).stdout.strip())\n"
+            "from kerasdist.launch import supervisor\n"
+            "print(supervisor._formed_fd)\n") % supervisor.FORMED_FD_VARIABLE
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, supervisor.FORMED_FD_VARIABLE: "7"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None", "7"]

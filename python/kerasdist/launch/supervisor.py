@@ -52,7 +52,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import NoReturn
@@ -67,6 +67,9 @@ STARTED_AT_VARIABLE = "KERASDIST_PROCESS_STARTED_AT"  # kerasdist.checkpoint.run
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # interpreter options that take the next word
 _IN_PLACE = "--in-place"  # (internal) this process is the command's interpreter: supervise
+# Read once, at import (`import kerasdist`): the processes a training process starts do not inherit
+# the pipe, so they must not inherit its number either (theirs may be another file).
+_formed_fd = os.environ.pop(FORMED_FD_VARIABLE, "")
 
 
 def is_python(program: str) -> bool:
@@ -223,6 +226,7 @@ class Supervisor:
             finally:
                 os.close(words)
         self.child = None
+        _give_terminal_to(os.getpgrp(), pid)
         return status
 
     def _wait_bounded(self, pid: int, words: int) -> int:
@@ -254,6 +258,7 @@ class Supervisor:
             signal.signal(number, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgid(0, 0)
+        _give_terminal_to(os.getpgrp(), os.getpgid(parent))
         _die_with_parent(parent)
         warm.run_forked(self.argv, mask)
 
@@ -265,13 +270,13 @@ class Supervisor:
 
 
 @contextlib.contextmanager
-def forming_cluster(environ: MutableMapping[str, str] | None = None) -> Iterator[None]:
+def forming_cluster() -> Iterator[None]:
     """Around the creation of a multi-worker strategy (`select_strategy`): tell the process's
     supervisor, if it has one, that its cluster is forming and then that it formed, so that it
     bounds that wait for a restarted process and nothing else (a process that never says so is
-    never bounded)."""
-    environ = os.environ if environ is None else environ
-    fd = environ.pop(FORMED_FD_VARIABLE, "")
+    never bounded). Said once: a later strategy of the same process is not a restart's."""
+    global _formed_fd
+    fd, _formed_fd = _formed_fd, ""
     _tell(fd, FORMING)
     yield
     _tell(fd, FORMED)
@@ -295,6 +300,24 @@ def _started_at() -> float:
             return time.time() - (float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return time.time()
+
+
+def _give_terminal_to(group: int, holder: int) -> None:
+    """Make process group `group` the foreground of this process's terminal if group `holder` is:
+    the training process runs in a group of its own (signals reach its children), and a background
+    group that reads the terminal is stopped (SIGTTIN), so a supervised script in a terminal gets
+    it as an unsupervised one would, and the supervisor takes it back when the script ends."""
+    try:
+        if not os.isatty(0) or os.tcgetpgrp(0) != holder:
+            return
+    except OSError:  # no controlling terminal
+        return
+    ignored = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may not set it otherwise
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(0, group)
+    finally:
+        signal.signal(signal.SIGTTOU, ignored)
 
 
 def _die_with_parent(parent: int) -> None:
