@@ -20,6 +20,7 @@ from kerasdist.cluster import (
     parse_tf_config,
 )
 from kerasdist.context import context_of, plan_of, remember_plan
+from kerasdist.launch.supervisor import forming_cluster
 from kerasdist.validation import choice, integer
 
 # Set by R's simulate_devices() when it must split the CPU before keras3's load hook starts
@@ -397,8 +398,6 @@ def _build(plan: StrategyPlan, cross_device_ops: Any, communication: str, resolv
         from kerasdist.compat import configure_coordination
 
         configure_coordination(resolver.cluster_spec(), peer_timeout_seconds())
-        from kerasdist.launch.supervisor import forming_cluster
-
         with forming_cluster():  # a supervised restart's wait for its peers is bounded (launch/supervisor.py)
             return tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=resolver,
