@@ -20,7 +20,7 @@ ruff_status=${PIPESTATUS[0]}
 (
   tools/r_build.sh "$CHECK_DIR" &&
   cd "$CHECK_DIR" &&
-  KERASDIST_TEST_TIMES="$PWD/testthat.xml" R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz >check.log 2>&1
+  NOT_CRAN=true KERASDIST_TEST_TIMES="$PWD/testthat.xml" R CMD check --no-manual --ignore-vignettes kerasdist_*.tar.gz >check.log 2>&1
 ) >"$CHECK_DIR/r.log" 2>&1 &
 r_pid=$!
 
@@ -56,6 +56,8 @@ rout=$(ls "$CHECK_DIR"/kerasdist.Rcheck/tests/testthat.Rout* 2>/dev/null | head 
 r_counts=$( [ -n "$rout" ] && grep -E '^\[ FAIL [0-9]+ \| WARN [0-9]+ \| SKIP [0-9]+ \| PASS [0-9]+ \]' "$rout" | tail -n 1)
 check_status=$(grep -E '^Status: ' "$CHECK_DIR/check.log" 2>/dev/null | tail -n 1)
 [ -n "$rout" ] && grep -q 'FAIL [1-9]' "$rout" && sed -n '/══ Failed/,$p' "$rout" | head -n 80
+# (NOT_CRAN=true above: testthat says where each warning came from only off CRAN)
+[ -n "$rout" ] && grep -q 'WARN [1-9]' "$rout" && sed -n '/══ Warnings/,/══ Failed\|^\[ FAIL/p' "$rout" | head -n 60
 
 count() { local n; n=$(grep -oE "[0-9]+ $1" <<<"$2" | grep -oE '^[0-9]+' | head -n 1); echo "${n:-0}"; }
 py_summary=$(tail -n 1 "$CHECK_DIR/pytest.log")
