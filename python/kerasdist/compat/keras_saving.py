@@ -18,6 +18,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -155,14 +156,16 @@ class WeightsFile(Protocol):
     def view(self) -> memoryview: ...
 
 
-def write_keras_zip(recorded: RecordedSave, archive_file: Any,
-                    weights_file_for: Callable[[str], WeightsFile]) -> zipfile.ZipInfo:
+def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for: Callable[[str], WeightsFile],
+                    weights_zip64: bool = False) -> zipfile.ZipInfo:
     """Write the `.keras` zip `model.save` writes for `recorded` into `archive_file` (the same
     members, in the same order; the weights file holds the same groups, datasets and attributes,
     in the same order, written by Keras's own `H5IOStore`, without its copy of each value).
     `weights_file_for(name)` is called just before the weights member `name` goes into the zip,
     `archive_file` then being where that member's header will start; the weights are written into
-    the file it returns, then stored from its `view()`. Returns the weights member's entry."""
+    the file it returns, then stored from its `view()`, with a ZIP64 field in its local header when
+    `weights_zip64` (zipfile's own rule otherwise: over about 2 GiB), so that the caller knows
+    where its data starts. Returns the weights member's entry."""
     from keras.src.saving import saving_lib
 
     with zipfile.ZipFile(archive_file, "w") as archive:
@@ -178,10 +181,21 @@ def write_keras_zip(recorded: RecordedSave, archive_file: Any,
                     store[key] = np.asarray(value)  # a tensor's own memory, no copy
         finally:
             store.close()
-        archive.writestr(name, weights_file.view())
+        _write_member(archive, name, weights_file.view(), weights_zip64)
         for asset, content in recorded.assets:
             archive.writestr(asset, content)
     return archive.getinfo(name)
+
+
+def _write_member(archive: zipfile.ZipFile, name: str, data: memoryview, force_zip64: bool) -> None:
+    """`archive.writestr(name, data)` (the same entry), its local header given a ZIP64 field also
+    below zipfile's size for one when `force_zip64`."""
+    info = zipfile.ZipInfo(name, date_time=time.localtime(time.time())[:6])
+    info.compress_type = archive.compression
+    info.external_attr = 0o600 << 16
+    info.file_size = len(data)
+    with archive.open(info, "w", force_zip64=force_zip64) as member:
+        member.write(data)
 
 
 @contextlib.contextmanager
