@@ -198,6 +198,26 @@ def test_weights_members_over_and_near_the_zip64_size_are_model_saves(tmp_path, 
         assert got.numpy().tobytes() == want.numpy().tobytes()
 
 
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_snapshots_make_a_temporary_directory_only_for_models_with_assets(make, monkeypatch):
+    """Keras's walk writes assets (lookup vocabularies) into a temporary directory; a snapshot of a
+    model without any makes none (a directory made and removed on the training thread at every
+    background save), and one with assets still holds them: its files are model.save's."""
+    from keras.src.saving import saving_lib
+
+    model, (x, y) = make(), inputs_for(make)
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = zip_members(keras_bytes_now(model))
+    made, real = [], saving_lib.get_temp_dir
+    monkeypatch.setattr(saving_lib, "get_temp_dir", lambda: made.append(real()) or made[-1])
+    files = take_snapshot(model, SaveMemory()).files()
+    assert len(made) == (1 if make is lookup_model else 0)
+    assert not any(os.path.exists(directory) for directory in made)
+    got = zip_members(bytes(files["model.keras"]))
+    assert list(got) == list(expected)
+    assert all(got[name] == expected[name] for name in expected if name != "metadata.json")
+
+
 def address_of(content) -> int:
     return np.frombuffer(content, np.uint8).ctypes.data
 

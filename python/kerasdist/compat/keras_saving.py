@@ -130,15 +130,14 @@ def record_save(model: Any, freeze: Callable[[Any], Any]) -> RecordedSave:
     warm_saving_skipsets()  # outside any strategy scope: callbacks run outside it
     config_json, metadata_json = saving_lib._serialize_model_as_json(model)
     weights = recording_store(freeze)
-    assets_archive = _AssetRecorder()
-    assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=assets_archive, mode="w")
+    assets = _assets_on_demand_class()()
     try:
         with _optimizers_hand_over_variables(model):
             saving_lib._save_state(model, weights_store=weights, assets_store=assets, inner_path="",
                                    visited_saveables=set())
     finally:
-        assets.close()  # hands each asset file to the recorder, then removes the temporary directory
-    return RecordedSave(config_json, metadata_json, weights.entries, assets_archive.files)
+        assets.close()  # keeps each asset file's bytes, then removes the temporary directory
+    return RecordedSave(config_json, metadata_json, weights.entries, assets.files)
 
 
 def recording_store(freeze: Callable[[Any], Any]) -> Any:
@@ -292,17 +291,33 @@ def _writer_class() -> type:
     return WeightsWriter
 
 
-class _AssetRecorder:
-    """Stands in for the zip archive `DiskIOStore.close` writes the asset files into."""
+@functools.cache
+def _assets_on_demand_class() -> type:
+    from keras.src.saving import saving_lib
 
-    def __init__(self) -> None:
-        self.files: list[tuple[str, bytes]] = []
+    class AssetsOnDemand(saving_lib.DiskIOStore):  # `_save_state` accepts only Keras's stores
+        """Keras's asset store, its temporary directory made at the walk's first `make` (a layer
+        that saves assets; a model without any makes and removes none at each save), standing in
+        for the zip archive its `close` writes each asset file into: they are kept in `files`."""
 
-    def __bool__(self) -> bool:
-        return True
+        def __init__(self) -> None:  # DiskIOStore's own runs at the first make
+            self.files: list[tuple[str, bytes]] = []
+            self._made = False
 
-    def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
-        self.files.append((arcname, Path(filename).read_bytes()))
+        def make(self, path: str) -> str:
+            if not self._made:
+                super().__init__(saving_lib._ASSETS_DIRNAME, archive=self, mode="w")
+                self._made = True
+            return super().make(path)
+
+        def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
+            self.files.append((arcname, Path(filename).read_bytes()))
+
+        def close(self) -> None:
+            if self._made:
+                super().close()
+
+    return AssetsOnDemand
 
 
 # --------------------------------------------------------------------------------------------
