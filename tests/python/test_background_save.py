@@ -154,34 +154,68 @@ def test_synchronous_saves_write_model_saves_files_through_the_snapshot(tmp_path
     assert writes == []  # model.save's own bytes
 
 
-@pytest.mark.parametrize("zip64", [True, False], ids=["zip64-field", "room-left-unused"])
-def test_weights_members_over_and_near_the_zip64_size_are_model_saves(tmp_path, monkeypatch, zip64):
+@pytest.mark.parametrize("over", [True, False], ids=["over-the-zip64-size", "near-it"])
+def test_weights_members_over_and_near_the_zip64_size_are_model_saves(tmp_path, monkeypatch, over):
     """zipfile gives a member over about 2 GiB a ZIP64 field in its header; the weights member,
     built where the zip will hold it, gets room for that field, so the header never overwrites the
-    weights' first bytes (a 2.4 GB checkpoint was unreadable: h5py's 'file signature not found'),
-    and near that size without the field it moves back into place. Both checked with zipfile's
-    limit lowered to this small model's size: the snapshot's files (fresh and reused memory) are
-    model.save's, and a synchronous checkpoint restores bit for bit."""
+    weights' first bytes (a 2.4 GB checkpoint was unreadable: h5py's 'file signature not found').
+    Near that size (1.84-2.04 GB), where zipfile would not write the field, the zip is made to
+    write it into the room left, so the weights are not moved back (an overlapping copy of the
+    whole member). Both checked with zipfile's limit lowered to this small model's size: the
+    snapshot's files (fresh and reused memory) are model.save's members, and a synchronous
+    checkpoint restores bit for bit."""
     model, (x, y) = build_model(), inputs_for(build_model)
     model.fit(x, y, epochs=1, verbose=0)
     members = zipfile.ZipFile(io.BytesIO(keras_bytes_now(model))).infolist()
     size = next(m.file_size for m in members if m.filename == "model.weights.h5")
     others = max(m.file_size for m in members if m.filename != "model.weights.h5")  # Keras streams them: no ZIP64
     assert size > 3 * others, (size, others)
-    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 2 * others if zip64 else int(size * 1.05) + 1)
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 2 * others if over else int(size * 1.05) + 1)
     expected = zip_members(keras_bytes_now(model))  # model.save, under the same limit
+    from kerasdist.checkpoint import snapshot as snapshot_module
+
+    moved, write = [], snapshot_module._Window.write
+
+    def noting_moves(window, data):
+        source, here = np.frombuffer(data, np.uint8), address_of(window._buffer.array) + window._base + window.tell()
+        if source.size >= size and source.ctypes.data != here:
+            moved.append(source.size)
+        return write(window, data)
+
+    monkeypatch.setattr(snapshot_module._Window, "write", noting_moves)
     for files in (take_snapshot(model).files(), take_snapshot(model, SaveMemory()).files()):
         content = bytes(files["model.keras"])
         header = zipfile.ZipFile(io.BytesIO(content)).getinfo("model.weights.h5").header_offset
-        assert (struct.unpack_from("<H", content, header + 28)[0] == 20) == zip64  # the ZIP64 field
+        assert struct.unpack_from("<H", content, header + 28)[0] == 20  # the ZIP64 field, in the room left
         got = zip_members(content)
         assert list(got) == list(expected)
         assert all(got[name] == expected[name] for name in expected if name != "metadata.json")
+    assert moved == []  # the zip's write of the weights was onto themselves, every time
     save_checkpoint(model, tmp_path / "c", epoch=1)
     restored = kerasdist.make_or_restore_model(tmp_path / "c", build_model)
     for got, want in zip([*restored.weights, *restored.optimizer.variables],
                          [*model.weights, *model.optimizer.variables], strict=True):
         assert got.numpy().tobytes() == want.numpy().tobytes()
+
+
+@pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
+def test_snapshots_make_a_temporary_directory_only_for_models_with_assets(make, monkeypatch):
+    """Keras's walk writes assets (lookup vocabularies) into a temporary directory; a snapshot of a
+    model without any makes none (a directory made and removed on the training thread at every
+    background save), and one with assets still holds them: its files are model.save's."""
+    from keras.src.saving import saving_lib
+
+    model, (x, y) = make(), inputs_for(make)
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = zip_members(keras_bytes_now(model))
+    made, real = [], saving_lib.get_temp_dir
+    monkeypatch.setattr(saving_lib, "get_temp_dir", lambda: made.append(real()) or made[-1])
+    files = take_snapshot(model, SaveMemory()).files()
+    assert len(made) == (1 if make is lookup_model else 0)
+    assert not any(os.path.exists(directory) for directory in made)
+    got = zip_members(bytes(files["model.keras"]))
+    assert list(got) == list(expected)
+    assert all(got[name] == expected[name] for name in expected if name != "metadata.json")
 
 
 def address_of(content) -> int:

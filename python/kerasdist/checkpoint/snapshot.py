@@ -142,20 +142,20 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None)
     archive_file = file.window(0)
     weights_start = 0
 
+    # A member zipfile may give a ZIP64 field in its header (over about 2 GiB: its test, with the
+    # estimate and a margin) gets room for it, and the zip is told to write it, so that the header
+    # fills exactly the room left and the weights never move.
+    zip64 = about * 1.05 > 0.9 * zipfile.ZIP64_LIMIT
+
     def weights_file_for(name: str) -> _Window:
         # The weights file is built where the zip will hold it, after its member header: the zip's
-        # write of it is then a copy onto itself, which `_Window.write` skips. A member the zip may
-        # write with a ZIP64 field in its header (over about 2 GiB) gets room for that field: with
-        # it the copy is skipped; without it, the member moves back by that much (one copy), and
-        # the header is never written over the weights' first bytes.
+        # write of it is then a copy onto itself, which `_Window.write` skips.
         nonlocal weights_start
-        header = _ZIP_LOCAL_HEADER_BYTES + len(name.encode())
-        if about * 1.05 > 0.9 * zipfile.ZIP64_LIMIT:  # zipfile's test, with the estimate and a margin
-            header += _ZIP64_FIELD_BYTES
+        header = _ZIP_LOCAL_HEADER_BYTES + len(name.encode()) + (_ZIP64_FIELD_BYTES if zip64 else 0)
         weights_start = archive_file.tell() + header
         return file.window(weights_start)
 
-    member = compat.write_keras_zip(recorded, archive_file, weights_file_for)
+    member = compat.write_keras_zip(recorded, archive_file, weights_file_for, weights_zip64=zip64)
     content = archive_file.view()
     if _data_start(content, member) > weights_start:  # cannot happen with the room above; never commit it
         raise RuntimeError(f"The checkpoint's weights member was written over (its header is longer than the "

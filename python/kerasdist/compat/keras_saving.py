@@ -18,6 +18,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -129,15 +130,14 @@ def record_save(model: Any, freeze: Callable[[Any], Any]) -> RecordedSave:
     warm_saving_skipsets()  # outside any strategy scope: callbacks run outside it
     config_json, metadata_json = saving_lib._serialize_model_as_json(model)
     weights = recording_store(freeze)
-    assets_archive = _AssetRecorder()
-    assets = saving_lib.DiskIOStore(saving_lib._ASSETS_DIRNAME, archive=assets_archive, mode="w")
+    assets = _assets_on_demand_class()()
     try:
         with _optimizers_hand_over_variables(model):
             saving_lib._save_state(model, weights_store=weights, assets_store=assets, inner_path="",
                                    visited_saveables=set())
     finally:
-        assets.close()  # hands each asset file to the recorder, then removes the temporary directory
-    return RecordedSave(config_json, metadata_json, weights.entries, assets_archive.files)
+        assets.close()  # keeps each asset file's bytes, then removes the temporary directory
+    return RecordedSave(config_json, metadata_json, weights.entries, assets.files)
 
 
 def recording_store(freeze: Callable[[Any], Any]) -> Any:
@@ -155,14 +155,16 @@ class WeightsFile(Protocol):
     def view(self) -> memoryview: ...
 
 
-def write_keras_zip(recorded: RecordedSave, archive_file: Any,
-                    weights_file_for: Callable[[str], WeightsFile]) -> zipfile.ZipInfo:
+def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for: Callable[[str], WeightsFile],
+                    weights_zip64: bool = False) -> zipfile.ZipInfo:
     """Write the `.keras` zip `model.save` writes for `recorded` into `archive_file` (the same
     members, in the same order; the weights file holds the same groups, datasets and attributes,
     in the same order, written by Keras's own `H5IOStore`, without its copy of each value).
     `weights_file_for(name)` is called just before the weights member `name` goes into the zip,
     `archive_file` then being where that member's header will start; the weights are written into
-    the file it returns, then stored from its `view()`. Returns the weights member's entry."""
+    the file it returns, then stored from its `view()`, with a ZIP64 field in its local header when
+    `weights_zip64` (zipfile's own rule otherwise: over about 2 GiB), so that the caller knows
+    where its data starts. Returns the weights member's entry."""
     from keras.src.saving import saving_lib
 
     with zipfile.ZipFile(archive_file, "w") as archive:
@@ -178,10 +180,21 @@ def write_keras_zip(recorded: RecordedSave, archive_file: Any,
                     store[key] = np.asarray(value)  # a tensor's own memory, no copy
         finally:
             store.close()
-        archive.writestr(name, weights_file.view())
+        _write_member(archive, name, weights_file.view(), weights_zip64)
         for asset, content in recorded.assets:
             archive.writestr(asset, content)
     return archive.getinfo(name)
+
+
+def _write_member(archive: zipfile.ZipFile, name: str, data: memoryview, force_zip64: bool) -> None:
+    """`archive.writestr(name, data)` (the same entry), its local header given a ZIP64 field also
+    below zipfile's size for one when `force_zip64`."""
+    info = zipfile.ZipInfo(name, date_time=time.localtime(time.time())[:6])
+    info.compress_type = archive.compression
+    info.external_attr = 0o600 << 16
+    info.file_size = len(data)
+    with archive.open(info, "w", force_zip64=force_zip64) as member:
+        member.write(data)
 
 
 @contextlib.contextmanager
@@ -278,17 +291,33 @@ def _writer_class() -> type:
     return WeightsWriter
 
 
-class _AssetRecorder:
-    """Stands in for the zip archive `DiskIOStore.close` writes the asset files into."""
+@functools.cache
+def _assets_on_demand_class() -> type:
+    from keras.src.saving import saving_lib
 
-    def __init__(self) -> None:
-        self.files: list[tuple[str, bytes]] = []
+    class AssetsOnDemand(saving_lib.DiskIOStore):  # `_save_state` accepts only Keras's stores
+        """Keras's asset store, its temporary directory made at the walk's first `make` (a layer
+        that saves assets; a model without any makes and removes none at each save), standing in
+        for the zip archive its `close` writes each asset file into: they are kept in `files`."""
 
-    def __bool__(self) -> bool:
-        return True
+        def __init__(self) -> None:  # DiskIOStore's own runs at the first make
+            self.files: list[tuple[str, bytes]] = []
+            self._made = False
 
-    def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
-        self.files.append((arcname, Path(filename).read_bytes()))
+        def make(self, path: str) -> str:
+            if not self._made:
+                super().__init__(saving_lib._ASSETS_DIRNAME, archive=self, mode="w")
+                self._made = True
+            return super().make(path)
+
+        def write(self, filename: str | os.PathLike[str], arcname: str) -> None:
+            self.files.append((arcname, Path(filename).read_bytes()))
+
+        def close(self) -> None:
+            if self._made:
+                super().close()
+
+    return AssetsOnDemand
 
 
 # --------------------------------------------------------------------------------------------
