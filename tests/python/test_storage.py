@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import warnings
@@ -411,7 +412,7 @@ def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])
 @pytest.mark.parametrize("how", ["garble", "truncate"])
 def test_an_object_damaged_after_the_listing_is_refused_for_the_previous_checkpoint(object_template, where, how,
-                                                                                  request, monkeypatch):
+                                                                                  request, monkeypatch, tmp_path):
     """The newest checkpoint, valid when listed, is damaged just before its files are read for
     the restore (another writer, a bad disk): the restore refuses what it downloads, as a listing
     would have, and restores the checkpoint before it."""
@@ -427,11 +428,13 @@ def test_an_object_damaged_after_the_listing_is_refused_for_the_previous_checkpo
         return checked(model, signature, path)
 
     monkeypatch.setattr(checkpoint_manager, "check_signature", damage_then_check)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     warning = "does not match its recorded checksum" if how == "garble" else "truncated or replaced"
     with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(warning)):
         model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
     assert kerasdist.checkpoint.manager_of(model).resume_point(model).epoch == 1
+    assert list(tmp_path.iterdir()) == []  # both downloads removed, the refused one too
 
 
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])

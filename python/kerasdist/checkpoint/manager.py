@@ -16,6 +16,7 @@ what is cached is each entry's verification, redone when the entry's files chang
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -175,10 +176,11 @@ class CheckpointManager:
         started = time.perf_counter()
         self.create()
         latest, blob = None, None
-        for latest, local in self._newest_files(model):
-            _load_weights(model, local / MODEL_FILE, verified=True)
-            restore_seed_states(model, local / RNG_FILE, latest.path)
-            blob = _file_or_none(local / CALLBACKS_FILE)
+        with contextlib.closing(self._newest_files(model)) as newest:  # a download is removed, even on an error
+            for latest, local in newest:
+                _load_weights(model, local / MODEL_FILE, verified=True)
+                restore_seed_states(model, local / RNG_FILE, latest.path)
+                blob = _file_or_none(local / CALLBACKS_FILE)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest, blob)
         return latest
@@ -187,30 +189,28 @@ class CheckpointManager:
         """The whole model (config, weights, optimizer) of the newest valid checkpoint."""
         started = time.perf_counter()
         self.create()
-        for latest, local in self._newest_files():
-            model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
-            restore_seed_states(model, local / RNG_FILE, latest.path)
-            self.restores.append((time.time(), time.perf_counter() - started, latest))
-            self.note_restored(model, latest, _file_or_none(local / CALLBACKS_FILE))
-            return model
+        with contextlib.closing(self._newest_files()) as newest:
+            for latest, local in newest:
+                model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
+                restore_seed_states(model, local / RNG_FILE, latest.path)
+                self.restores.append((time.time(), time.perf_counter() - started, latest))
+                self.note_restored(model, latest, _file_or_none(local / CALLBACKS_FILE))
+                return model
         raise ValueError(
             f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
             "was given to build a fresh model."
         )
 
     def may_restore(self) -> bool:
-        """Whether `restore` has a checkpoint to try: on a local store the newest valid one (the
-        listing the restore then uses); on an object store any entry, left to the restore to
-        verify by its one download."""
+        """Whether `restore` has a checkpoint to try: a local store's newest valid one; on an object
+        store any entry (the restore verifies each by its one download)."""
         return self.latest() is not None if self.store.is_local else bool(self.store.entries())
 
     def _newest_files(self, model: Any = None) -> Iterator[tuple[CheckpointInfo, Path]]:
-        """At most once: the newest valid checkpoint and a local directory of its files, while
-        the caller's loop body runs (`model`: checked against its weight signature, and its
-        optimizer built, before the files are read). A local store's are those the listing
-        verified. From an object store, candidates newest first (`_candidates`), each downloaded
-        once and checked against its record as it arrives (`verified_files`): the first that
-        matches is the one; one that does not is warned of and skipped, as a listing skips it."""
+        """At most once: the newest valid checkpoint and a local directory of its files while the
+        caller's loop body runs (`model` checked and its optimizer built first). A local store's:
+        the listing's. An object store's: candidates newest first, each downloaded once, checked
+        as it arrives (`verified_files`); one that does not match is warned of and skipped."""
         if self.store.is_local:
             latest = self.latest()
             if latest is not None:
@@ -229,9 +229,8 @@ class CheckpointManager:
             _warn_damaged(self.store, entry, problem)
 
     def _candidates(self) -> list[tuple[CheckpointInfo, dict[str, Any], Any]]:
-        """(info, record, fingerprint) of each entry whose record reads and whose files have
-        their recorded sizes, newest first; their checksums are left to the download. One known
-        to be damaged is left out, one found damaged now warned of."""
+        """(info, record, fingerprint) of each entry whose record reads and whose files have their
+        recorded sizes, newest first (checksums: the download's). Damaged ones are left out."""
         found = []
         for entry in self.store.entries():
             now = self.store.fingerprint(entry)
