@@ -8,7 +8,6 @@ come from tests/cases/checkpoint.json (`object_damage`), read by the R suite too
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import gc
@@ -20,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import warnings
@@ -35,6 +35,7 @@ import kerasdist
 from conftest import CASES_DIR
 from kerasdist import compat
 from kerasdist.checkpoint import checksums, layout
+from kerasdist.checkpoint import manager as checkpoint_manager
 from kerasdist.checkpoint import store as stores
 from kerasdist.checkpoint.background import wait_for_all
 from kerasdist.checkpoint.store import direct_io
@@ -355,12 +356,9 @@ def damage(fs, path: str, row: dict) -> None:
         raise AssertionError(how)
 
 
-def test_a_download_matching_its_record_is_loaded_in_place_one_that_does_not_is_not(object_template, tmp_path,
-                                                                                      monkeypatch):
-    """An object store's checkpoint is loaded in place (compat.load_keras_weights, no zip CRC) once
-    its download matches the record, the values those load_weights loads; a download that does
-    not (the object changed or was damaged after the listing verified it) is not loaded in place:
-    load_weights, whose zip's CRC refuses it."""
+def test_a_download_matching_its_record_is_loaded_in_place(object_template, tmp_path, monkeypatch):
+    """An object store's checkpoint is loaded in place (compat.load_keras_weights, no zip CRC)
+    from the download checked against its record, the values load_weights loads."""
     memory = fsspec.filesystem("memory")
     url = memory_url()
     copy_objects(memory, memory._strip_protocol(object_template), memory, memory._strip_protocol(url))
@@ -376,20 +374,67 @@ def test_a_download_matching_its_record_is_loaded_in_place_one_that_does_not_is_
     for got, want in zip([*model.weights, *model.optimizer.variables],
                          [*expected.weights, *expected.optimizer.variables], strict=True):
         assert got.numpy().tobytes() == want.numpy().tobytes()
-    downloads = object_store.ObjectStore.local_files
 
-    @contextlib.contextmanager
-    def damaged_download(store, entry):
-        with downloads(store, entry) as local:
-            data = bytearray((local / "model.keras").read_bytes())
-            data[len(data) // 2] ^= 0xFF  # inside the weights member
-            (local / "model.keras").write_bytes(bytes(data))
-            yield local
 
-    monkeypatch.setattr(object_store.ObjectStore, "local_files", damaged_download)
-    with pytest.raises(Exception, match="CRC"):
-        kerasdist.make_or_restore_model(url, build_model)
-    assert len(in_place) == 1
+def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s3, monkeypatch):
+    """A fresh process's restore (make_or_restore_model, a manager that verified nothing yet)
+    GETs the newest checkpoint's files once each, whole: the check against the record is made on
+    that download as it arrives, not on a read of its own; older checkpoints are not read (a
+    listing verifies them when one is asked for)."""
+    import s3fs
+
+    url, options = new_url(s3), s3.storage_options()
+    fit(url, 2, storage_options=options)
+    gc.collect()  # the run's manager, which verified its checkpoints, is gone: as in a new process
+    fetched, call = [], s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        response = await call(self, method, *args, **kwargs)
+        if method == "get_object":
+            fetched.append((kwargs["Key"].rsplit("/", 2)[-2], kwargs["Key"].rsplit("/", 1)[-1],
+                            int(response["ContentLength"])))
+        return response
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+    monkeypatch.undo()
+    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    entry = kerasdist.latest_checkpoint(url, storage_options=options).path.rsplit("/", 1)[-1]
+    sizes = {name: item["size"] for name, item in
+             json.loads(s3.filesystem().cat_file(f"{root_of(url)}/{entry}/state.json"))["files"].items()}
+    got = {}
+    for where, name, size in fetched:
+        if name != "state.json":  # records: read by the listing, small
+            got[where, name] = got.get((where, name), 0) + size
+    assert got == {(entry, name): size for name, size in sizes.items()}
+
+
+@pytest.mark.parametrize("where", ["memory", "s3", "gcs"])
+@pytest.mark.parametrize("how", ["garble", "truncate"])
+def test_an_object_damaged_after_the_listing_is_refused_for_the_previous_checkpoint(object_template, where, how,
+                                                                                  request, monkeypatch, tmp_path):
+    """The newest checkpoint, valid when listed, is damaged just before its files are read for
+    the restore (another writer, a bad disk): the restore refuses what it downloads, as a listing
+    would have, and restores the checkpoint before it."""
+    memory = fsspec.filesystem("memory")
+    url, options, fs, root = place_on(where, request)
+    copy_objects(memory, memory._strip_protocol(object_template), fs, root)
+    newest = kerasdist.latest_checkpoint(url, storage_options=options)
+    checked = checkpoint_manager.check_signature
+
+    def damage_then_check(model, signature, path):
+        if path == newest.path:
+            damage(fs, f"{root}/{newest.path.rsplit('/', 1)[-1]}/model.keras", {"how": how})
+        return checked(model, signature, path)
+
+    monkeypatch.setattr(checkpoint_manager, "check_signature", damage_then_check)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    warning = "does not match its recorded checksum" if how == "garble" else "truncated or replaced"
+    with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(warning)):
+        model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+    assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
+    assert kerasdist.checkpoint.manager_of(model).resume_point(model).epoch == 1
+    assert list(tmp_path.iterdir()) == []  # both downloads removed, the refused one too
 
 
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])

@@ -33,11 +33,15 @@ def _crc32_hex(crc: int) -> str:
 _CHUNK = 4 << 20
 
 
-def checksum_of_stream(stream: Any, algorithm: str) -> str:
+def checksum_of_stream(stream: Any, algorithm: str, copy_to: Any = None) -> str:
     """The checksum by `algorithm` (one of `CHECKSUMS`) of what `stream` reads. The next chunk is
     read in a thread while this one is summed (file reads, zlib's crc32 and hashlib release the
-    GIL), so a cold file is checked at the pace of the slower of the two, not of both in turn."""
+    GIL), so a cold file is checked at the pace of the slower of the two, not of both in turn.
+    `copy_to`: a binary file that gets every chunk as it is summed (a download checked as it
+    arrives)."""
     update, result = _summer(algorithm)
+    if copy_to is not None:
+        update = _copying(update, copy_to)
     buffers = (bytearray(_CHUNK), bytearray(_CHUNK))
     with ThreadPoolExecutor(1, thread_name_prefix="kerasdist-checksum") as reader:
         index = 0
@@ -60,6 +64,14 @@ def _summer(algorithm: str) -> tuple[Callable[[memoryview], None], Callable[[], 
         return update, lambda: _crc32_hex(crc[0])
     digest = hashlib.sha256()
     return digest.update, digest.hexdigest
+
+
+def _copying(update: Callable[[memoryview], None], copy_to: Any) -> Callable[[memoryview], None]:
+    def update_and_copy(chunk: memoryview) -> None:
+        update(chunk)
+        copy_to.write(chunk)
+
+    return update_and_copy
 
 
 def _read_into(stream: Any, buffer: bytearray) -> int:

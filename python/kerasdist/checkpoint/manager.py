@@ -16,11 +16,12 @@ what is cached is each entry's verification, redone when the entry's files chang
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,9 +38,10 @@ from kerasdist.checkpoint.record import (
     CheckpointWarning,
     Progress,
     commit,
-    matches_record,
+    read_candidate,
     read_checkpoint,
     read_record,
+    verified_files,
 )
 from kerasdist.checkpoint.snapshot import Snapshot, snapshot_now
 from kerasdist.checkpoint.store import open_store
@@ -173,17 +175,12 @@ class CheckpointManager:
         into a built `model`; returns it, or None when there is none."""
         started = time.perf_counter()
         self.create()
-        latest = self.latest()
-        if latest is not None:
-            entry = self.store.entry_of(latest.path)
-            record = read_record(self.store, entry)
-            check_signature(model, record["signature"], latest.path)
-            _build_optimizer(model, latest.path)
-            with self.store.local_files(entry) as local:
-                verified = self.store.is_local or matches_record(record, MODEL_FILE, local / MODEL_FILE)
-                _load_weights(model, local / MODEL_FILE, verified=verified)
+        latest, blob = None, None
+        with contextlib.closing(self._newest_files(model)) as newest:  # a download is removed, even on an error
+            for latest, local in newest:
+                _load_weights(model, local / MODEL_FILE, verified=True)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
-        blob = _callbacks_blob(self.store, self.store.entry_of(latest.path)) if latest is not None else None
+                blob = _file_or_none(local / CALLBACKS_FILE)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest, blob)
         return latest
@@ -192,19 +189,61 @@ class CheckpointManager:
         """The whole model (config, weights, optimizer) of the newest valid checkpoint."""
         started = time.perf_counter()
         self.create()
-        latest = self.latest()
-        if latest is None:
-            raise ValueError(
-                f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
-                "was given to build a fresh model."
-            )
-        entry = self.store.entry_of(latest.path)
-        with self.store.local_files(entry) as local:
-            model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
-            restore_seed_states(model, local / RNG_FILE, latest.path)
-        self.restores.append((time.time(), time.perf_counter() - started, latest))
-        self.note_restored(model, latest, _callbacks_blob(self.store, entry))
-        return model
+        with contextlib.closing(self._newest_files()) as newest:
+            for latest, local in newest:
+                model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
+                restore_seed_states(model, local / RNG_FILE, latest.path)
+                self.restores.append((time.time(), time.perf_counter() - started, latest))
+                self.note_restored(model, latest, _file_or_none(local / CALLBACKS_FILE))
+                return model
+        raise ValueError(
+            f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
+            "was given to build a fresh model."
+        )
+
+    def may_restore(self) -> bool:
+        """Whether `restore` has a checkpoint to try: a local store's newest valid one; on an object
+        store any entry (the restore verifies each by its one download)."""
+        return self.latest() is not None if self.store.is_local else bool(self.store.entries())
+
+    def _newest_files(self, model: Any = None) -> Iterator[tuple[CheckpointInfo, Path]]:
+        """At most once: the newest valid checkpoint and a local directory of its files while the
+        caller's loop body runs (`model` checked and its optimizer built first). A local store's:
+        the listing's. An object store's: candidates newest first, each downloaded once, checked
+        as it arrives (`verified_files`); one that does not match is warned of and skipped."""
+        if self.store.is_local:
+            latest = self.latest()
+            if latest is not None:
+                _ready_for(model, self.store, latest)
+                with self.store.local_files(self.store.entry_of(latest.path)) as local:
+                    yield latest, local
+            return
+        for info, record, fingerprint in self._candidates():
+            entry = self.store.entry_of(info.path)
+            _ready_for(model, self.store, info, record)
+            with verified_files(self.store, entry, record) as (problem, local):
+                self._verified[entry] = Verified(fingerprint, None if problem else info, problem)
+                if problem is None:
+                    yield info, local
+                    return
+            _warn_damaged(self.store, entry, problem)
+
+    def _candidates(self) -> list[tuple[CheckpointInfo, dict[str, Any], Any]]:
+        """(info, record, fingerprint) of each entry whose record reads and whose files have their
+        recorded sizes, newest first (checksums: the download's). Damaged ones are left out."""
+        found = []
+        for entry in self.store.entries():
+            now = self.store.fingerprint(entry)
+            known = self._verified.get(entry)
+            if known is not None and known.fingerprint == now and known.info is None:
+                continue
+            problem, info, record = read_candidate(self.store, entry)
+            if problem is None:
+                found.append((info, record, now))
+            else:
+                self._verified[entry] = Verified(now, None, problem)
+                _warn_damaged(self.store, entry, problem)
+        return sorted(found, key=lambda candidate: _newness(candidate[0]), reverse=True)
 
     def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None) -> None:
         """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
@@ -259,6 +298,19 @@ def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
 def _callbacks_blob(store: Any, entry: str) -> bytes | None:
     """The callbacks' state a valid checkpoint kept (`callbacks.npz`), or None."""
     return store.read(entry, CALLBACKS_FILE) if store.size(entry, CALLBACKS_FILE) is not None else None
+
+
+def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, Any] | None = None) -> None:
+    """`model` (None: nothing to do) checked against the checkpoint's weight signature, and its
+    optimizer built, before the checkpoint's files are read."""
+    if model is not None:
+        record = record if record is not None else read_record(store, store.entry_of(info.path))
+        check_signature(model, record["signature"], info.path)
+        _build_optimizer(model, info.path)
+
+
+def _file_or_none(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:
@@ -473,7 +525,7 @@ def make_or_restore_model(
         else:
             # a build about to be restored draws no random numbers (see initializers_deferred);
             # a fresh start's initial values are drawn as ever
-            with compat.initializers_deferred(enabled=manager.latest() is not None):
+            with compat.initializers_deferred(enabled=manager.may_restore()):
                 model = _build(build_fn)
                 manager.restore(model)
     guard_train_function(model)

@@ -17,13 +17,15 @@ exist, which is newest and which are kept is `CheckpointManager`'s business.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.checksums import CHECKSUMS, checksum_of_stream, describe
+from kerasdist.checkpoint.checksums import CHECKSUMS, describe
 from kerasdist.checkpoint.layout import CALLBACKS_FILE, RECORD_FILE
 from kerasdist.checkpoint.model_state import plain
 from kerasdist.checkpoint.snapshot import Snapshot
@@ -136,25 +138,55 @@ class Progress:
 
 def read_checkpoint(store: Store, entry: str) -> tuple[str | None, CheckpointInfo | None]:
     """(problem, info): why the checkpoint `entry` of `store` cannot be used, or its info. Reads
-    the completion record and checksums every file it lists."""
+    the completion record, and checks the size, then the checksum, of every file it lists."""
+    problem, info, record = read_candidate(store, entry)
+    if problem is None:
+        for name, (_, algorithm, expected) in _files_of(record).items():
+            if store.checksum(entry, name, algorithm) != expected:
+                return _corrupted(f"{store.path_of(entry)}/{name}"), None
+    return problem, info
+
+
+def read_candidate(store: Store, entry: str) -> tuple[str | None, CheckpointInfo | None, dict[str, Any]]:
+    """(problem, info, record): `read_checkpoint` without the checksums, the record beside: a
+    checkpoint that passes is valid if its files match their checksums (`verified_files` checks
+    them on the copy a restore loads)."""
     if not store.is_entry(entry):
-        return f"{entry} is not a checkpoint directory", None
+        return f"{entry} is not a checkpoint directory", None, {}
     where = store.path_of(entry)
     record_path = f"{where}/{RECORD_FILE}"
     if store.size(entry, RECORD_FILE) is None:
-        return f"{record_path} is missing (the save never completed)", None
+        return f"{record_path} is missing (the save never completed)", None, {}
     try:
         record = json.loads(store.read(entry, RECORD_FILE))
         info = _info_of(where, record)
-        # checked here, so that a record with `files` of the wrong shape is refused, not raised
-        files = {str(name): (int(item["size"]), *_checksum_of(item)) for name, item in record["files"].items()}
+        files = _files_of(record)  # checked here: a record with `files` of the wrong shape is refused, not raised
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
-        return f"{record_path} is not a valid completion record", None
-    for name, (size, algorithm, checksum) in files.items():
-        problem = _file_problem(store, entry, name, size, algorithm, checksum)
+        return f"{record_path} is not a valid completion record", None, {}
+    for name, (expected_size, _, _) in files.items():
+        problem = _size_problem(f"{where}/{name}", store.size(entry, name), expected_size)
         if problem:
-            return problem, None
-    return None, info
+            return problem, None, {}
+    return None, info, record
+
+
+@contextlib.contextmanager
+def verified_files(store: Store, entry: str, record: dict[str, Any]) -> Iterator[tuple[str | None, Path]]:
+    """(problem, directory): a local directory holding the files `record` (from
+    `read_candidate`) lists, each read once (on an object store: one download, checked as it
+    arrives), and why they cannot be used (None: each matches its size and checksum, so what is
+    loaded from there is what the record describes, whatever the store holds by then)."""
+    files = _files_of(record)
+    with store.summed_files(entry, {name: algorithm for name, (_, algorithm, _) in files.items()}) as (local, sums):
+        problem = None
+        for name, (expected_size, _, expected) in files.items():
+            size, checksum = sums.get(name, (None, None))
+            problem = _size_problem(f"{store.path_of(entry)}/{name}", size, expected_size)
+            if problem is None and checksum != expected:
+                problem = _corrupted(f"{store.path_of(entry)}/{name}")
+            if problem:
+                break
+        yield problem, local
 
 
 def read_record(store: Store, entry: str) -> dict[str, Any]:
@@ -187,30 +219,21 @@ def _checksum_of(item: dict[str, Any]) -> tuple[str, str]:
     raise KeyError("a file entry without a checksum")
 
 
-def matches_record(record: dict[str, Any], name: str, path: Path) -> bool:
-    """Whether the local file `path` holds what `record` says its file `name` holds (size and
-    checksum): a download checked against the record its store was verified by."""
-    try:
-        item = record["files"][name]
-        algorithm, expected = _checksum_of(item)
-        if path.stat().st_size != int(item["size"]):
-            return False
-    except (KeyError, TypeError, ValueError, OSError):
-        return False
-    with open(path, "rb", buffering=0) as stream:
-        return checksum_of_stream(stream, algorithm) == expected
+def _files_of(record: dict[str, Any]) -> dict[str, tuple[int, str, str]]:
+    """name -> (size, algorithm, checksum) of the files a record lists."""
+    return {str(name): (int(item["size"]), *_checksum_of(item)) for name, item in record["files"].items()}
 
 
-def _file_problem(store: Store, entry: str, name: str, expected_size: int, algorithm: str,
-                  expected: str) -> str | None:
-    path = f"{store.path_of(entry)}/{name}"
-    size = store.size(entry, name)
+def _corrupted(path: str) -> str:
+    return f"{path} does not match its recorded checksum (corrupted)"
+
+
+def _size_problem(path: str, size: int | None, expected_size: int) -> str | None:
+    """Why a file of `size` bytes (None: missing) is not the one its record lists, or None."""
     if size is None:
         return f"{path} is missing"
     if size != expected_size:
         return f"{path} has {size} bytes, the record says {expected_size} (truncated or replaced)"
-    if store.checksum(entry, name, algorithm) != expected:
-        return f"{path} does not match its recorded checksum (corrupted)"
     return None
 
 

@@ -26,7 +26,7 @@ from kerasdist.checkpoint.layout import (
     entry_name,
 )
 from kerasdist.checkpoint.store.direct_io import fsync_directory, write_durably
-from kerasdist.checkpoint.store.protocol import marker_last
+from kerasdist.checkpoint.store.protocol import Summed, marker_last
 
 
 class LocalStore:
@@ -110,6 +110,16 @@ class LocalStore:
     def local_files(self, entry: str) -> Iterator[Path]:
         """A local directory holding the entry's files (the entry itself)."""
         yield self.directory / entry
+
+    @contextlib.contextmanager
+    def summed_files(self, entry: str, algorithms: Mapping[str, str]) -> Iterator[Summed]:
+        """The entry itself, and the size and checksum of each file `algorithms` names that is there."""
+        sums = {}
+        for name, algorithm in algorithms.items():
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError), \
+                    open(self.directory / entry / name, "rb") as stream:
+                sums[name] = (os.fstat(stream.fileno()).st_size, checksum_of_stream(stream, algorithm))
+        yield self.directory / entry, sums
 
     # -- writing ---------------------------------------------------------------------------
     def commit(self, step: int, files: Mapping[str, Content]) -> str:

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 from kerasdist.checkpoint.checksums import Content
 from kerasdist.checkpoint.layout import COMMIT_MARKER
 
+Summed = tuple[Path, dict[str, tuple[int, str]]]  # a local directory, and name -> (size, checksum)
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -67,6 +69,13 @@ class Store(Protocol):
 
     def local_files(self, entry: str) -> AbstractContextManager[Path]:
         """A local directory holding the entry's files, for as long as the block runs."""
+
+    def summed_files(self, entry: str, algorithms: Mapping[str, str]) -> AbstractContextManager[Summed]:
+        """A local directory holding the files of `entry` that `algorithms` names (name -> one of
+        `checksums.CHECKSUMS`), each summed as it is read, for as long as the block runs: the
+        block gets the directory and each file's (size, checksum), a missing file left out. A
+        local store sums them where they are; an object store downloads each once, summing it
+        as it arrives, into a temporary directory (on disk, not in memory)."""
 
     def commit(self, step: int, files: Mapping[str, Content]) -> str:
         """Write `files` as the checkpoint of `step`, the commit marker last and atomically;
