@@ -43,12 +43,12 @@ RESTORES = ("load_weights", "in_place", "in_place_no_init")
 def restore_child(directory: str, width: int, cold: bool, how: str) -> dict:
     """One `make_or_restore_model` in this fresh process: seconds, and a digest of what it loaded."""
     import kerasdist
-    from kerasdist.compat import keras_saving
+    from kerasdist.compat import keras_loading
 
     if how == "load_weights":  # the gate closed: `model.load_weights`, as before
-        keras_saving.KERAS_LOAD_IN_PLACE_VERSIONS = ((0, 0), (0, 0))
+        keras_loading.KERAS_LOAD_IN_PLACE_VERSIONS = ((0, 0), (0, 0))
     if how != "in_place_no_init":  # Keras's random initializers run in the build, as before cut 3
-        keras_saving.KERAS_DEFERRED_INIT_VERSIONS = ((0, 0), (0, 0))
+        keras_loading.KERAS_DEFERRED_INIT_VERSIONS = ((0, 0), (0, 0))
     if cold:
         scale.drop_page_cache()
     else:

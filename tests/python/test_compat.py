@@ -1,9 +1,9 @@
 """Canaries of the workarounds that moved into the compat package with #46: Keras variables'
 increments made atomic for parameter-server steps (`compat.keras_variables`), `model.save` in two
-halves for background snapshots and `load_weights` reading in place (`compat.keras_saving`). Each
-fails when upstream changes: first where the workaround stops being needed or stops working, then
-where its version gate ends (make upstream-check runs them on the next Keras,
-tools/upstream_check.py)."""
+halves for background snapshots (`compat.keras_saving`), `load_weights` reading in place and a
+build restored at once (`compat.keras_loading`). Each fails when upstream changes: first where the
+workaround stops being needed or stops working, then where its version gate ends (make
+upstream-check runs them on the next Keras, tools/upstream_check.py)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     versions checked, and for a compressed member, it is `load_weights` itself. Fails once Keras's
     loading internals move or load something else, then where the version gate ends (widen
     compat.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
-    from kerasdist.compat import keras_saving
+    from kerasdist.compat import keras_loading
 
     for model in (_dense_model(), _lookup_model()):
         path = tmp_path / f"{model.name}.keras"
@@ -158,7 +158,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     assert compat.keras_loads_weights_in_place(), keras.__version__
     assert not compat.keras_loads_weights_in_place("3.16.0")
     assert not compat.keras_loads_weights_in_place("3.14.0")
-    monkeypatch.setattr(keras_saving, "KERAS_LOAD_IN_PLACE_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
+    monkeypatch.setattr(keras_loading, "KERAS_LOAD_IN_PLACE_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
     assert compat.load_keras_weights(_zeroed(model), path) is False
     assert _state(model) == saved
     assert compat.load_keras_weights(_zeroed(model), path, force=True) is True
@@ -217,7 +217,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     from keras.src.backend import Variable as BackendVariable
     from keras.src.backend.common.variables import Variable as CommonVariable
 
-    from kerasdist.compat import keras_saving
+    from kerasdist.compat import keras_loading
 
     plain = _values(_initialized_model())
     originals = (BackendVariable._initialize_with_initializer, CommonVariable.assign)
@@ -246,6 +246,6 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     assert compat.keras_defers_initializers(), keras.__version__
     assert not compat.keras_defers_initializers("3.16.0")
     assert not compat.keras_defers_initializers("3.14.0")
-    monkeypatch.setattr(keras_saving, "KERAS_DEFERRED_INIT_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
+    monkeypatch.setattr(keras_loading, "KERAS_DEFERRED_INIT_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
     with compat.initializers_deferred() as deferred:
         assert _values(_initialized_model()) == plain and deferred.deferred == 0

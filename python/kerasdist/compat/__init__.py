@@ -11,9 +11,10 @@ Keras and TensorFlow (tools/upstream_check.py).
   parameter-server step is traced (`atomic_variable_increments`);
 - `keras_saving`: Keras saving's skip-set cache (`warm_saving_skipsets`), `save_model` into memory
   (`keras_model_bytes`), and `model.save` in two halves for background snapshots
-  (`keras_snapshot_supported`, `record_save`, `write_keras_zip`), and
-  `model.load_weights(x.keras)` reading the weights member in place (`load_keras_weights`), and
-  a build to be restored at once without its random initializers (`initializers_deferred`);
+  (`keras_snapshot_supported`, `record_save`, `write_keras_zip`);
+- `keras_loading`: `model.load_weights(x.keras)` reading the weights member in place
+  (`load_keras_weights`), and a build to be restored at once without its random initializers
+  (`initializers_deferred`);
 - `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`);
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
   (`explain_late_multi_worker_strategy`, applied at import) and the coordination service's
@@ -27,21 +28,23 @@ look inside a workaround import its module.
 """
 
 from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
-from kerasdist.compat.keras_saving import (
+from kerasdist.compat.keras_loading import (
     KERAS_DEFERRED_INIT_VERSIONS,
     KERAS_LOAD_IN_PLACE_VERSIONS,
-    KERAS_SNAPSHOT_VERSIONS,
-    SAVING_SKIPSET_FIX_VERSIONS,
     DeferredInitializers,
-    RecordedSave,
-    SavedEntry,
     initializers_deferred,
     keras_defers_initializers,
     keras_loads_weights_in_place,
+    load_keras_weights,
+)
+from kerasdist.compat.keras_saving import (
+    KERAS_SNAPSHOT_VERSIONS,
+    SAVING_SKIPSET_FIX_VERSIONS,
+    RecordedSave,
+    SavedEntry,
     keras_model_bytes,
     keras_needs_skipset_fix,
     keras_snapshot_supported,
-    load_keras_weights,
     record_save,
     recording_store,
     warm_saving_skipsets,
