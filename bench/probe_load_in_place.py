@@ -13,8 +13,9 @@ peak extra memory over the state it restored too (`..._extra_state`, a fraction 
 Checks that all of them load the same values, bit for bit. Not part of `make bench` (bench/README.md,
 "Checkpoints at the size people train").
 
-usage: python bench/probe_load_in_place.py [SIZE, default 600M] [--restores-only]
-(SIZE as bench_checkpoint_scale.py's --sizes; --restores-only: only the fresh-process restores)
+usage: python bench/probe_load_in_place.py [SIZE, default 600M] [--restores-only] [--restores=A,B]
+(SIZE as bench_checkpoint_scale.py's --sizes; --restores-only: only the fresh-process restores;
+--restores: which of RESTORES, default all)
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def run_child(directory: Path, width: int, cold: bool, how: str) -> dict:
 
 
 def run_restores(directory: Path, width: int, out: dict[str, list[float]], digests: set[str]) -> None:
-    for how in RESTORES:
+    chosen = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--restores=")), RESTORES)
+    for how in chosen:
         for cold in (True, False):
             done = run_child(directory, width, cold, how)
             name = f"restore_{how}_{'cold' if cold else 'warm'}"
