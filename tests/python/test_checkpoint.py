@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import sys
+import warnings
 import weakref
 from pathlib import Path
 
@@ -103,6 +104,48 @@ def test_a_build_restored_at_once_draws_no_random_numbers_and_a_fresh_start_its_
     for made, saved in zip(restored.get_weights(), weights_of_checkpoint(kerasdist.latest_checkpoint(ckpt_dir).path),
                            strict=True):
         assert made.tobytes() == saved.tobytes()
+
+
+def large_model(optimizer: str | None = "adam", trained: bool = True) -> keras.Model:
+    """Kernels of 1 MiB and more (their slots too: started unfilled by a restore's build), batch
+    normalization, a float16 layer; `optimizer` None: not compiled."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((600,)), keras.layers.Dense(600), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(600, kernel_initializer="ones"),
+                              keras.layers.Dense(2, dtype="float16")])
+    if optimizer is not None:
+        model.compile(optimizer=optimizer, loss="mse")
+        if trained:
+            x = np.random.default_rng(0).normal(size=(8, 600)).astype("float32")
+            model.fit(x, np.ones((8, 2), "float32"), verbose=0)
+    return model
+
+
+def state_of(model: keras.Model) -> list[bytes]:
+    return [np.asarray(v.numpy()).tobytes() for v in [*model.weights, *model.optimizer.variables]]
+
+
+@pytest.mark.parametrize("saved_with", ["adam", "sgd", "untrained", "uncompiled"])
+def test_a_restore_gives_what_load_weights_gives_bit_for_bit_also_where_the_optimizer_state_is_missing(
+        tmp_path, saved_with):
+    """A restore into build_fn's model (values read into the tensors the variables take over,
+    large variables started unfilled) holds exactly what `model.load_weights` gives a plainly built
+    model: the weights and the optimizer's variables; where the checkpoint has no state for the
+    optimizer (saved uncompiled, untrained, with another optimizer), its slots end as zeros and
+    its step as 0, as a plain build's."""
+    saved = {"adam": lambda: large_model(), "sgd": lambda: large_model("sgd"),
+             "untrained": lambda: large_model(trained=False), "uncompiled": lambda: large_model(None)}[saved_with]()
+    info = checkpoint_manager.save_checkpoint(saved, tmp_path / "ckpt", epoch=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras: "Skipping variable loading for optimizer ..."
+        restored = kerasdist.make_or_restore_model(tmp_path / "ckpt", lambda: large_model(trained=False))
+        plain = large_model(trained=False)
+        plain.optimizer.build(plain.trainable_variables)
+        plain.load_weights(Path(info.path) / "model.keras")
+    assert state_of(restored) == state_of(plain)
+    assert int(restored.optimizer.iterations.numpy()) == (1 if saved_with == "adam" else 0)
+    if saved_with != "adam":
+        assert not any(np.asarray(v.numpy()).any() for v in restored.optimizer.variables[2:])  # past step, rate
 
 
 def test_the_public_manager_restores_saves_and_prunes(ckpt_dir):

@@ -1,15 +1,16 @@
 """Canaries of the workarounds that moved into the compat package with #46: Keras variables'
 increments made atomic for parameter-server steps (`compat.keras_variables`), `model.save` in two
-halves for background snapshots and `load_weights` reading in place (`compat.keras_saving`). Each
-fails when upstream changes: first where the workaround stops being needed or stops working, then
-where its version gate ends (make upstream-check runs them on the next Keras,
-tools/upstream_check.py)."""
+halves for background snapshots (`compat.keras_saving`), `load_weights` reading in place and a
+build restored at once (`compat.keras_loading`). Each fails when upstream changes: first where the
+workaround stops being needed or stops working, then where its version gate ends (make
+upstream-check runs them on the next Keras, tools/upstream_check.py)."""
 
 from __future__ import annotations
 
 import io
 import os
 import zipfile
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -136,7 +137,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     versions checked, and for a compressed member, it is `load_weights` itself. Fails once Keras's
     loading internals move or load something else, then where the version gate ends (widen
     compat.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
-    from kerasdist.compat import keras_saving
+    from kerasdist.compat import keras_loading
 
     for model in (_dense_model(), _lookup_model()):
         path = tmp_path / f"{model.name}.keras"
@@ -158,7 +159,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     assert compat.keras_loads_weights_in_place(), keras.__version__
     assert not compat.keras_loads_weights_in_place("3.16.0")
     assert not compat.keras_loads_weights_in_place("3.14.0")
-    monkeypatch.setattr(keras_saving, "KERAS_LOAD_IN_PLACE_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
+    monkeypatch.setattr(keras_loading, "KERAS_LOAD_IN_PLACE_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
     assert compat.load_keras_weights(_zeroed(model), path) is False
     assert _state(model) == saved
     assert compat.load_keras_weights(_zeroed(model), path, force=True) is True
@@ -217,7 +218,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     from keras.src.backend import Variable as BackendVariable
     from keras.src.backend.common.variables import Variable as CommonVariable
 
-    from kerasdist.compat import keras_saving
+    from kerasdist.compat import keras_loading
 
     plain = _values(_initialized_model())
     originals = (BackendVariable._initialize_with_initializer, CommonVariable.assign)
@@ -246,6 +247,106 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     assert compat.keras_defers_initializers(), keras.__version__
     assert not compat.keras_defers_initializers("3.16.0")
     assert not compat.keras_defers_initializers("3.14.0")
-    monkeypatch.setattr(keras_saving, "KERAS_DEFERRED_INIT_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
+    monkeypatch.setattr(keras_loading, "KERAS_DEFERRED_INIT_VERSIONS", ((3, 0), (3, 1)))  # a Keras not checked
     with compat.initializers_deferred() as deferred:
         assert _values(_initialized_model()) == plain and deferred.deferred == 0
+
+
+def _large_model(seed: int = 11) -> keras.Model:
+    """Variables of 1 MiB and more (compat.UNFILLED_FROM_BYTES: a random kernel, a ones one,
+    Adam's slots of both), a float16 kernel, batch normalization's statistics; Adam built."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((1024,))
+    x = keras.layers.Dense(1024)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Dense(1024, kernel_initializer="ones")(x)
+    outputs = keras.layers.Dense(8, dtype="float16")(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def _resident_bytes(trim: bool = False) -> int:
+    """This process's resident memory; `trim`: freed heap memory given back first (malloc_trim),
+    so that memory filled next counts even where freed memory is reused."""
+    if trim:
+        import ctypes
+        import gc
+
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, monkeypatch):
+    """Why compat.load_keras_weights reads each value once, into the memory its variable keeps:
+    TensorFlow's `_numpy()` of a new CPU tensor is a writable view of the tensor's memory, and a
+    variable assigned a tensor takes that memory over (no copy). So the load makes no array of a
+    value's size (Keras's store made one and copied it, TensorFlow copied it again), and loads
+    what `load_weights` loads bit for bit; outside the TensorFlow versions checked, Keras's
+    arrays as before. Fails once TensorFlow copies either way, then where the version gate ends
+    (widen compat.TF_TENSOR_VIEW_VERSIONS). make upstream-check runs it by name."""
+    import tracemalloc
+
+    from keras.src.backend import Variable as BackendVariable
+
+    from kerasdist.compat import keras_loading
+
+    assert compat.tensorflow_reads_into_tensors(), tf.__version__
+    assert not compat.tensorflow_reads_into_tensors("2.22.0")
+    tensor = tf.raw_ops.Empty(shape=[3], dtype=tf.float32, init=False)
+    tensor._numpy()[:] = [1.0, 2.0, 3.0]
+    assert float(tf.reduce_sum(tensor * tf.constant([1.0, 10.0, 100.0]))) == 321.0
+    variable = tf.Variable(tf.zeros([3]))
+    variable.assign(tensor)
+    assert variable.read_value()._numpy().ctypes.data == tensor._numpy().ctypes.data  # taken over
+    model = _large_model()
+    model.fit(np.ones((4, 1024), "float32"), np.ones((4, 8), "float32"), verbose=0)
+    model.save(tmp_path / "large.keras")
+    saved, largest = _state(model), max(len(value) for value in _state(model))
+    _zeroed(model).load_weights(tmp_path / "large.keras")
+    assert _state(model) == saved
+    converts = BackendVariable.__dict__.get("_convert_to_tensor")
+    for gate, most in ((None, largest // 8), (((2, 0), (2, 1)), largest)):  # as checked / a TF not checked
+        if gate is not None:
+            monkeypatch.setattr(keras_loading, "TF_TENSOR_VIEW_VERSIONS", gate)
+        _zeroed(model)
+        tracemalloc.start()
+        try:
+            assert compat.load_keras_weights(model, tmp_path / "large.keras") is True
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert _state(model) == saved
+        assert (peak < most) == (gate is None), (peak, largest)
+        assert BackendVariable.__dict__.get("_convert_to_tensor") is converts  # Keras's own again
+
+
+def test_large_variables_about_to_be_restored_start_unfilled(monkeypatch):
+    """Inside `initializers_deferred`, a variable of 1 MiB or more whose initializer is random
+    with an int seed or constant (zeros, ones: Adam's slots) starts with its memory unfilled (none
+    of it touched: the restore's value replaces it), and one no assignment reached gets its
+    initializer's values at the block's end, as a plain build gives them; outside the TensorFlow
+    versions checked they start filled. Fails once `tf.raw_ops.Empty` fills or Keras makes
+    variables elsewhere (see test_deferred_initializers_give_the_values_of_a_plain_build)."""
+    from kerasdist.compat import keras_loading
+
+    plain = _state(_large_model())
+    with compat.initializers_deferred() as deferred:
+        before = _resident_bytes(trim=True)
+        model = _large_model()
+        grown = _resident_bytes() - before
+        first = model.layers[1].kernel
+        first.assign(np.full(first.shape, 2.0, "float32"))
+    assert deferred.deferred == 2 + 4 + 1  # two large kernels, their Adam slots, the small random one
+    assert grown < 8 << 20, grown  # filled: 4 + 4 (kernels) + 16 (slots) MiB and more
+    state = _state(model)
+    assert (first.numpy() == 2.0).all() and state[1:] == plain[1:]  # the rest as a plain build makes it
+    monkeypatch.setattr(keras_loading, "TF_TENSOR_VIEW_VERSIONS", ((2, 0), (2, 1)))
+    with compat.initializers_deferred() as deferred:
+        before = _resident_bytes(trim=True)
+        model = _large_model()
+        grown = _resident_bytes() - before
+    assert deferred.deferred == 2 and grown >= 16 << 20, grown  # the random kernels as zeros, the rest filled
+    assert _state(model) == plain

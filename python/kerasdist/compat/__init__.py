@@ -11,9 +11,11 @@ Keras and TensorFlow (tools/upstream_check.py).
   parameter-server step is traced (`atomic_variable_increments`);
 - `keras_saving`: Keras saving's skip-set cache (`warm_saving_skipsets`), `save_model` into memory
   (`keras_model_bytes`), and `model.save` in two halves for background snapshots
-  (`keras_snapshot_supported`, `record_save`, `write_keras_zip`), and
-  `model.load_weights(x.keras)` reading the weights member in place (`load_keras_weights`), and
-  a build to be restored at once without its random initializers (`initializers_deferred`);
+  (`keras_snapshot_supported`, `record_save`, `write_keras_zip`);
+- `keras_loading`: `model.load_weights(x.keras)` reading the weights member in place, each value
+  straight into the tensor its variable takes over (`load_keras_weights`), and a build to be
+  restored at once without its random initializers, large variables unfilled
+  (`initializers_deferred`);
 - `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`);
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
   (`explain_late_multi_worker_strategy`, applied at import) and the coordination service's
@@ -27,21 +29,26 @@ look inside a workaround import its module.
 """
 
 from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
-from kerasdist.compat.keras_saving import (
+from kerasdist.compat.keras_loading import (
     KERAS_DEFERRED_INIT_VERSIONS,
     KERAS_LOAD_IN_PLACE_VERSIONS,
-    KERAS_SNAPSHOT_VERSIONS,
-    SAVING_SKIPSET_FIX_VERSIONS,
+    TF_TENSOR_VIEW_VERSIONS,
+    UNFILLED_FROM_BYTES,
     DeferredInitializers,
-    RecordedSave,
-    SavedEntry,
     initializers_deferred,
     keras_defers_initializers,
     keras_loads_weights_in_place,
+    load_keras_weights,
+    tensorflow_reads_into_tensors,
+)
+from kerasdist.compat.keras_saving import (
+    KERAS_SNAPSHOT_VERSIONS,
+    SAVING_SKIPSET_FIX_VERSIONS,
+    RecordedSave,
+    SavedEntry,
     keras_model_bytes,
     keras_needs_skipset_fix,
     keras_snapshot_supported,
-    load_keras_weights,
     record_save,
     recording_store,
     warm_saving_skipsets,
@@ -103,7 +110,8 @@ __all__ = [
     "DATA_FUNCTION_FIX_VERSIONS", "KERAS_DEFERRED_INIT_VERSIONS", "KERAS_LOAD_IN_PLACE_VERSIONS",
     "KERAS_SNAPSHOT_VERSIONS", "LATE_COLLECTIVES_MESSAGE",
     "LATE_COLLECTIVES_VERSIONS", "MULTI_WORKER_FIX_VERSIONS", "OPTIMIZER_VARIABLES_FIX_VERSIONS",
-    "PREEMPTION_HANDLER_FIX_VERSIONS", "SAVING_SKIPSET_FIX_VERSIONS", "TRAINER", "UNEVEN_BATCH_FIX_VERSIONS",
+    "PREEMPTION_HANDLER_FIX_VERSIONS", "SAVING_SKIPSET_FIX_VERSIONS", "TF_TENSOR_VIEW_VERSIONS", "TRAINER",
+    "UNEVEN_BATCH_FIX_VERSIONS", "UNFILLED_FROM_BYTES",
     "DeferredInitializers", "MultiWorkerStrategyTooLate", "RecordedSave", "SavedEntry",
     "apply_keras_fixes", "apply_multi_worker_fixes", "apply_optimizer_variables_fix", "apply_uneven_batch_fixes",
     "atomic_variable_increments", "calling_callback_list", "configure_coordination",
@@ -115,5 +123,6 @@ __all__ = [
     "local_batch", "map_on_cpu", "record_save", "recording_store", "remove_keras_fixes", "remove_multi_worker_fixes",
     "remove_optimizer_variables_fix", "remove_uneven_batch_fixes", "save_if_preempted", "show_only_gpus",
     "slurm_gpu_share", "slurm_resolver", "tensorflow_needs_preemption_fix", "tensorflow_optimizes_data_functions",
+    "tensorflow_reads_into_tensors",
     "version_within", "warm_saving_skipsets", "write_keras_zip",
 ]
