@@ -343,8 +343,16 @@ PartitionName=high PriorityTier=10 {partition}
         return self.node_names[host] in self._daemons
 
     def kill_host(self, host: int) -> list[int]:
-        """Lose host `host`: SIGKILL its slurmd and every task running on it. Returns the pids."""
-        pids = _netns_pids(self.host_ns(host))
+        """Lose host `host` as a crash does, at once: its slurmd and every task and client on it
+        are stopped (SIGSTOP, the host listed again until no new process shows), then SIGKILLed.
+        Returns the pids. Killed one by one, a process could act on another's death in between:
+        srun's shepherd cancels srun's step when srun dies without telling it (slurm_kill_job_step),
+        and so cancelled the recipe's guard step on the other host (tests/python/test_slurm.py)."""
+        pids: list[int] = []
+        while fresh := [pid for pid in _netns_pids(self.host_ns(host)) if pid not in pids]:
+            for pid in fresh:
+                _kill(pid, signal.SIGSTOP)
+            pids += fresh
         for pid in pids:
             _kill(pid, signal.SIGKILL)
         process = self._daemons.pop(self.node_names[host], None)

@@ -333,6 +333,32 @@ def test_checkpoints_in_an_s3_bucket_across_hosts_preempted_and_requeued_end_equ
         server.stop()
 
 
+def test_a_lost_host_loses_all_its_processes_at_once(slurm_cluster):
+    """kill_host() loses a host as a crash does: no process on it runs on once another has died.
+    Killed one by one (in pid order), srun's shepherd, which cancels srun's step when srun dies
+    without telling it, cancelled the recipe's guard step on host 1 between srun's death and its
+    own, so the job that lost its batch host was never requeued (the lost-batch-host test's
+    flake). Here a watcher on host 0 waits on a pipe from the process that started it, 1000
+    processes after it in pid order, and writes a file when that process dies."""
+    ready, seen = slurm_cluster.shared / "watched-ready", slurm_cluster.shared / "watcher-saw-a-death"
+    script = (f"for i in $(seq 1000); do sleep 1000 3>&- & done; exec 3> >(read -r _; echo seen > {seen}); "
+              f"echo ready > {ready}; exec sleep 1000")
+    started = slurm_cluster.on_host(0, ["sh", "-c", f"bash -c '{script}' >/dev/null 2>&1 </dev/null &"])
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), "the watched process did not start"
+        assert len(slurm_cluster.kill_host(0)) > 1000
+        time.sleep(1)
+        assert not seen.exists(), "a process of the lost host ran after another had died"
+    finally:
+        if not slurm_cluster.is_up(0):
+            slurm_cluster.start_host(0)
+        slurm_cluster.wait_nodes_idle(60)
+
+
 def test_the_cluster_keeps_its_logs_and_state_for_a_failure(slurm_cluster, tmp_path):
     """What a failed test keeps (its report names where): slurmctld's and each slurmd's log, the
     jobs' output, and the nodes', jobs' and steps' state and every host's processes at that time."""
