@@ -344,16 +344,19 @@ PartitionName=high PriorityTier=10 {partition}
 
     def kill_host(self, host: int) -> list[int]:
         """Lose host `host` as a crash does, at once: its slurmd and every task and client on it
-        are stopped (SIGSTOP, the host listed again until no new process shows), then SIGKILLed.
-        Returns the pids. Killed one by one, a process could act on another's death in between:
-        srun's shepherd cancels srun's step when srun dies without telling it (slurm_kill_job_step),
-        and so cancelled the recipe's guard step on the other host (tests/python/test_slurm.py)."""
+        are stopped (SIGSTOP, the host listed again until no new process shows), then SIGKILLed,
+        children before parents. Returns the pids. Killed one by one while running, a process
+        could act on another's death in between: srun's shepherd cancels srun's step when srun
+        dies without telling it (slurm_kill_job_step), and so cancelled the recipe's guard step on
+        the other host. Stopped, a parent must not die before its children: the kernel wakes a
+        process group with stopped members that its parent's death orphans (SIGHUP, SIGCONT), and
+        srun ends its step on SIGHUP (tests/python/test_slurm.py)."""
         pids: list[int] = []
         while fresh := [pid for pid in _netns_pids(self.host_ns(host)) if pid not in pids]:
             for pid in fresh:
                 _kill(pid, signal.SIGSTOP)
             pids += fresh
-        for pid in pids:
+        for pid in children_first(pids):
             _kill(pid, signal.SIGKILL)
         process = self._daemons.pop(self.node_names[host], None)
         if process is not None:
@@ -485,6 +488,19 @@ def _logs_destination(name: str) -> Path:
         return Path(folder) / f"slurm-{name}"
     # not under PREFIX: cleanup() would remove it with the run
     return Path(tempfile.mkdtemp(prefix=f"kerasdist-slurm-logs-{name}-"))
+
+
+def children_first(pids: list[int]) -> list[int]:
+    """`pids` ordered so that every process comes before its parent (the deepest first)."""
+    parents = {pid: int(stat[1]) for pid in pids if (stat := _stat(pid))}
+
+    def depth(pid: int) -> int:
+        seen = 0
+        while (pid := parents.get(pid, 0)) in parents and seen < len(parents):
+            seen += 1
+        return seen
+
+    return sorted(pids, key=depth, reverse=True)
 
 
 def _stat(pid: int) -> tuple[str, str] | None:

@@ -338,12 +338,15 @@ def test_a_lost_host_loses_all_its_processes_at_once(slurm_cluster):
     Killed one by one (in pid order), srun's shepherd, which cancels srun's step when srun dies
     without telling it, cancelled the recipe's guard step on host 1 between srun's death and its
     own, so the job that lost its batch host was never requeued (the lost-batch-host test's
-    flake). Here a watcher on host 0 waits on a pipe from the process that started it, 1000
-    processes after it in pid order, and writes a file when that process dies."""
+    flake); and stopped first but then killed parents first, the kernel woke the stopped process
+    groups each death orphaned (SIGHUP, SIGCONT: srun ends its step on SIGHUP). Here, on host 0,
+    1000 processes after a session's leader in pid order, a watcher waits on a pipe from the leader,
+    and a job in a process group of its own traps SIGHUP: either writes a file when it runs."""
     ready, seen = slurm_cluster.shared / "watched-ready", slurm_cluster.shared / "watcher-saw-a-death"
-    script = (f"for i in $(seq 1000); do sleep 1000 3>&- & done; exec 3> >(read -r _; echo seen > {seen}); "
+    script = (f"for i in $(seq 1000); do sleep 1000 3>&- & done; exec 3> >(read -r _; echo eof > {seen}); "
+              f"set -m; (trap \"echo hup > {seen}\" HUP; sleep 1000 & wait) 3>&- & "
               f"echo ready > {ready}; exec sleep 1000")
-    started = slurm_cluster.on_host(0, ["sh", "-c", f"bash -c '{script}' >/dev/null 2>&1 </dev/null &"])
+    started = slurm_cluster.on_host(0, ["sh", "-c", f"setsid bash -c '{script}' >/dev/null 2>&1 </dev/null &"])
     assert started.returncode == 0, started.stderr
     try:
         deadline = time.monotonic() + 60
