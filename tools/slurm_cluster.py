@@ -17,7 +17,13 @@ made; clients (sbatch, scontrol, ...) run through `nsenter --net` into it. `nsen
 Names carry the prefix `kdslurm-` and a random run id, the subnet (10.x.y.0/24) and the ports are
 random: two runs cannot collide. A run is torn down by `down()` (the context manager, an atexit
 hook), and `cleanup()` removes the namespaces, processes and directories of runs whose owner
-process is gone (each `up()` calls it first).
+process is gone (each `up()` calls it first). Before that, `keep_logs()` copies what a failure needs
+(slurmctld's, every slurmd's and munged's logs, the jobs' output, the nodes', jobs' and steps'
+state, every host's processes) out of the run's directory: to $KERASDIST_TEST_LOGS (tools/test.sh
+sets it) or a fresh /tmp/kerasdist-slurm-logs-* directory. A cluster used as a context manager
+keeps them when its block raises, and every cluster does at its teardown when
+KERASDIST_SLURM_KEEP_LOGS is set (to look into a run that passed). KERASDIST_SLURM_DEBUG sets
+slurmctld's and slurmd's log level (default info; e.g. debug2).
 """
 
 from __future__ import annotations
@@ -146,8 +152,44 @@ class SlurmCluster:
         self.up()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None and self.root.exists():
+            kept = self.keep_logs(label=kind.__name__)
+            print(f"slurm_cluster: the cluster's logs and state are kept in {kept}", file=sys.stderr)
         self.down()
+
+    def keep_logs(self, destination: str | os.PathLike[str] | None = None, label: str = "") -> Path:
+        """Copy the cluster's logs (slurmctld, every slurmd, munged, the jobs' output) and its state
+        now (nodes, jobs, steps, every host's processes) to `destination` (default: a directory
+        under $KERASDIST_TEST_LOGS, else a new /tmp/kerasdist-slurm-logs-*); returns it. Never raises
+        for what it cannot read: it runs when something has already gone wrong."""
+        kept = Path(destination) if destination else _logs_destination(f"{self.run_id}-{label}".rstrip("-"))
+        kept.mkdir(parents=True, exist_ok=True)
+        for sub in ("log", "out"):
+            if (self.root / sub).is_dir():
+                shutil.copytree(self.root / sub, kept / sub, dirs_exist_ok=True)
+        for name in ("munged.log", "slurm.conf"):
+            source = self.root / "munge" / name if name == "munged.log" else self.root / name
+            if source.exists():
+                shutil.copy(source, kept / name)
+        for name, command in STATE_COMMANDS.items():
+            try:
+                result = self.client(command, check=False, timeout=15)
+                text = result.stdout + result.stderr
+            except (OSError, subprocess.SubprocessError) as error:
+                text = f"{' '.join(command)}: {error}"
+            (kept / f"{name}.txt").write_text(text)
+        (kept / "processes.txt").write_text(self._processes())
+        return kept
+
+    def _processes(self) -> str:
+        """Every process in the run's namespaces: namespace, pid, parent, state, command line."""
+        lines = []
+        for ns in [self.controller_ns, *(self.host_ns(h) for h in range(self.hosts))]:
+            for pid in _netns_pids(ns):
+                stat = _stat(pid)
+                lines.append(f"{ns} {pid} {stat[1] if stat else '?'} {stat[0] if stat else '?'} {cmdline(pid)}")
+        return "\n".join(lines) + "\n"
 
     def up(self, timeout: float = 60) -> SlurmCluster:
         """Start munged, the namespaces, slurmctld and every slurmd; wait until every node is idle."""
@@ -171,6 +213,8 @@ class SlurmCluster:
 
     def down(self) -> None:
         """Stop every process of the cluster, delete its namespaces and its directory."""
+        if os.environ.get("KERASDIST_SLURM_KEEP_LOGS") and self.root.exists() and self._daemons:
+            print(f"slurm_cluster: logs kept in {self.keep_logs(label='down')}", file=sys.stderr)
         _teardown(self.name, self.root)
         for process in self._daemons.values():  # reap them (all killed by now)
             try:
@@ -192,6 +236,7 @@ class SlurmCluster:
 
     def _slurm_conf(self) -> str:
         r = self.root
+        log_level = os.environ.get("KERASDIST_SLURM_DEBUG", "info")
         nodes = "\n".join(f"NodeName={n} NodeAddr={self._address(i)} CPUs=1 State=UNKNOWN"
                           for i, n in enumerate(self.node_names))
         partition = f"Nodes=ALL MaxTime=INFINITE State=UP PreemptMode=REQUEUE GraceTime={self.grace_time}"
@@ -211,8 +256,8 @@ SlurmctldPidFile={r}/slurmctld.pid
 SlurmdPidFile={r}/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
+SlurmctldDebug={log_level}
+SlurmdDebug={log_level}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -298,9 +343,20 @@ PartitionName=high PriorityTier=10 {partition}
         return self.node_names[host] in self._daemons
 
     def kill_host(self, host: int) -> list[int]:
-        """Lose host `host`: SIGKILL its slurmd and every task running on it. Returns the pids."""
-        pids = _netns_pids(self.host_ns(host))
-        for pid in pids:
+        """Lose host `host` as a crash does, at once: its slurmd and every task and client on it
+        are stopped (SIGSTOP, the host listed again until no new process shows), then SIGKILLed,
+        children before parents. Returns the pids. Killed one by one while running, a process
+        could act on another's death in between: srun's shepherd cancels srun's step when srun
+        dies without telling it (slurm_kill_job_step), and so cancelled the recipe's guard step on
+        the other host. Stopped, a parent must not die before its children: the kernel wakes a
+        process group with stopped members that its parent's death orphans (SIGHUP, SIGCONT), and
+        srun ends its step on SIGHUP (tests/python/test_slurm.py)."""
+        pids: list[int] = []
+        while fresh := [pid for pid in _netns_pids(self.host_ns(host)) if pid not in pids]:
+            for pid in fresh:
+                _kill(pid, signal.SIGSTOP)
+            pids += fresh
+        for pid in children_first(pids):
             _kill(pid, signal.SIGKILL)
         process = self._daemons.pop(self.node_names[host], None)
         if process is not None:
@@ -418,6 +474,44 @@ PartitionName=high PriorityTier=10 {partition}
 
 
 # helpers -------------------------------------------------------------------------------------
+STATE_COMMANDS = {  # what keep_logs() asks the controller, a file each
+    "nodes": ["scontrol", "show", "nodes"],
+    "jobs": ["scontrol", "show", "jobs", "-d"],
+    "steps": ["squeue", "-s", "-a"],
+    "sinfo": ["sinfo", "-N", "-l", "-R"],
+}
+
+
+def _logs_destination(name: str) -> Path:
+    folder = os.environ.get("KERASDIST_TEST_LOGS")
+    if folder:
+        return Path(folder) / f"slurm-{name}"
+    # not under PREFIX: cleanup() would remove it with the run
+    return Path(tempfile.mkdtemp(prefix=f"kerasdist-slurm-logs-{name}-"))
+
+
+def children_first(pids: list[int]) -> list[int]:
+    """`pids` ordered so that every process comes before its parent (the deepest first)."""
+    parents = {pid: int(stat[1]) for pid in pids if (stat := _stat(pid))}
+
+    def depth(pid: int) -> int:
+        seen = 0
+        while (pid := parents.get(pid, 0)) in parents and seen < len(parents):
+            seen += 1
+        return seen
+
+    return sorted(pids, key=depth, reverse=True)
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, parent pid) from /proc/PID/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], fields[1]
+
+
 def _check(command: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

@@ -30,6 +30,23 @@ PACE = 0.1  # seconds each step sleeps: training spans a few seconds, so step ma
 TOL = chaos.TOL  # RELIABILITY.md: steps x float32 eps
 
 
+@pytest.fixture(autouse=True)
+def keep_the_cluster_logs_of_a_failed_test(request):
+    """A test that fails keeps the cluster's logs and state as they were at its end
+    (SlurmCluster.keep_logs: under $KERASDIST_TEST_LOGS, else a /tmp/kerasdist-slurm-logs-*
+    directory), named in its failure report: the cluster is torn down with the session, and the
+    tests after it change its state. (A test's outcome is not passed to its fixtures: the session's
+    count of failures is.)"""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed_before or "slurm_cluster" not in request.fixturenames:
+        return
+    label = re.sub(r"[^\w.-]+", "-", request.node.name).strip("-")
+    kept = request.getfixturevalue("slurm_cluster").keep_logs(label=label)
+    # pytest's failure report shows what its teardown wrote
+    print(f"{request.node.nodeid}: the Slurm cluster's logs and state are kept in {kept}", file=sys.stderr)
+
+
 @pytest.fixture(scope="module")
 def reference(slurm_cluster) -> chaos.Run:
     """An uninterrupted Python job of the recipe on 2 hosts."""
@@ -316,6 +333,52 @@ def test_checkpoints_in_an_s3_bucket_across_hosts_preempted_and_requeued_end_equ
         server.stop()
 
 
+def test_a_lost_host_loses_all_its_processes_at_once(slurm_cluster):
+    """kill_host() loses a host as a crash does: no process on it runs on once another has died.
+    Killed one by one (in pid order), srun's shepherd, which cancels srun's step when srun dies
+    without telling it, cancelled the recipe's guard step on host 1 between srun's death and its
+    own, so the job that lost its batch host was never requeued (the lost-batch-host test's
+    flake); and stopped first but then killed parents first, the kernel woke the stopped process
+    groups each death orphaned (SIGHUP, SIGCONT: srun ends its step on SIGHUP). Here, on host 0,
+    1000 processes after a session's leader in pid order, a watcher waits on a pipe from the leader,
+    and a job in a process group of its own traps SIGHUP: either writes a file when it runs."""
+    ready, seen = slurm_cluster.shared / "watched-ready", slurm_cluster.shared / "watcher-saw-a-death"
+    script = (f"for i in $(seq 1000); do sleep 1000 3>&- & done; exec 3> >(read -r _; echo eof > {seen}); "
+              f"set -m; (trap \"echo hup > {seen}\" HUP; sleep 1000 & wait) 3>&- & "
+              f"echo ready > {ready}; exec sleep 1000")
+    started = slurm_cluster.on_host(0, ["sh", "-c", f"setsid bash -c '{script}' >/dev/null 2>&1 </dev/null &"])
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), "the watched process did not start"
+        assert len(slurm_cluster.kill_host(0)) > 1000
+        time.sleep(1)
+        assert not seen.exists(), "a process of the lost host ran after another had died"
+    finally:
+        if not slurm_cluster.is_up(0):
+            slurm_cluster.start_host(0)
+        slurm_cluster.wait_nodes_idle(60)
+
+
+def test_the_cluster_keeps_its_logs_and_state_for_a_failure(slurm_cluster, tmp_path):
+    """What a failed test keeps (its report names where): slurmctld's and each slurmd's log, the
+    jobs' output, and the nodes', jobs' and steps' state and every host's processes at that time."""
+    job_id = slurm_cluster.submit(chaos.RECIPE, "bash", "-c", "echo kept-output", options=chaos.JOB_OPTIONS,
+                                  cwd=chaos.ROOT)
+    assert slurm_cluster.wait_final(job_id, 120).state == "COMPLETED"
+    kept = slurm_cluster.keep_logs(tmp_path / "kept")
+    assert "slurmctld" in (kept / "log" / "slurmctld.log").read_text()
+    for node in slurm_cluster.node_names:
+        assert (kept / "log" / f"slurmd-{node}.log").read_text(), node
+        assert f"NodeName={node}" in (kept / "nodes.txt").read_text()
+        assert re.search(rf"-{node} \d+ \d+ \S+ slurmd ", (kept / "processes.txt").read_text()), node
+    assert "kept-output" in (kept / "out" / f"{job_id}.out").read_text()
+    assert f"JobId={job_id} " in (kept / "jobs.txt").read_text()
+    assert (kept / "steps.txt").exists() and (kept / "sinfo.txt").read_text()
+
+
 def leftovers(run: str) -> list[str]:
     """What a cluster run left on this machine: namespaces, daemons and its directory."""
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -351,3 +414,4 @@ def test_a_cluster_leaves_nothing_behind_when_interrupted_or_when_its_owner_is_k
     while leftovers(run) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leftovers(run) == []
+
