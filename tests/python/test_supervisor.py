@@ -225,12 +225,13 @@ def read_terminal_until(terminal: int, expected: bytes, timeout: float = 90) -> 
 
 
 def test_the_pipe_to_the_supervisor_is_named_only_to_the_training_process_not_to_what_it_starts():
+    variable = supervisor.FORMED_FD_VARIABLE
     code = ("import os, subprocess, sys\n"
             "import kerasdist\n"
-            "print(subprocess.run([sys.executable, '-S', '-c', 'import os; print(os.environ.get(\"%s\"))'],"
+            f"print(subprocess.run([sys.executable, '-S', '-c', 'import os; print(os.environ.get(\"{variable}\"))'],"
             " capture_output=True, text=True).stdout.strip())\n"
             "from kerasdist.launch import supervisor\n"
-            "print(supervisor._formed_fd)\n") % supervisor.FORMED_FD_VARIABLE
+            "print(supervisor._formed_fd)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, supervisor.FORMED_FD_VARIABLE: "7"})
     assert result.returncode == 0, result.stderr
