@@ -35,7 +35,7 @@ REPORT = textwrap.dedent("""
     if "--wait" in sys.argv:
         import time
         time.sleep(120)
-    if os.environ.get("KERASDIST_RESTART") == "0":  # a launch's first attempt: worker 1 dies, worker 0 waits
+    if os.environ.get("KD_DIE_FIRST") and os.environ.get("KERASDIST_RESTART") == "0":  # worker 1 dies, worker 0 waits
         if os.environ["KERASDIST_TASK_INDEX"] == "1":
             os.kill(os.getpid(), 9)
         import time
@@ -122,6 +122,7 @@ def test_signals_reach_the_forked_process_its_status_comes_back_and_it_dies_with
 def test_launch_with_warm_start_forks_every_start_and_restart_and_ends_as_a_cold_launch(script, tmp_path, capfd,
                                                                                         monkeypatch):
     monkeypatch.delenv(warm_start.SOCKET_VARIABLE, raising=False)  # the launcher starts its own server
+    monkeypatch.setenv("KD_DIE_FIRST", "1")  # the warm launch's first attempt fails; the cold launch's does not
     servers_before = set(Path(tempfile.gettempdir()).glob("kerasdist-warm-*"))
     result = kerasdist.launch([str(script)], num_workers=2, max_restarts=1, warm_start=True, timeout=240)
     out = capfd.readouterr().out
@@ -132,6 +133,7 @@ def test_launch_with_warm_start_forks_every_start_and_restart_and_ends_as_a_cold
                                  {"worker 0": 0, "worker 1": 0}), out
     assert len(reports) == 4 and all(r["warm"] for r in reports), reports
     assert set(Path(tempfile.gettempdir()).glob("kerasdist-warm-*")) <= servers_before  # its server stopped
+    monkeypatch.delenv("KD_DIE_FIRST")
     cold = kerasdist.launch([str(script)], num_workers=1, warm_start=False, timeout=240)
     out = capfd.readouterr().out
     assert cold.ok and json.loads(out.split("] ", 1)[1].splitlines()[0])["warm"] is False
