@@ -123,7 +123,8 @@ def test_launch_with_warm_start_forks_every_start_and_restart_and_ends_as_a_cold
                                                                                         monkeypatch):
     monkeypatch.delenv(warm_start.SOCKET_VARIABLE, raising=False)  # the launcher starts its own server
     monkeypatch.setenv("KD_DIE_FIRST", "1")  # the warm launch's first attempt fails; the cold launch's does not
-    servers_before = set(Path(tempfile.gettempdir()).glob("kerasdist-warm-*"))
+    made, mkdtemp = [], tempfile.mkdtemp  # the folders this launch makes (a glob of /tmp would see other tests')
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *args, **kwargs: made.append(mkdtemp(*args, **kwargs)) or made[-1])
     result = kerasdist.launch([str(script)], num_workers=2, max_restarts=1, warm_start=True, timeout=240)
     out = capfd.readouterr().out
     reports = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines() if line.startswith("[worker")
@@ -132,7 +133,8 @@ def test_launch_with_warm_start_forks_every_start_and_restart_and_ends_as_a_cold
     assert result.exit_codes == ({"worker 0": -signal.SIGTERM, "worker 1": -signal.SIGKILL},
                                  {"worker 0": 0, "worker 1": 0}), out
     assert len(reports) == 4 and all(r["warm"] for r in reports), reports
-    assert set(Path(tempfile.gettempdir()).glob("kerasdist-warm-*")) <= servers_before  # its server stopped
+    servers = [folder for folder in made if Path(folder).name.startswith("kerasdist-warm-")]
+    assert len(servers) == 1 and not os.path.exists(servers[0]), made  # its server stopped and cleaned up
     monkeypatch.delenv("KD_DIE_FIRST")
     cold = kerasdist.launch([str(script)], num_workers=1, warm_start=False, timeout=240)
     out = capfd.readouterr().out
