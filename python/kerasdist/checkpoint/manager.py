@@ -108,19 +108,21 @@ class CheckpointManager:
     def checkpoints(self, *, warn_known: bool = False) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first by the step recorded in each. A damaged one is
         warned of when first seen (`warn_known`: at every listing, as the public functions do)."""
-        verified = {}
-        for candidate in self.store.entries():
-            now = self.store.fingerprint(candidate)
-            known = self._verified.get(candidate)
-            if known is None or known.fingerprint != now:
-                problem, info = read_checkpoint(self.store, candidate)
-                known = Verified(now, info, None if info is not None else str(problem))
-                _warn_damaged(self.store, candidate, known.problem)
-            elif warn_known:
-                _warn_damaged(self.store, candidate, known.problem)
-            verified[candidate] = known
-        self._verified = verified
-        return sorted((v.info for v in verified.values() if v.info is not None), key=_newness)
+        self._verified = {entry: self._verify(entry, warn_known) for entry in self.store.entries()}
+        return sorted((v.info for v in self._verified.values() if v.info is not None), key=_newness)
+
+    def _verify(self, entry: str, warn_known: bool = False) -> Verified:
+        """What reading `entry` finds: its record and checksums, read again only when its files
+        changed since; a damaged one warned of when first seen (or `warn_known`)."""
+        now = self.store.fingerprint(entry)
+        known = self._verified.get(entry)
+        if known is None or known.fingerprint != now:
+            problem, info = read_checkpoint(self.store, entry)
+            known = self._verified[entry] = Verified(now, info, None if info is not None else str(problem))
+            _warn_damaged(self.store, entry, known.problem)
+        elif warn_known:
+            _warn_damaged(self.store, entry, known.problem)
+        return known
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
@@ -130,6 +132,20 @@ class CheckpointManager:
         """The newest valid checkpoint (by recorded epoch and step, never by name or time)."""
         checkpoints = self.checkpoints(warn_known=warn_known)
         return checkpoints[-1] if checkpoints else None
+
+    def refused_restore(self, acceptable: Callable[[CheckpointInfo], bool]) -> CheckpointInfo | None:
+        """The checkpoint a restore would load now if `acceptable` refuses it, else None. Only the
+        candidates' records are read while every one left is acceptable (which of them is valid
+        does not matter then), so an object-store run whose checkpoints agree downloads its
+        newest once, in the restore; else they are verified newest first (one streamed read
+        each, a damaged one warned of and skipped as a restore skips it) until one is valid."""
+        candidates = [info for info, _, _ in self._candidates()]
+        for index, info in enumerate(candidates):
+            if all(acceptable(older) for older in candidates[index:]):
+                return None
+            if self._verify(self.store.entry_of(info.path)).info is not None:
+                return None if acceptable(info) else info
+        return None
 
     def resume_point(self, model: Any = None) -> CheckpointInfo | None:
         """Where training of `model` continues, the one answer every trainer and the callback
