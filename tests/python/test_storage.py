@@ -133,6 +133,30 @@ def test_both_stores_offer_the_whole_store_protocol(tmp_path):
         assert isinstance(stores.open_store(checkpoint_dir), stores.Store), checkpoint_dir
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_verified_files_checks_a_checkpoint_on_either_store(where, tmp_path):
+    """`record.verified_files` (an object-store restore's check) holds for a local store too, whose
+    `summed_files` keeps the Store protocol whole: an intact checkpoint passes, a byte changed in
+    place (its size intact) is refused by its checksum."""
+    from kerasdist.checkpoint.record import read_candidate, verified_files
+
+    url = str(tmp_path / "run") if where == "local" else memory_url()
+    fit(url, 1)
+    store = stores.open_store(url)
+    entry = f"ckpt-{BATCHES_PER_EPOCH}"
+    _, _, record = read_candidate(store, entry)
+    with verified_files(store, entry, record) as (problem, local):
+        assert problem is None and (local / "model.keras").read_bytes() == store.read(entry, "model.keras")
+    data = bytearray(store.read(entry, "model.keras"))
+    data[len(data) // 2] ^= 0xFF
+    if where == "local":
+        (tmp_path / "run" / entry / "model.keras").write_bytes(bytes(data))
+    else:
+        fsspec.filesystem("memory").pipe_file(f"{root_of(url)}/{entry}/model.keras", bytes(data))
+    with verified_files(store, entry, record) as (problem, _):
+        assert problem == f"{store.path_of(entry)}/model.keras does not match its recorded checksum (corrupted)"
+
+
 def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
     fit(f"file://{tmp_path}/run", 1)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}", "runs"]

@@ -225,14 +225,14 @@ class CheckpointManager:
     def _newest_files(self, model: Any = None) -> Iterator[tuple[CheckpointInfo, Path]]:
         """At most once: the newest valid checkpoint and a local directory of its files while the
         caller's loop body runs (`model` checked and its optimizer built first). A local store's:
-        the listing's. An object store's: candidates newest first, each downloaded once, checked
-        as it arrives (`verified_files`); one that does not match is warned of and skipped."""
+        the listing's, loaded where it is. An object store's: candidates newest first, each
+        downloaded once, checked as it arrives (`verified_files`); one that does not match is
+        warned of and skipped."""
         if self.store.is_local:
             latest = self.latest()
             if latest is not None:
                 _ready_for(model, self.store, latest)
-                with self.store.local_files(self.store.entry_of(latest.path)) as local:
-                    yield latest, local
+                yield latest, Path(latest.path)
             return
         for info, record, fingerprint in self._candidates():
             entry = self.store.entry_of(info.path)
