@@ -17,6 +17,7 @@ what is cached is each entry's verification, redone when the entry's files chang
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import warnings
@@ -112,8 +113,7 @@ class CheckpointManager:
         return sorted((v.info for v in self._verified.values() if v.info is not None), key=_newness)
 
     def _verify(self, entry: str, warn_known: bool = False) -> Verified:
-        """What reading `entry` finds: its record and checksums, read again only when its files
-        changed since; a damaged one warned of when first seen (or `warn_known`)."""
+        """What reading `entry` finds, read again only when its files changed; warned as `checkpoints`."""
         now = self.store.fingerprint(entry)
         known = self._verified.get(entry)
         if known is None or known.fingerprint != now:
@@ -134,16 +134,13 @@ class CheckpointManager:
         return checkpoints[-1] if checkpoints else None
 
     def refused_restore(self, acceptable: Callable[[CheckpointInfo], bool]) -> CheckpointInfo | None:
-        """The checkpoint a restore would load now if `acceptable` refuses it, else None. Only the
-        candidates' records are read while every one left is acceptable (which of them is valid
-        does not matter then), so an object-store run whose checkpoints agree downloads its
-        newest once, in the restore; else they are verified newest first (one streamed read
-        each, a damaged one warned of and skipped as a restore skips it) until one is valid."""
+        """The checkpoint a restore would load now if `acceptable` refuses it, else None. Reads
+        only records while every candidate left is acceptable (then which one is valid does not
+        matter: an object store's newest is downloaded once, by the restore); else verifies them
+        newest first, a damaged one warned of and skipped as a restore skips it."""
         candidates = [info for info, _, _ in self._candidates()]
         for index, info in enumerate(candidates):
-            if all(acceptable(older) for older in candidates[index:]):
-                return None
-            if self._verify(self.store.entry_of(info.path)).info is not None:
+            if all(map(acceptable, candidates[index:])) or self._verify(self.store.entry_of(info.path)).info:
                 return None if acceptable(info) else info
         return None
 
@@ -175,7 +172,8 @@ class CheckpointManager:
         latest = self.latest() if read else None
         if latest is None or latest.global_step != optimizer_step(model):
             return None
-        return latest, _callbacks_blob(self.store, self.store.entry_of(latest.path))
+        entry = self.store.entry_of(latest.path)
+        return latest, _kept_callbacks(functools.partial(self.store.read, entry, CALLBACKS_FILE))
 
     def best(self, better: Callable[[CheckpointInfo, CheckpointInfo | None], bool]) -> CheckpointInfo | None:
         """The epoch-end checkpoint that `better(candidate, best_so_far)` ranks first."""
@@ -196,7 +194,7 @@ class CheckpointManager:
             for latest, local in newest:
                 _load_weights(model, local / MODEL_FILE, verified=True)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
-                blob = _file_or_none(local / CALLBACKS_FILE)
+                blob = _kept_callbacks((local / CALLBACKS_FILE).read_bytes)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest, blob)
         return latest
@@ -210,7 +208,7 @@ class CheckpointManager:
                 model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
                 self.restores.append((time.time(), time.perf_counter() - started, latest))
-                self.note_restored(model, latest, _file_or_none(local / CALLBACKS_FILE))
+                self.note_restored(model, latest, _kept_callbacks((local / CALLBACKS_FILE).read_bytes))
                 return model
         raise ValueError(
             f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
@@ -225,9 +223,8 @@ class CheckpointManager:
     def _newest_files(self, model: Any = None) -> Iterator[tuple[CheckpointInfo, Path]]:
         """At most once: the newest valid checkpoint and a local directory of its files while the
         caller's loop body runs (`model` checked and its optimizer built first). A local store's:
-        the listing's, loaded where it is. An object store's: candidates newest first, each
-        downloaded once, checked as it arrives (`verified_files`); one that does not match is
-        warned of and skipped."""
+        the listing's, in place. An object store's: candidates newest first, each downloaded once,
+        checked as it arrives (`verified_files`); one that does not match is warned of and skipped."""
         if self.store.is_local:
             latest = self.latest()
             if latest is not None:
@@ -311,9 +308,12 @@ def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
         warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
 
 
-def _callbacks_blob(store: Any, entry: str) -> bytes | None:
-    """The callbacks' state a valid checkpoint kept (`callbacks.npz`), or None."""
-    return store.read(entry, CALLBACKS_FILE) if store.size(entry, CALLBACKS_FILE) is not None else None
+def _kept_callbacks(read: Callable[[], bytes]) -> bytes | None:
+    """The callbacks' state a checkpoint kept: `read()` of its `callbacks.npz` (in its store, or in
+    the local copy a restore verified); None when it kept none."""
+    with contextlib.suppress(FileNotFoundError):
+        return read()
+    return None
 
 
 def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, Any] | None = None) -> None:
@@ -323,10 +323,6 @@ def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, A
         record = record if record is not None else read_record(store, store.entry_of(info.path))
         check_signature(model, record["signature"], info.path)
         _build_optimizer(model, info.path)
-
-
-def _file_or_none(path: Path) -> bytes | None:
-    return path.read_bytes() if path.is_file() else None
 
 
 def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:
