@@ -19,6 +19,7 @@ import tensorflow as tf
 import kerasdist
 from conftest import case_rows, run_python
 from kerasdist import compat
+from kerasdist.checkpoint import manager as checkpoint_manager
 from kerasdist.checkpoint.callback_state import KERAS_STATE, CallbackStates, pack, state_key, unpack
 from kerasdist.s3_test_server import start_s3_server
 
@@ -182,6 +183,25 @@ def test_resuming_with_other_callbacks_restores_what_matches_and_warns_once_nami
     assert "EarlyStopping(monitor=loss, mode=auto)" in said[0]  # saved, not used
     assert "Counter" not in said[0].split("not used")[0].split("fresh")[1]  # both counters matched
     assert [again[0].batches, again[3].batches] == [12, 12]  # 8 restored + 4 trained
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_store_gives_the_kept_callbacks_state_alike_to_a_restore_and_to_a_listing(tmp_path, where):
+    """The callbacks' state a checkpoint kept reaches a model the same way whether the restore read it
+    (its verified copy) or `callback_state` reads it from the store (a model that was not restored);
+    a checkpoint that kept none gives None both ways."""
+    directory = str(tmp_path / "ckpt") if where == "local" else f"memory://kept-callbacks-{tmp_path.name}"
+    manager = kerasdist.CheckpointManager(directory)
+    for callbacks, epochs in (([], 1), ([Counter()], 2)):
+        fit(directory, callbacks, epochs)
+        latest = manager.latest()
+        kept = manager.store.read(manager.store.entry_of(latest.path), "callbacks.npz") if callbacks else None
+        restored = kerasdist.make_or_restore_model(directory, small_model)
+        assert checkpoint_manager.restored_of(restored).callbacks == kept
+        listed = small_model()
+        listed.optimizer.build(listed.trainable_variables)
+        listed.optimizer.iterations.assign(latest.global_step)
+        assert manager.callback_state(listed) == (latest, kept)
 
 
 def test_a_state_that_cannot_be_kept_is_refused_before_training_naming_the_callback(tmp_path):

@@ -133,6 +133,30 @@ def test_both_stores_offer_the_whole_store_protocol(tmp_path):
         assert isinstance(stores.open_store(checkpoint_dir), stores.Store), checkpoint_dir
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_verified_files_checks_a_checkpoint_on_either_store(where, tmp_path):
+    """`record.verified_files` (an object-store restore's check) holds for a local store too, whose
+    `summed_files` keeps the Store protocol whole: an intact checkpoint passes, a byte changed in
+    place (its size intact) is refused by its checksum."""
+    from kerasdist.checkpoint.record import read_candidate, verified_files
+
+    url = str(tmp_path / "run") if where == "local" else memory_url()
+    fit(url, 1)
+    store = stores.open_store(url)
+    entry = f"ckpt-{BATCHES_PER_EPOCH}"
+    _, _, record = read_candidate(store, entry)
+    with verified_files(store, entry, record) as (problem, local):
+        assert problem is None and (local / "model.keras").read_bytes() == store.read(entry, "model.keras")
+    data = bytearray(store.read(entry, "model.keras"))
+    data[len(data) // 2] ^= 0xFF
+    if where == "local":
+        (tmp_path / "run" / entry / "model.keras").write_bytes(bytes(data))
+    else:
+        fsspec.filesystem("memory").pipe_file(f"{root_of(url)}/{entry}/model.keras", bytes(data))
+    with verified_files(store, entry, record) as (problem, _):
+        assert problem == f"{store.path_of(entry)}/model.keras does not match its recorded checksum (corrupted)"
+
+
 def test_file_urls_are_local_directories_with_the_local_layout(tmp_path):
     fit(f"file://{tmp_path}/run", 1)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"ckpt-{BATCHES_PER_EPOCH}", "runs"]
@@ -376,16 +400,10 @@ def test_a_download_matching_its_record_is_loaded_in_place(object_template, tmp_
         assert got.numpy().tobytes() == want.numpy().tobytes()
 
 
-def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s3, monkeypatch):
-    """A fresh process's restore (make_or_restore_model, a manager that verified nothing yet)
-    GETs the newest checkpoint's files once each, whole: the check against the record is made on
-    that download as it arrives, not on a read of its own; older checkpoints are not read (a
-    listing verifies them when one is asked for)."""
+def s3_gets(monkeypatch) -> list[tuple[str, str, int]]:
+    """(entry, file, bytes) of every GET s3fs makes from now until the test's monkeypatch undoes it."""
     import s3fs
 
-    url, options = new_url(s3), s3.storage_options()
-    fit(url, 2, storage_options=options)
-    gc.collect()  # the run's manager, which verified its checkpoints, is gone: as in a new process
     fetched, call = [], s3fs.S3FileSystem._call_s3
 
     async def counting(self, method, *args, **kwargs):
@@ -396,17 +414,83 @@ def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s
         return response
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
-    model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
-    monkeypatch.undo()
-    assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    return fetched
+
+
+@pytest.mark.parametrize("how", ["make_or_restore_model", "distributed_fit"])
+def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s3, monkeypatch, how):
+    """A fresh process's restore (a manager that verified nothing yet) GETs the newest
+    checkpoint's files once each, whole: the check against the record is made on that download as
+    it arrives, not on a read of its own. make_or_restore_model reads no older checkpoint (a
+    listing verifies them when one is asked for); distributed_fit's resume, whose settings are
+    checked against the checkpoint it restores before the model is built, reads it once too
+    (reading only the records for that check), and after its save its pruning lists the rest."""
+    url, options = new_url(s3), s3.storage_options()
+    fit(url, 2, storage_options=options)
+    gc.collect()  # the run's manager, which verified its checkpoints, is gone: as in a new process
     entry = kerasdist.latest_checkpoint(url, storage_options=options).path.rsplit("/", 1)[-1]
+    gc.collect()
+    fetched = s3_gets(monkeypatch)
+    if how == "make_or_restore_model":
+        model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
+        assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH
+    else:
+        history = fit(url, 3, storage_options=options)
+        assert history.epoch == [0, 1, 2] and int(history.model.optimizer.iterations.numpy()) == 3 * BATCHES_PER_EPOCH
+    monkeypatch.undo()
     sizes = {name: item["size"] for name, item in
              json.loads(s3.filesystem().cat_file(f"{root_of(url)}/{entry}/state.json"))["files"].items()}
     got = {}
     for where, name, size in fetched:
         if name != "state.json":  # records: read by the listing, small
             got[where, name] = got.get((where, name), 0) + size
-    assert got == {(entry, name): size for name, size in sizes.items()}
+    restored = {key: size for key, size in got.items() if key[0] == entry}
+    assert restored == {(entry, name): size for name, size in sizes.items()}
+    if how == "make_or_restore_model":
+        assert got == restored
+
+
+@pytest.mark.parametrize("case", ["newest differs", "newest differs, damaged", "newest damaged, older differs"])
+def test_a_settings_refusal_names_the_checkpoint_the_restore_would_load(case):
+    """distributed_fit refuses a checkpoint trained with other settings before it builds the model
+    or writes anything, naming the checkpoint its restore would load: a damaged newest one, which
+    the restore skips, is neither named nor a reason to refuse (its size intact: only its
+    checksum, read in full, tells)."""
+    url = memory_url()
+    memory = fsspec.filesystem("memory")
+    root = memory._strip_protocol(url)
+    older_differs = case == "newest damaged, older differs"
+    fit(url, 1, gradient_accumulation_steps=2 if older_differs else None)
+    model = build_model()
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(2 * BATCHES_PER_EPOCH)
+    newest = kerasdist.checkpoint.save_checkpoint(
+        model, url, epoch=2, settings={"gradient_accumulation_steps": None if older_differs else 2})
+    if "damaged" in case:
+        damage(memory, f"{root}/ckpt-8/model.keras", {"how": "garble"})
+    del model
+    gc.collect()
+    before, built = objects(memory, root), []
+
+    def build():
+        built.append(1)
+        return build_model()
+
+    def run():
+        return kerasdist.distributed_fit(build, X, X.sum(1), epochs=2, checkpoint_dir=url, strategy="default",
+                                         batch_size=4, verbose=0)
+
+    if case == "newest differs, damaged":
+        with pytest.warns(kerasdist.CheckpointWarning, match="ckpt-8/model.keras does not match"):
+            history = run()
+        assert history.epoch == [0, 1]  # resumed from the older checkpoint, whose settings agree
+        return
+    refused = newest.path if case == "newest differs" else url + "/ckpt-4"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kerasdist.CheckpointWarning)
+        with pytest.raises(ValueError, match=f"differs from the checkpoint {re.escape(refused)},"):
+            run()
+    assert built == [] and objects(memory, root) == before
 
 
 @pytest.mark.parametrize("where", ["memory", "s3", "gcs"])

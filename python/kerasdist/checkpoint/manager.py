@@ -17,6 +17,7 @@ what is cached is each entry's verification, redone when the entry's files chang
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import warnings
@@ -108,19 +109,20 @@ class CheckpointManager:
     def checkpoints(self, *, warn_known: bool = False) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first by the step recorded in each. A damaged one is
         warned of when first seen (`warn_known`: at every listing, as the public functions do)."""
-        verified = {}
-        for candidate in self.store.entries():
-            now = self.store.fingerprint(candidate)
-            known = self._verified.get(candidate)
-            if known is None or known.fingerprint != now:
-                problem, info = read_checkpoint(self.store, candidate)
-                known = Verified(now, info, None if info is not None else str(problem))
-                _warn_damaged(self.store, candidate, known.problem)
-            elif warn_known:
-                _warn_damaged(self.store, candidate, known.problem)
-            verified[candidate] = known
-        self._verified = verified
-        return sorted((v.info for v in verified.values() if v.info is not None), key=_newness)
+        self._verified = {entry: self._verify(entry, warn_known) for entry in self.store.entries()}
+        return sorted((v.info for v in self._verified.values() if v.info is not None), key=_newness)
+
+    def _verify(self, entry: str, warn_known: bool = False) -> Verified:
+        """What reading `entry` finds, read again only when its files changed; warned as `checkpoints`."""
+        now = self.store.fingerprint(entry)
+        known = self._verified.get(entry)
+        if known is None or known.fingerprint != now:
+            problem, info = read_checkpoint(self.store, entry)
+            known = self._verified[entry] = Verified(now, info, None if info is not None else str(problem))
+            _warn_damaged(self.store, entry, known.problem)
+        elif warn_known:
+            _warn_damaged(self.store, entry, known.problem)
+        return known
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
@@ -130,6 +132,17 @@ class CheckpointManager:
         """The newest valid checkpoint (by recorded epoch and step, never by name or time)."""
         checkpoints = self.checkpoints(warn_known=warn_known)
         return checkpoints[-1] if checkpoints else None
+
+    def refused_restore(self, acceptable: Callable[[CheckpointInfo], bool]) -> CheckpointInfo | None:
+        """The checkpoint a restore would load now if `acceptable` refuses it, else None. Reads
+        only records while every candidate left is acceptable (then which one is valid does not
+        matter: an object store's newest is downloaded once, by the restore); else verifies them
+        newest first, a damaged one warned of and skipped as a restore skips it."""
+        candidates = [info for info, _, _ in self._candidates()]
+        for index, info in enumerate(candidates):
+            if all(map(acceptable, candidates[index:])) or self._verify(self.store.entry_of(info.path)).info:
+                return None if acceptable(info) else info
+        return None
 
     def resume_point(self, model: Any = None) -> CheckpointInfo | None:
         """Where training of `model` continues, the one answer every trainer and the callback
@@ -159,7 +172,8 @@ class CheckpointManager:
         latest = self.latest() if read else None
         if latest is None or latest.global_step != optimizer_step(model):
             return None
-        return latest, _callbacks_blob(self.store, self.store.entry_of(latest.path))
+        entry = self.store.entry_of(latest.path)
+        return latest, _kept_callbacks(functools.partial(self.store.read, entry, CALLBACKS_FILE))
 
     def best(self, better: Callable[[CheckpointInfo, CheckpointInfo | None], bool]) -> CheckpointInfo | None:
         """The epoch-end checkpoint that `better(candidate, best_so_far)` ranks first."""
@@ -180,7 +194,7 @@ class CheckpointManager:
             for latest, local in newest:
                 _load_weights(model, local / MODEL_FILE, verified=True)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
-                blob = _file_or_none(local / CALLBACKS_FILE)
+                blob = _kept_callbacks((local / CALLBACKS_FILE).read_bytes)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
         self.note_restored(model, latest, blob)
         return latest
@@ -194,7 +208,7 @@ class CheckpointManager:
                 model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
                 self.restores.append((time.time(), time.perf_counter() - started, latest))
-                self.note_restored(model, latest, _file_or_none(local / CALLBACKS_FILE))
+                self.note_restored(model, latest, _kept_callbacks((local / CALLBACKS_FILE).read_bytes))
                 return model
         raise ValueError(
             f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
@@ -209,14 +223,13 @@ class CheckpointManager:
     def _newest_files(self, model: Any = None) -> Iterator[tuple[CheckpointInfo, Path]]:
         """At most once: the newest valid checkpoint and a local directory of its files while the
         caller's loop body runs (`model` checked and its optimizer built first). A local store's:
-        the listing's. An object store's: candidates newest first, each downloaded once, checked
-        as it arrives (`verified_files`); one that does not match is warned of and skipped."""
+        the listing's, in place. An object store's: candidates newest first, each downloaded once,
+        checked as it arrives (`verified_files`); one that does not match is warned of and skipped."""
         if self.store.is_local:
             latest = self.latest()
             if latest is not None:
                 _ready_for(model, self.store, latest)
-                with self.store.local_files(self.store.entry_of(latest.path)) as local:
-                    yield latest, local
+                yield latest, Path(latest.path)
             return
         for info, record, fingerprint in self._candidates():
             entry = self.store.entry_of(info.path)
@@ -295,9 +308,12 @@ def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
         warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
 
 
-def _callbacks_blob(store: Any, entry: str) -> bytes | None:
-    """The callbacks' state a valid checkpoint kept (`callbacks.npz`), or None."""
-    return store.read(entry, CALLBACKS_FILE) if store.size(entry, CALLBACKS_FILE) is not None else None
+def _kept_callbacks(read: Callable[[], bytes]) -> bytes | None:
+    """The callbacks' state a checkpoint kept: `read()` of its `callbacks.npz` (in its store, or in
+    the local copy a restore verified); None when it kept none."""
+    with contextlib.suppress(FileNotFoundError):
+        return read()
+    return None
 
 
 def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, Any] | None = None) -> None:
@@ -307,10 +323,6 @@ def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, A
         record = record if record is not None else read_record(store, store.entry_of(info.path))
         check_signature(model, record["signature"], info.path)
         _build_optimizer(model, info.path)
-
-
-def _file_or_none(path: Path) -> bytes | None:
-    return path.read_bytes() if path.is_file() else None
 
 
 def _newness(info: CheckpointInfo) -> tuple[tuple[int, int, int], bool, str]:

@@ -78,20 +78,27 @@ RECORDED_SETTINGS = ("mixed_precision", "jit_compile", "gradient_accumulation_st
 
 def check_resumed_settings(recorded: dict[str, Any] | None, settings: TrainingSettings, path: Any) -> None:
     """Refuse to resume a checkpoint written with other settings (old checkpoints carry none)."""
-    for name, now in settings.record().items():
-        if recorded and name in recorded and recorded[name] != now:
-            raise ValueError(
-                f"{name}={now!r} differs from the checkpoint {path}, which was trained with "
-                f"{name}={recorded[name]!r}: resume with the same setting, or start a new checkpoint_dir."
-            )
+    name = _differing_setting(recorded, settings)
+    if name is not None:
+        raise ValueError(
+            f"{name}={settings.record()[name]!r} differs from the checkpoint {path}, which was trained with "
+            f"{name}={recorded[name]!r}: resume with the same setting, or start a new checkpoint_dir."
+        )
 
 
 def check_resumed_settings_of(manager: Any, settings: TrainingSettings) -> None:
-    """`check_resumed_settings` against the newest checkpoint of a manager's directory, read
-    without creating it."""
-    latest = manager.latest()
-    if latest is not None:
-        check_resumed_settings(latest.settings, settings, latest.path)
+    """`check_resumed_settings` against the checkpoint a restore from a manager's directory would
+    load, read without creating it: the records only, unless one differs
+    (`CheckpointManager.refused_restore`)."""
+    refused = manager.refused_restore(lambda info: _differing_setting(info.settings, settings) is None)
+    if refused is not None:
+        check_resumed_settings(refused.settings, settings, refused.path)
+
+
+def _differing_setting(recorded: dict[str, Any] | None, settings: TrainingSettings) -> str | None:
+    """The first setting a checkpoint recorded with another value than the run's, or None."""
+    return next((name for name, now in settings.record().items()
+                 if recorded and name in recorded and recorded[name] != now), None)
 
 
 def precision_policy_name() -> str:

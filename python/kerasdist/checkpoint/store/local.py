@@ -107,13 +107,10 @@ class LocalStore:
             return checksum_of_stream(stream, algorithm)
 
     @contextlib.contextmanager
-    def local_files(self, entry: str) -> Iterator[Path]:
-        """A local directory holding the entry's files (the entry itself)."""
-        yield self.directory / entry
-
-    @contextlib.contextmanager
     def summed_files(self, entry: str, algorithms: Mapping[str, str]) -> Iterator[Summed]:
-        """The entry itself, and the size and checksum of each file `algorithms` names that is there."""
+        """The entry itself, and the size and checksum of each file `algorithms` names that is
+        there. The manager's local restores do not call it (their listing verified the entry and
+        they load it in place); it keeps `record.verified_files` a function of any store."""
         sums = {}
         for name, algorithm in algorithms.items():
             with contextlib.suppress(FileNotFoundError, IsADirectoryError), \

@@ -220,16 +220,6 @@ class ObjectStore:
             return checksum_of_stream(stream, algorithm)
 
     @contextlib.contextmanager
-    def local_files(self, entry: str) -> Iterator[Path]:
-        """A temporary local directory holding a download of the entry's files (streamed to
-        disk). Restores use `summed_files`, which checks what it downloads."""
-        with tempfile.TemporaryDirectory(prefix="kerasdist-ckpt-") as temp:
-            for item in self._listing(self._key(entry)):
-                if item.get("type") == "file":
-                    self.fs.get_file(item["name"], str(Path(temp) / item["name"].rsplit("/", 1)[-1]))
-            yield Path(temp)
-
-    @contextlib.contextmanager
     def summed_files(self, entry: str, algorithms: Mapping[str, str]) -> Iterator[Summed]:
         """A temporary local directory holding one download of each file `algorithms` names,
         summed as it arrives (streamed to disk, never whole in memory), and each one's size and

@@ -67,9 +67,6 @@ class Store(Protocol):
     def checksum(self, entry: str, name: str, algorithm: str) -> str:
         """One file's checksum by `algorithm` (one of `checksums.CHECKSUMS`)."""
 
-    def local_files(self, entry: str) -> AbstractContextManager[Path]:
-        """A local directory holding the entry's files, for as long as the block runs."""
-
     def summed_files(self, entry: str, algorithms: Mapping[str, str]) -> AbstractContextManager[Summed]:
         """A local directory holding the files of `entry` that `algorithms` names (name -> one of
         `checksums.CHECKSUMS`), each summed as it is read, for as long as the block runs: the
