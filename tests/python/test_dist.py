@@ -52,7 +52,9 @@ TRAIN = textwrap.dedent("""
 
 
 def clean_environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CHECKOUT_VARIABLES}
+    """Without PYTHONDONTWRITEBYTECODE (set on this machine), as on a user's: an environment's
+    Python then caches its bytecode once, at its first run, as it would for them."""
+    env = {k: v for k, v in os.environ.items() if k not in (*CHECKOUT_VARIABLES, "PYTHONDONTWRITEBYTECODE")}
     path = [p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT))]
     return {**env, "PATH": os.pathsep.join(path), "PIP_DISABLE_PIP_VERSION_CHECK": "1", **extra}
 
@@ -201,13 +203,9 @@ def uv_setup(made_once) -> dict[str, str]:
 
 
 def new_r_user(r_library: Path, uv_setup: dict[str, str], tmp_path: Path, **extra: str) -> dict[str, str]:
-    """A user's R session: nothing but the R packages installed, no virtualenv, no Python variable.
-    Without PYTHONDONTWRITEBYTECODE (set on this machine), as on a user's: the environment's
-    Python then caches its bytecode once, as it would for them."""
-    env = clean_environment(R_LIBS=str(r_library), WORKON_HOME=str(tmp_path / "virtualenvs"),
-                            TF_CPP_MIN_LOG_LEVEL="2", **uv_setup, **extra)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+    """A user's R session: nothing but the R packages installed, no virtualenv, no Python variable."""
+    return clean_environment(R_LIBS=str(r_library), WORKON_HOME=str(tmp_path / "virtualenvs"),
+                             TF_CPP_MIN_LOG_LEVEL="2", **uv_setup, **extra)
 
 
 def rscript(script: str, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
