@@ -313,6 +313,29 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
     assert len(checkpoint.blocked_seconds) == 3 and not checkpoint.saver.busy
 
 
+def test_a_callbacks_synchronous_saves_build_their_files_in_one_kept_buffer(tmp_path, monkeypatch):
+    """Memory this VM has taken back after a save freed it costs seconds a GB to touch again
+    (bench/README.md, "First touches"): a callback's synchronous saves build their files in one
+    buffer, sized once before the first is written and kept from save to save, given back at the
+    end of fit; the checkpoints are the ones a plain synchronous save writes."""
+    from kerasdist.checkpoint import snapshot as snapshot_module
+
+    made = []  # every page-aligned file buffer allocated, by size
+    monkeypatch.setattr(snapshot_module, "_page_aligned",
+                        lambda size, _real=snapshot_module._page_aligned: (made.append(size), _real(size))[1])
+    keras.utils.set_random_seed(0)
+    model = build_model()
+    checkpoint = kerasdist.checkpoint_callback(tmp_path / "kept", keep=10, async_save=False)
+    model.fit(data(), epochs=3, verbose=0, callbacks=[checkpoint, SyncCopy(tmp_path / "plain", checkpoint)])
+    kept, plain = kerasdist.list_checkpoints(tmp_path / "kept"), kerasdist.list_checkpoints(tmp_path / "plain")
+    assert [c.global_step for c in kept] == [c.global_step for c in plain] == [4, 8, 12]  # CRC-32s verified
+    for ours, theirs in zip(kept, plain, strict=True):
+        ours_zip, theirs_zip = (zip_members((Path(c.path) / "model.keras").read_bytes()) for c in (ours, theirs))
+        assert ours_zip["model.weights.h5"] == theirs_zip["model.weights.h5"]
+    assert len([size for size in made if size > 0]) == 1 + 3, made  # the callback's one, and one per plain save
+    assert checkpoint.saver._memory._space.file.array.size == 0  # given back at the end of fit
+
+
 def failing_save_files(monkeypatch, fail_on: int) -> list[int]:
     """Fault injection: the `fail_on`-th commit (1-based) fails as a full disk would."""
     calls: list[int] = []

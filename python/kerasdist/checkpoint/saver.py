@@ -12,7 +12,7 @@ from kerasdist.checkpoint.background import BackgroundWriter
 from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.record import CheckpointInfo, Progress
 from kerasdist.checkpoint.save_policy import SavePolicy
-from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, snapshot_now, take_snapshot
 
 
 class Saver:
@@ -32,7 +32,9 @@ class Saver:
         self.blocked_seconds: list[float] = []
         self.on_committed: Callable[[CheckpointInfo, float], None] | None = None
         self._writer = BackgroundWriter()
-        self._memory = SaveMemory()  # the background saves', reused from one to the next
+        # reused from one save to the next (a synchronous save's file buffer too): memory this VM took
+        # back after a save freed it costs seconds a GB to touch again (bench/README.md, "First touches")
+        self._memory = SaveMemory()
 
     @property
     def busy(self) -> bool:
@@ -66,7 +68,7 @@ class Saver:
                 self._save_in_background(model, progress)
             else:
                 self.wait()
-                self._committed(*_timed(lambda: self.manager.save(model, progress)))
+                self._committed(*_timed(lambda: self.manager.commit(snapshot_now(model, self._memory), progress)))
         finally:
             self.blocked_seconds.append(time.perf_counter() - started)
 

@@ -81,27 +81,29 @@ class Snapshot:
         return self.make_files()
 
 
-def snapshot_now(model: Any) -> Snapshot:
+def snapshot_now(model: Any, memory: SaveMemory | None = None) -> Snapshot:
     """The model's checkpoint as of now, for a synchronous save (its files made by `commit` at
     once). Through the recorded walk where this Keras supports it: no copy of the values (reads of
-    the variables), the file built once, in memory sized for it, its CRC-32 from the zip's; else
-    with `model.save`."""
+    the variables), the file built once, in memory sized for it (`memory`'s file buffer, kept from
+    one save to the next, else fresh), its CRC-32 from the zip's; else with `model.save`."""
     if compat.keras_snapshot_supported():
-        return take_snapshot(model)
+        return take_snapshot(model, memory, copy_values=False)
     files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
     return Snapshot(optimizer_step(model), signature(model), lambda: (files, {}))
 
 
-def take_snapshot(model: Any, memory: SaveMemory | None = None) -> Snapshot:
+def take_snapshot(model: Any, memory: SaveMemory | None = None, *, copy_values: bool = True) -> Snapshot:
     """Record `model`'s state for a checkpoint; call it on the training thread, between steps.
 
     With `memory`, the recorded values and the files made from them live in it (see `SaveMemory`):
-    the snapshot, and the files its `files()` returns, stay valid until `memory` takes the next one."""
+    the snapshot, and the files its `files()` returns, stay valid until `memory` takes the next one.
+    `copy_values=False` (a synchronous save, its files made before training goes on) keeps reads of
+    the variables instead of copies; only the file is built in `memory`."""
     rng = [np.array(state) for state in seed_states(model)]
     step, weights = optimizer_step(model), signature(model)
     if compat.keras_snapshot_supported():
         taken = memory.next_save() if memory is not None else None
-        recorded = _record_model(model, taken)
+        recorded = _record_model(model, taken if copy_values else None)
 
         def make_files() -> tuple[dict[str, Content], dict[str, int]]:
             if memory is not None:
@@ -138,7 +140,8 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None)
     """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
     (valid until its next save) or in fresh memory, and its CRC-32."""
     about = _file_bytes_about(recorded)
-    file = space.file if space is not None else _FileBuffer(about)
+    file = space.file if space is not None else _FileBuffer()
+    file.reserve(about)
     archive_file = file.window(0)
     weights_start = 0
 
@@ -352,6 +355,11 @@ class _FileBuffer:
     def window(self, base: int) -> _Window:
         """A file object whose byte 0 is byte `base` of the buffer."""
         return _Window(self, base)
+
+    def reserve(self, size: int) -> None:
+        """Room for a file of `size` bytes before it is written (at its start: nothing is kept)."""
+        if size > self.array.size:
+            self.array, self.used = _page_aligned(size), 0
 
     def ensure(self, end: int) -> None:
         if end > self.array.size:
