@@ -4,8 +4,9 @@ Completion records hold each file's size and CRC-32 (format 1 records hold a SHA
 still checked). With the size beside it, a CRC-32 catches torn, truncated and garbled files (every
 error burst of up to 32 bits, all but one in 2^32 other changes): damage, not tampering, is what
 these checksums are for (TensorFlow's own checkpoints guard their data with CRC-32C). The one of
-`model.keras` is made from the CRC-32 its zip computes anyway (`crc32_combine`), which spares a
-second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-15:20").
+`model.keras` is made from the CRC-32 of its weights member (`crc32_combine`), which spares a
+second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-15:20"); on a local
+store that one is computed in a thread while the file is written (`PendingCrc`, #47), not before.
 """
 
 from __future__ import annotations
