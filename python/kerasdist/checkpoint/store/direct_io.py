@@ -71,8 +71,9 @@ def _write_direct(path: Path, data: Content, pending: PendingCrc | None = None) 
         with _direct_lock, ThreadPoolExecutor(1, thread_name_prefix="kerasdist-crc") as summer:
             if _direct_buffer is None and not in_place:
                 _direct_buffer = mmap.mmap(-1, _DIRECT_CHUNK)
-            to_sum = pending is not None and pending.span_crc is None
-            span_crc = summer.submit(zlib.crc32, pending.span()) if to_sum and pending is not None else None
+            span_crc = None
+            if pending is not None and pending.span_crc is None:
+                span_crc = summer.submit(zlib.crc32, pending.span())
             body, last = _blocks_in_order(aligned, pending.fields if pending is not None else ())
             for start, end in body:
                 _write_at(fd, source, start, end, in_place)
