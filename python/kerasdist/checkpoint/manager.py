@@ -44,7 +44,7 @@ from kerasdist.checkpoint.record import (
     read_record,
     verified_files,
 )
-from kerasdist.checkpoint.snapshot import Snapshot, snapshot_now
+from kerasdist.checkpoint.snapshot import SaveMemory, Snapshot, snapshot_now
 from kerasdist.checkpoint.store import open_store
 from kerasdist.step_guard import guard_train_function
 
@@ -266,12 +266,12 @@ class CheckpointManager:
         object.__setattr__(model, _RESTORED_ATTRIBUTE, Restored(self, info, callbacks))
 
     # -- writing -------------------------------------------------------------------------------
-    def save(self, model: Any, progress: Progress | None = None, **fields: Any) -> CheckpointInfo:
+    def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
+             **fields: Any) -> CheckpointInfo:
         """Write a checkpoint of `model` now, atomically, recording `progress` (or the `fields`
-        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...); callers decide who
-        writes (the chief)."""
-        self.create()
-        return self.commit(snapshot_now(model), progress if progress is not None else Progress.of(**fields))
+        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...), its file built in
+        `memory` when given (kept from one save to the next); callers decide who writes (the chief)."""
+        return self.commit(snapshot_now(model, memory), progress if progress is not None else Progress.of(**fields))
 
     def commit(self, taken: Snapshot, progress: Progress) -> CheckpointInfo:
         """Write a snapshot taken earlier as a checkpoint, its completion record last: the

@@ -12,7 +12,7 @@ from kerasdist.checkpoint.background import BackgroundWriter
 from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.record import CheckpointInfo, Progress
 from kerasdist.checkpoint.save_policy import SavePolicy
-from kerasdist.checkpoint.snapshot import SaveMemory, snapshot_now, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
 
 
 class Saver:
@@ -68,7 +68,7 @@ class Saver:
                 self._save_in_background(model, progress)
             else:
                 self.wait()
-                self._committed(*_timed(lambda: self.manager.commit(snapshot_now(model, self._memory), progress)))
+                self._committed(*_timed(lambda: self.manager.save(model, progress, memory=self._memory)))
         finally:
             self.blocked_seconds.append(time.perf_counter() - started)
 

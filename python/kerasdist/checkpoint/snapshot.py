@@ -364,9 +364,8 @@ _ZIP64_FIELD_BYTES = 20  # the ZIP64 extra field zipfile puts in a large member'
 class _FileBuffer:
     """The bytes of one file, written through `_Window`s into one buffer grown as needed and kept."""
 
-    def __init__(self, reserve: int = 0) -> None:
-        self.array = _page_aligned(reserve)
-        self.used = 0
+    def __init__(self) -> None:  # empty: `reserve` sizes it before a file is written
+        self.array, self.used = np.empty(0, np.uint8), 0
 
     def release(self) -> None:
         self.array, self.used = np.empty(0, np.uint8), 0
