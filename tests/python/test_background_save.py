@@ -25,9 +25,18 @@ import tensorflow as tf
 
 import kerasdist
 from kerasdist import compat
-from kerasdist.checkpoint import background, save_checkpoint
+from kerasdist.checkpoint import background, layout, save_checkpoint
 from kerasdist.checkpoint.manager import CheckpointManager
-from kerasdist.checkpoint.snapshot import SaveMemory, _FileBuffer, keras_bytes_now, take_snapshot
+from kerasdist.checkpoint.snapshot import (
+    SaveMemory,
+    _FileBuffer,
+    _keras_bytes,
+    _record_model,
+    keras_bytes_now,
+    take_snapshot,
+)
+from kerasdist.checkpoint.store import direct_io
+from kerasdist.checkpoint.store.local import LocalStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import kill_resume  # noqa: E402
@@ -231,9 +240,10 @@ def test_snapshots_in_reused_memory_are_model_saves_files_save_after_save(make):
         expected = zip_members(keras_bytes_now(model))
         snapshot = take_snapshot(model, memory)
         model.fit(x, y, epochs=1, verbose=0)  # the snapshot must not see these steps
-        files, crc32s = snapshot.files_and_crc32s()
-        content = files["model.keras"]
-        assert crc32s == {"model.keras": zlib.crc32(content)}  # made from the zip's own, not a second pass
+        pending = snapshot.files_to_write()["model.keras"]
+        crc32 = pending.finish()
+        content = pending.data
+        assert crc32 == zlib.crc32(content)  # made from the weights' and the rest's, not a second pass
         got = zip_members(content)
         assert list(got) == list(expected)
         for name in expected:
@@ -242,6 +252,56 @@ def test_snapshots_in_reused_memory_are_model_saves_files_save_after_save(make):
         addresses.append(address_of(content))
     assert addresses[1] == addresses[2]
     assert "save_own_variables" not in vars(model.optimizer)  # the walk's hand-over is undone
+
+
+def wide_model() -> keras.Model:
+    """About 10 MB of weights and 20 MB of Adam slots: the local store writes it through O_DIRECT,
+    in several chunks."""
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1600), keras.layers.Dense(1600),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 8), "float32"), np.ones((4, 1), "float32"), epochs=1, verbose=0)
+    return model
+
+
+def zip_times(content) -> list[bytes]:
+    """The DOS time and date of every local header (zipfile stamps them to the second)."""
+    with zipfile.ZipFile(io.BytesIO(bytes(content))) as archive:
+        return [bytes(content[i.header_offset + 10:i.header_offset + 14]) for i in archive.infolist()]
+
+
+def test_a_model_file_whose_crc_is_computed_while_written_is_the_zip_model_save_writes(tmp_path):
+    """#47: the local store computes the weights member's CRC-32 while it writes the file (O_DIRECT)
+    and fills in the header and central-directory fields last. The file is byte for byte the one
+    written with the zip's own CRC (as before), the record's CRC-32 is the file's, and
+    `keras.models.load_model` reads it. (Old code: no `crc_later`, no `files_to_write`.)"""
+    model = wide_model()
+    recorded = _record_model(model)
+    for _ in range(3):  # both zips stamped in the same second
+        old = bytes(_keras_bytes(recorded, crc_later=False).finished())
+        pending = _keras_bytes(recorded, crc_later=True)
+        if zip_times(pending.data) == zip_times(old):
+            break
+    assert compat.zip_crc_later_supported() and pending.span_crc is None  # really left to the writer
+    assert len(old) > 2 * direct_io._DIRECT_CHUNK
+    entry = LocalStore(tmp_path).commit(3, {layout.MODEL_FILE: pending}, lambda: f"{pending.finish():08x}".encode())
+    written = (tmp_path / entry / layout.MODEL_FILE).read_bytes()
+    assert written == old
+    assert (tmp_path / entry / layout.RECORD_FILE).read_bytes() == f"{zlib.crc32(old):08x}".encode()
+    loaded = keras.models.load_model(tmp_path / entry / layout.MODEL_FILE)
+    for got, want in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("fields", [(), (5,), (4094,), (4096 * 3 - 2, 4096 * 3 + 9000), ((8 << 20) + 1, 4095)])
+def test_blocks_holding_pending_fields_are_written_last_and_all_blocks_once(fields):
+    aligned = (8 << 20) * 2 + 4096 * 5
+    body, last = direct_io._blocks_in_order(aligned, fields)
+    covered = sorted(body + last)
+    assert covered[0][0] == 0 and covered[-1][1] == aligned
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))  # no gap, no overlap
+    assert all(end - start <= direct_io._DIRECT_CHUNK and start % 4096 == 0 for start, end in covered)
+    assert all(any(start <= f + k < end for start, end in last) for f in fields for k in (0, 3))
 
 
 def test_a_snapshot_whose_memory_a_later_snapshot_took_refuses_to_make_files():

@@ -171,7 +171,7 @@ def test_local_files_are_written_whole_with_or_without_the_page_cache(tmp_path, 
     appended), small ones through the page cache; either way the file holds exactly the bytes."""
     data = os.urandom(size)
     store = stores.LocalStore(tmp_path)
-    entry = store.commit(7, {layout.MODEL_FILE: data, layout.RECORD_FILE: b"{}"})
+    entry = store.commit(7, {layout.MODEL_FILE: data}, lambda: b"{}")
     assert (tmp_path / entry / layout.MODEL_FILE).read_bytes() == data
     if size >= direct_io._DIRECT_MIN_BYTES:
         assert direct_io._write_direct(tmp_path / "direct", data) is True  # not refused here

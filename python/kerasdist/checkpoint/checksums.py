@@ -4,16 +4,19 @@ Completion records hold each file's size and CRC-32 (format 1 records hold a SHA
 still checked). With the size beside it, a CRC-32 catches torn, truncated and garbled files (every
 error burst of up to 32 bits, all but one in 2^32 other changes): damage, not tampering, is what
 these checksums are for (TensorFlow's own checkpoints guard their data with CRC-32C). The one of
-`model.keras` is made from the CRC-32 its zip computes anyway (`crc32_combine`), which spares a
-second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-15:20").
+`model.keras` is made from the CRC-32 of its weights member (`crc32_combine`), which spares a
+second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-15:20"); on a local
+store that one is computed in a thread while the file is written (`PendingCrc`, #47), not before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 Content = bytes | memoryview  # a file's bytes, as saves hand them over
@@ -111,3 +114,53 @@ def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
         n >>= 1
         k += 1
     return _multiply_mod_polynomial(power, crc1) ^ crc2
+
+
+@dataclass
+class PendingCrc:
+    """A file's bytes, some of whose 4-byte fields (`fields`: offsets, outside the span) are to
+    hold the CRC-32 of the span `data[start:end]`: a zip whose large member's checksum, in its
+    local header and its central-directory entry, is left for the writer to compute while it
+    writes the rest (`store.direct_io`). `finish` fills them in and gives the whole file's CRC-32;
+    until then the bytes at `fields` are placeholders.
+
+    `span_crc`: the span's CRC-32 when known already (then `fields` hold it already)."""
+
+    data: memoryview
+    start: int
+    end: int
+    fields: tuple[int, ...] = ()
+    span_crc: int | None = None
+    _crc: int | None = field(default=None, init=False)
+
+    def span(self) -> memoryview:
+        return self.data[self.start:self.end]
+
+    def outside_span(self) -> tuple[memoryview, memoryview]:
+        return self.data[:self.start], self.data[self.end:]
+
+    def finish(self, span_crc: int | None = None) -> int:
+        """Fill in the fields with the span's CRC-32 (`span_crc`, else the known one, else computed
+        now) and return the whole file's, made from it: the span is not read twice."""
+        if self._crc is None:
+            if self.span_crc is None:
+                self.span_crc = zlib.crc32(self.span()) if span_crc is None else span_crc
+            for offset in self.fields:
+                struct.pack_into("<I", self.data, offset, self.span_crc)
+            before, after = self.outside_span()
+            crc = crc32_combine(zlib.crc32(before), self.span_crc, self.end - self.start)
+            self._crc = crc32_combine(crc, zlib.crc32(after), len(after))
+        return self._crc
+
+    def finished(self) -> memoryview:
+        """The file's bytes, its fields filled in."""
+        self.finish()
+        return self.data
+
+
+FileContent = Content | PendingCrc  # what a save hands a store to write
+
+
+def finished(content: FileContent) -> Content:
+    """A file's bytes, whatever is pending in them filled in."""
+    return content.finished() if isinstance(content, PendingCrc) else content

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.checksums import CHECKSUMS, describe
+from kerasdist.checkpoint.checksums import CHECKSUMS, FileContent, PendingCrc, describe
 from kerasdist.checkpoint.layout import CALLBACKS_FILE, RECORD_FILE
 from kerasdist.checkpoint.model_state import plain
 from kerasdist.checkpoint.snapshot import Snapshot
@@ -249,7 +249,7 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
     run = {"settings": dict(facts.settings)} if facts.settings else {}
     if facts.epoch_order:
         run["epoch_order"] = facts.epoch_order
-    files, crc32s = taken.files_and_crc32s()
+    files = taken.files_to_write()
     if progress.callbacks is not None:
         files = {**files, CALLBACKS_FILE: progress.callbacks}
     record = {
@@ -264,7 +264,17 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
         "history": progress.history,
         "metrics": progress.metrics,
         **run,
-        "files": {name: describe(data, crc32s.get(name)) for name, data in files.items()},
     }
-    entry = store.commit(taken.global_step, {**files, RECORD_FILE: json.dumps(record, indent=1).encode()})
+
+    def record_bytes() -> bytes:  # once the files are written: a PendingCrc's checksum is known then
+        record["files"] = {name: _described(content) for name, content in files.items()}
+        return json.dumps(record, indent=1).encode()
+
+    entry = store.commit(taken.global_step, files, record_bytes)
     return _info_of(store.path_of(entry), record)
+
+
+def _described(content: FileContent) -> dict[str, Any]:
+    if isinstance(content, PendingCrc):
+        return describe(content.data, content.finish())
+    return describe(content)

@@ -42,7 +42,6 @@ import os
 import struct
 import sys
 import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import compat
-from kerasdist.checkpoint.checksums import Content, crc32_combine
+from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
 from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
 from kerasdist.checkpoint.model_state import optimizer_step, seed_states, signature
 
@@ -64,20 +63,21 @@ class Snapshot:
     Attributes:
         global_step: the model's training steps when it was taken.
         signature: shape and dtype of every weight (checked before a restore).
-        make_files: returns the files (`model.keras`, `rng.npz`) and the CRC-32s of those whose
-            checksum came free while they were made.
+        make_files: returns the files (`model.keras`, `rng.npz`), `model.keras` as a `PendingCrc`
+            where its checksum comes from the zip's (its weights' CRC-32 maybe still to compute).
     """
 
     global_step: int
     signature: list[list[Any]]
-    make_files: Callable[[], tuple[dict[str, Content], dict[str, int]]]
+    make_files: Callable[[], dict[str, FileContent]]
 
     def files(self) -> dict[str, Content]:
-        """The checkpoint's files by name: `model.keras` and `rng.npz`."""
-        return self.make_files()[0]
+        """The checkpoint's files by name: `model.keras` and `rng.npz`, complete."""
+        return {name: finished(content) for name, content in self.make_files().items()}
 
-    def files_and_crc32s(self) -> tuple[dict[str, Content], dict[str, int]]:
-        """The files, and the CRC-32s of those whose checksum came free while they were made."""
+    def files_to_write(self) -> dict[str, FileContent]:
+        """The files as a store writes them: `model.keras`'s weights CRC-32 maybe still to compute
+        (`PendingCrc`), which a local store does while it writes the file."""
         return self.make_files()
 
 
@@ -88,8 +88,8 @@ def snapshot_now(model: Any, memory: SaveMemory | None = None) -> Snapshot:
     one save to the next, else fresh), its CRC-32 from the zip's; else with `model.save`."""
     if compat.keras_snapshot_supported():
         return take_snapshot(model, memory, copy_values=False)
-    files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
-    return Snapshot(optimizer_step(model), signature(model), lambda: (files, {}))
+    files: dict[str, FileContent] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
+    return Snapshot(optimizer_step(model), signature(model), lambda: dict(files))
 
 
 def take_snapshot(model: Any, memory: SaveMemory | None = None, *, copy_values: bool = True) -> Snapshot:
@@ -105,15 +105,14 @@ def take_snapshot(model: Any, memory: SaveMemory | None = None, *, copy_values: 
         taken = memory.next_save() if memory is not None else None
         recorded = _record_model(model, taken if copy_values else None)
 
-        def make_files() -> tuple[dict[str, Content], dict[str, int]]:
+        def make_files() -> dict[str, FileContent]:
             if memory is not None:
                 memory.check_current(taken)
-            content, crc32 = _keras_bytes(recorded, taken)
-            return {MODEL_FILE: content, RNG_FILE: npz_bytes(rng)}, {MODEL_FILE: crc32}
+            return {MODEL_FILE: _keras_bytes(recorded, taken), RNG_FILE: npz_bytes(rng)}
 
         return Snapshot(step, weights, make_files)
-    files: dict[str, Content] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
-    return Snapshot(step, weights, lambda: (files, {}))
+    files: dict[str, FileContent] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(rng)}
+    return Snapshot(step, weights, lambda: dict(files))
 
 
 def npz_bytes(arrays: list[np.ndarray]) -> bytes:
@@ -136,9 +135,11 @@ def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.Recorde
     return compat.record_save(model, _freezer(space.values if space is not None else None))
 
 
-def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None) -> tuple[memoryview, int]:
+def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
+                 crc_later: bool = True) -> PendingCrc:
     """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
-    (valid until its next save) or in fresh memory, and its CRC-32."""
+    (valid until its next save) or in fresh memory; its weights member's CRC-32 left for the
+    writer to compute (`crc_later`, where compat supports it) or the zip's own."""
     about = _file_bytes_about(recorded)
     file = space.file if space is not None else _FileBuffer()
     file.reserve(about)
@@ -158,18 +159,46 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None)
         weights_start = archive_file.tell() + header
         return file.window(weights_start)
 
-    member = compat.write_keras_zip(recorded, archive_file, weights_file_for, weights_zip64=zip64)
+    member, crc_left = compat.write_keras_zip(recorded, archive_file, weights_file_for, weights_zip64=zip64,
+                                              crc_later=crc_later)
     content = archive_file.view()
-    if _data_start(content, member) > weights_start:  # cannot happen with the room above; never commit it
+    start = _data_start(content, member)
+    if start > weights_start:  # cannot happen with the room above; never commit it
         raise RuntimeError(f"The checkpoint's weights member was written over (its header is longer than the "
                            f"{weights_start - member.header_offset} bytes left for it): not saved.")
-    return content, _crc32_around(content, member, weights_start)
+    if not crc_left:
+        return PendingCrc(content, start, start + member.file_size, span_crc=member.CRC)
+    fields = (member.header_offset + _LOCAL_HEADER_CRC, _central_entry(content, member.filename) + _CENTRAL_CRC)
+    return PendingCrc(content, start, start + member.file_size, fields)
 
 
 def _data_start(content: memoryview, member: zipfile.ZipInfo) -> int:
     """Where `member`'s data starts in the zip `content`, by its local header (APPNOTE 4.3.7)."""
     name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)
     return member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length
+
+
+_LOCAL_HEADER_CRC, _CENTRAL_CRC = 14, 16  # the CRC-32's offset in a local header, a central entry
+_END_RECORD_BYTES, _ZIP64_LOCATOR_BYTES = 22, 20  # APPNOTE 4.3.16, 4.3.15
+
+
+def _central_entry(content: memoryview, name: str) -> int:
+    """Where the central-directory entry of the member `name` starts in the zip `content` (one
+    without an archive comment, as zipfile writes it), by APPNOTE 4.3.12-4.3.16."""
+    end = len(content) - _END_RECORD_BYTES
+    if bytes(content[end:end + 4]) != b"PK\x05\x06":
+        raise ValueError("not a zip without a comment")
+    position = struct.unpack_from("<I", content, end + 16)[0]
+    if position == 0xFFFFFFFF:  # ZIP64: the offset is in the ZIP64 end record the locator points to
+        zip64_end = struct.unpack_from("<Q", content, end - _ZIP64_LOCATOR_BYTES + 8)[0]
+        position = struct.unpack_from("<Q", content, zip64_end + 48)[0]
+    encoded = name.encode()
+    while bytes(content[position:position + 4]) == b"PK\x01\x02":
+        name_length, extra_length, comment_length = struct.unpack_from("<HHH", content, position + 28)
+        if bytes(content[position + 46:position + 46 + name_length]) == encoded:
+            return position
+        position += 46 + name_length + extra_length + comment_length
+    raise ValueError(f"no central-directory entry for {name!r}")
 
 
 def _file_bytes_about(recorded: compat.RecordedSave) -> int:
@@ -179,16 +208,6 @@ def _file_bytes_about(recorded: compat.RecordedSave) -> int:
     others = len(recorded.config_json) + len(recorded.metadata_json) + sum(len(c) for _, c in recorded.assets)
     headers = sum(4096 + 1024 * len(entry.values) for entry in recorded.entries)
     return values + others + headers + (1 << 20)
-
-
-def _crc32_around(content: memoryview, member: zipfile.ZipInfo, start: int) -> int:
-    """The CRC-32 of the zip `content` from the one the zip computed of `member` (the weights file,
-    at `start`) and a pass over the rest; one pass over all of it if the member is elsewhere."""
-    if _data_start(content, member) != start:
-        return zlib.crc32(content)
-    end = start + member.file_size
-    crc = crc32_combine(zlib.crc32(content[:start]), member.CRC, member.file_size)
-    return crc32_combine(crc, zlib.crc32(content[end:]), len(content) - end)
 
 
 def _host_cpu() -> tf.DeviceSpec:

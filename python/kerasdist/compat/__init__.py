@@ -53,6 +53,7 @@ from kerasdist.compat.keras_saving import (
     recording_store,
     warm_saving_skipsets,
     write_keras_zip,
+    zip_crc_later_supported,
 )
 from kerasdist.compat.keras_training import (
     MULTI_WORKER_FIX_VERSIONS,
@@ -124,5 +125,5 @@ __all__ = [
     "remove_optimizer_variables_fix", "remove_uneven_batch_fixes", "save_if_preempted", "show_only_gpus",
     "slurm_gpu_share", "slurm_resolver", "tensorflow_needs_preemption_fix", "tensorflow_optimizes_data_functions",
     "tensorflow_reads_into_tensors",
-    "version_within", "warm_saving_skipsets", "write_keras_zip",
+    "version_within", "warm_saving_skipsets", "write_keras_zip", "zip_crc_later_supported",
 ]

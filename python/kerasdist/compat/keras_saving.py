@@ -6,7 +6,10 @@ checked (why and the canaries: docs/upstream.md):
   saves (`checkpoint/snapshot.py`): Keras's own walk of the model, recorded on the training thread
   (`record_save`), then replayed into Keras's own HDF5 store and `.keras` zip later, in any thread
   (`write_keras_zip`). `keras_snapshot_supported` says whether this Keras is one they were checked
-  on.
+  on. `write_keras_zip` can leave the weights member's CRC-32 out of the zip (zeros), for the
+  writer to compute while it writes the file: zipfile has no way to store a member whose
+  checksum the caller fills in, so the member's writer is told its data without the checksum
+  pass (zipfile internals, `zip_crc_later_supported`: the Pythons checked).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import functools
 import io
 import os
+import sys
 import tempfile
 import time
 import zipfile
@@ -73,6 +77,17 @@ def keras_snapshot_supported(version: str = keras.__version__) -> bool:
     """Whether background checkpoint saves may snapshot this Keras's models cheaply (else they
     write the whole model on the training thread, as a synchronous save does)."""
     return version_within(version, KERAS_SNAPSHOT_VERSIONS)
+
+
+# Pythons whose zipfile member writer (`zipfile._ZipWriteFile`: `_fileobj`, `_compressor`,
+# `_file_size`, `_crc`) `write_keras_zip`'s `crc_later` uses (3.10 to 3.13 read, 3.11 run).
+ZIP_CRC_LATER_PYTHONS = ((3, 10), (3, 14))
+
+
+def zip_crc_later_supported(version: str = ".".join(map(str, sys.version_info[:2]))) -> bool:
+    """Whether `write_keras_zip` can leave the weights member's CRC-32 for the caller to fill in
+    on this Python (else the zip computes it, as zipfile always does)."""
+    return version_within(version, ZIP_CRC_LATER_PYTHONS)
 
 
 def keras_model_bytes(model: Any) -> bytes:
@@ -154,7 +169,7 @@ class WeightsFile(Protocol):
 
 
 def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for: Callable[[str], WeightsFile],
-                    weights_zip64: bool = False) -> zipfile.ZipInfo:
+                    weights_zip64: bool = False, crc_later: bool = False) -> tuple[zipfile.ZipInfo, bool]:
     """Write the `.keras` zip `model.save` writes for `recorded` into `archive_file` (the same
     members, in the same order; the weights file holds the same groups, datasets and attributes,
     in the same order, written by Keras's own `H5IOStore`, without its copy of each value).
@@ -162,7 +177,9 @@ def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for:
     `archive_file` then being where that member's header will start; the weights are written into
     the file it returns, then stored from its `view()`, with a ZIP64 field in its local header when
     `weights_zip64` (zipfile's own rule otherwise: over about 2 GiB), so that the caller knows
-    where its data starts. Returns the weights member's entry."""
+    where its data starts. With `crc_later` (where `zip_crc_later_supported`), the weights
+    member's CRC-32 is left at 0 in its local header and central-directory entry, for the caller to
+    fill in. Returns the weights member's entry and whether its CRC-32 was left out."""
     from keras.src.saving import saving_lib
 
     with zipfile.ZipFile(archive_file, "w") as archive:
@@ -178,21 +195,30 @@ def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for:
                     store[key] = np.asarray(value)  # a tensor's own memory, no copy
         finally:
             store.close()
-        _write_member(archive, name, weights_file.view(), weights_zip64)
+        crc_left = _write_member(archive, name, weights_file.view(), weights_zip64,
+                                 crc_later and zip_crc_later_supported())
         for asset, content in recorded.assets:
             archive.writestr(asset, content)
-    return archive.getinfo(name)
+    return archive.getinfo(name), crc_left
 
 
-def _write_member(archive: zipfile.ZipFile, name: str, data: memoryview, force_zip64: bool) -> None:
+def _write_member(archive: zipfile.ZipFile, name: str, data: memoryview, force_zip64: bool,
+                  crc_later: bool) -> bool:
     """`archive.writestr(name, data)` (the same entry), its local header given a ZIP64 field also
-    below zipfile's size for one when `force_zip64`."""
+    below zipfile's size for one when `force_zip64`; with `crc_later`, a stored member's CRC-32 is
+    left at 0 (the member's writer is handed the data as zipfile's own `write` would, but for
+    the checksum). Returns whether it was left out."""
     info = zipfile.ZipInfo(name, date_time=time.localtime(time.time())[:6])
     info.compress_type = archive.compression
     info.external_attr = 0o600 << 16
     info.file_size = len(data)
     with archive.open(info, "w", force_zip64=force_zip64) as member:
+        if crc_later and not member._compressor:
+            member._fileobj.write(data)
+            member._file_size += len(data)
+            return True
         member.write(data)
+    return False
 
 
 @contextlib.contextmanager

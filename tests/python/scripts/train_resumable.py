@@ -88,7 +88,7 @@ def kill_during_upload(step):
 
     commit = ObjectStore.commit
 
-    def killing_commit(self, global_step, files):
+    def killing_commit(self, global_step, files, marker):
         if global_step == step:
             pipe = self.fs.pipe_file
 
@@ -98,7 +98,7 @@ def kill_during_upload(step):
                 return pipe(path, data, **kwargs)
 
             self.fs.pipe_file = pipe_or_die
-        return commit(self, global_step, files)
+        return commit(self, global_step, files, marker)
 
     ObjectStore.commit = killing_commit
 

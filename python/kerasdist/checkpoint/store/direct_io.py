@@ -14,19 +14,25 @@ import errno
 import mmap
 import os
 import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kerasdist.checkpoint.checksums import Content
+from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
 
 
-def write_durably(path: Path, data: Content) -> None:
-    """Write `data` as the file `path` and fsync it; large files bypass the page cache."""
-    if len(data) >= _DIRECT_MIN_BYTES and _write_direct(path, data):
+def write_durably(path: Path, data: FileContent) -> None:
+    """Write `data` as the file `path` and fsync it; large files bypass the page cache. A
+    `PendingCrc`'s checksum is computed in a thread while the rest of the file is written, and
+    the blocks that hold it are written after it is filled in, before the fsync."""
+    pending = data if isinstance(data, PendingCrc) else None
+    content = pending.data if pending is not None else data
+    if len(content) >= _DIRECT_MIN_BYTES and _write_direct(path, content, pending):
         return
-    _write_and_fsync(path, data, "wb")
+    _write_and_fsync(path, finished(data), "wb")
 
 
 def _write_and_fsync(path: Path, data: Any, mode: str) -> None:
@@ -43,9 +49,12 @@ _direct_buffer: mmap.mmap | None = None  # page-aligned, reused; one writer at a
 _direct_lock = threading.Lock()
 
 
-def _write_direct(path: Path, data: Content) -> bool:
+def _write_direct(path: Path, data: Content, pending: PendingCrc | None = None) -> bool:
     """Write and fsync `data` as `path` through O_DIRECT; False (nothing left at `path`) where the
-    filesystem refuses it, for the buffered path to write instead."""
+    filesystem refuses it, for the buffered path to write instead. With `pending` (whose bytes
+    `data` are), its span's CRC-32 is computed in a thread (zlib's crc32 releases the GIL) while
+    the blocks without its fields are written, then those fields are filled in and their blocks
+    and the unaligned tail written."""
     global _direct_buffer
     if not hasattr(os, "O_DIRECT"):
         return False
@@ -59,16 +68,19 @@ def _write_direct(path: Path, data: Content) -> bool:
             return False
         raise
     try:
-        with _direct_lock:
+        with _direct_lock, ThreadPoolExecutor(1, thread_name_prefix="kerasdist-crc") as summer:
             if _direct_buffer is None and not in_place:
                 _direct_buffer = mmap.mmap(-1, _DIRECT_CHUNK)
-            for start in range(0, aligned, _DIRECT_CHUNK):
-                size = min(_DIRECT_CHUNK, aligned - start)
-                if in_place:
-                    _write_all(fd, source[start:start + size])
-                else:
-                    _direct_buffer[:size] = source[start:start + size]
-                    _write_all(fd, memoryview(_direct_buffer)[:size])
+            span_crc = None
+            if pending is not None and pending.span_crc is None:
+                span_crc = summer.submit(zlib.crc32, pending.span())
+            body, last = _blocks_in_order(aligned, pending.fields if pending is not None else ())
+            for start, end in body:
+                _write_at(fd, source, start, end, in_place)
+            if pending is not None:
+                pending.finish(span_crc.result() if span_crc is not None else None)
+            for start, end in last:
+                _write_at(fd, source, start, end, in_place)
     except OSError as error:
         if error.errno != errno.EINVAL:
             raise
@@ -78,6 +90,28 @@ def _write_direct(path: Path, data: Content) -> bool:
         os.close(fd)
     _write_and_fsync(path, source[aligned:], "ab")  # the unaligned tail; one fsync for data and metadata
     return True
+
+
+def _blocks_in_order(aligned: int, fields: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The ranges of the file's first `aligned` bytes in chunks (aligned, at most `_DIRECT_CHUNK`):
+    those without any of `fields` (4 bytes each), then the blocks holding them, to write last."""
+    held = sorted({offset // _DIRECT_ALIGN * _DIRECT_ALIGN for field in fields
+                   for offset in (field, field + 3) if offset < aligned})
+    body, start = [], 0
+    for end in [*held, aligned]:
+        body += [(at, min(at + _DIRECT_CHUNK, end)) for at in range(start, end, _DIRECT_CHUNK)]
+        start = end + _DIRECT_ALIGN if end < aligned else end
+    return body, [(block, block + _DIRECT_ALIGN) for block in held]
+
+
+def _write_at(fd: int, source: memoryview, start: int, end: int, in_place: bool) -> None:
+    os.lseek(fd, start, os.SEEK_SET)
+    if in_place:
+        _write_all(fd, source[start:end])
+    else:
+        assert _direct_buffer is not None
+        _direct_buffer[:end - start] = source[start:end]
+        _write_all(fd, memoryview(_direct_buffer)[:end - start])
 
 
 def _address(view: memoryview) -> int:

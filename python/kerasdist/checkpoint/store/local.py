@@ -12,11 +12,11 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.checksums import Content, checksum_of_stream
+from kerasdist.checkpoint.checksums import FileContent, checksum_of_stream
 from kerasdist.checkpoint.layout import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
@@ -26,7 +26,7 @@ from kerasdist.checkpoint.layout import (
     entry_name,
 )
 from kerasdist.checkpoint.store.direct_io import fsync_directory, write_durably
-from kerasdist.checkpoint.store.protocol import Summed, marker_last
+from kerasdist.checkpoint.store.protocol import Summed
 
 
 class LocalStore:
@@ -119,14 +119,16 @@ class LocalStore:
         yield self.directory / entry, sums
 
     # -- writing ---------------------------------------------------------------------------
-    def commit(self, step: int, files: Mapping[str, Content]) -> str:
-        """Write `files` as checkpoint `ckpt-<step>` atomically (the commit marker last, fsynced,
-        then one rename); returns the entry's name."""
+    def commit(self, step: int, files: Mapping[str, FileContent], marker: Callable[[], bytes]) -> str:
+        """Write `files` as checkpoint `ckpt-<step>` atomically (each fsynced, a `PendingCrc`'s
+        checksum computed while it is written, then the commit marker `marker` makes, then one
+        rename); returns the entry's name."""
         temp = self.directory / f"{TEMP_PREFIX}{step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         temp.mkdir(parents=True)
         try:
-            for name in marker_last(files):
-                write_durably(temp / name, files[name])
+            for name, content in files.items():
+                write_durably(temp / name, content)
+            write_durably(temp / COMMIT_MARKER, marker())
             fsync_directory(temp)
             final = self.directory / entry_name(step)
             _rename_into_place(temp, final)

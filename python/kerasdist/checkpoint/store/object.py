@@ -18,11 +18,11 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.checksums import Content, checksum_of_stream
+from kerasdist.checkpoint.checksums import FileContent, checksum_of_stream, finished
 from kerasdist.checkpoint.layout import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
@@ -31,7 +31,7 @@ from kerasdist.checkpoint.layout import (
     TEMP_PREFIX,
     entry_name,
 )
-from kerasdist.checkpoint.store.protocol import Summed, marker_last
+from kerasdist.checkpoint.store.protocol import Summed
 
 # scheme -> (the fsspec plugin that serves it, what to install: from Python, and from R)
 # (R's kerasdist_py_require() adds it to reticulate's environment, or says what to do elsewhere)
@@ -238,7 +238,7 @@ class ObjectStore:
             return copy.tell(), checksum
 
     # -- writing ---------------------------------------------------------------------------
-    def commit(self, step: int, files: Mapping[str, Content]) -> str:
+    def commit(self, step: int, files: Mapping[str, FileContent], marker: Callable[[], bytes]) -> str:
         """Upload `files` as a checkpoint of `step`, the commit marker last; returns the entry's
         name. Older entries of the same step are deleted once the new marker is in place."""
         entry, uploading = entry_name(step), False
@@ -247,8 +247,9 @@ class ObjectStore:
             if same_step:  # a new name: the old one stays valid until the new record is in place
                 entry = f"{entry}{SAVED_AGAIN_MARK}{time.time_ns():020d}"
             uploading = True
-            for name in marker_last(files):  # bytes: botocore refuses other buffers
-                self.fs.pipe_file(self._key(entry, name), bytes(files[name]))
+            for name, content in files.items():  # bytes: botocore refuses other buffers
+                self.fs.pipe_file(self._key(entry, name), bytes(finished(content)))
+            self.fs.pipe_file(self._key(entry, COMMIT_MARKER), marker())
         except BaseException as err:
             if uploading:  # only the entry this save began, never an older one
                 with contextlib.suppress(Exception):

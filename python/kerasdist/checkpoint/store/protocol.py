@@ -9,13 +9,12 @@ store), as in Orbax's `atomicity.py`. Callers pass contents and names, never pat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kerasdist.checkpoint.checksums import Content
-from kerasdist.checkpoint.layout import COMMIT_MARKER
+from kerasdist.checkpoint.checksums import FileContent
 
 Summed = tuple[Path, dict[str, tuple[int, str]]]  # a local directory, and name -> (size, checksum)
 
@@ -74,9 +73,11 @@ class Store(Protocol):
         local store sums them where they are; an object store downloads each once, summing it
         as it arrives, into a temporary directory (on disk, not in memory)."""
 
-    def commit(self, step: int, files: Mapping[str, Content]) -> str:
-        """Write `files` as the checkpoint of `step`, the commit marker last and atomically;
-        returns the entry's name. A crash at any byte leaves no entry that passes for one."""
+    def commit(self, step: int, files: Mapping[str, FileContent], marker: Callable[[], bytes]) -> str:
+        """Write `files` as the checkpoint of `step`, then the commit marker, whose bytes `marker`
+        makes once they are written (the record holds CRC-32s a `PendingCrc` gets only then), last
+        and atomically; returns the entry's name. A crash at any byte leaves no entry that passes
+        for one."""
 
     def remove(self, entry: str) -> None:
         """Delete an entry, its commit marker first."""
@@ -90,7 +91,3 @@ class Store(Protocol):
     def run_files(self) -> dict[str, bytes]:
         """The run log's files (`runs/`), name -> contents, sorted by name."""
 
-
-def marker_last(files: Mapping[str, Content]) -> Iterator[str]:
-    """The names of `files` in the order a commit writes them: the commit marker last."""
-    return iter(sorted(files, key=lambda name: name == COMMIT_MARKER))
