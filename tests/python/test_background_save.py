@@ -376,7 +376,7 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
 def test_a_callbacks_synchronous_saves_build_their_files_in_one_kept_buffer(tmp_path, monkeypatch):
     """Memory this VM has taken back after a save freed it costs seconds a GB to touch again
     (bench/README.md, "First touches"): a callback's synchronous saves build their files in one
-    buffer, sized once before the first is written and kept from save to save, given back at the
+    buffer, sized after the fit's first step and kept from save to save, given back at the
     end of fit; the checkpoints are the ones a plain synchronous save writes."""
     from kerasdist.checkpoint import snapshot as snapshot_module
 
@@ -394,6 +394,47 @@ def test_a_callbacks_synchronous_saves_build_their_files_in_one_kept_buffer(tmp_
         assert ours_zip["model.weights.h5"] == theirs_zip["model.weights.h5"]
     assert len([size for size in made if size > 0]) == 1 + 3, made  # the callback's one, and one per plain save
     assert checkpoint.saver._memory._space.file.array.size == 0  # given back at the end of fit
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["synchronous", "background"])
+def test_a_fits_save_memory_is_sized_and_touched_before_its_first_save(tmp_path, monkeypatch, async_save):
+    """A fit's first save paid the first touch of a state-sized buffer on the training thread
+    (seconds a GB here: bench/README.md, "First touches"). The callback sizes the memory its saves
+    reuse from the model's state after the fit's first step, when a fresh model's optimizer has
+    made its slots (Adam's two: twice the weights, more than the sizing's margins here), and
+    touches it in a thread: no save of the fit allocates another (background saves' value copies
+    too)."""
+    from kerasdist.checkpoint import snapshot as snapshot_module
+
+    made = []  # every page-aligned file buffer allocated, by size
+    monkeypatch.setattr(snapshot_module, "_page_aligned",
+                        lambda size, _real=snapshot_module._page_aligned: (made.append(size), _real(size))[1])
+    held_at_end = {}
+    release = snapshot_module.SaveMemory.release
+
+    def noting_release(memory):
+        held_at_end.update(file=memory._space.file.array, values=memory._space.values.buffer, made=len(made))
+        release(memory)
+
+    monkeypatch.setattr(snapshot_module.SaveMemory, "release", noting_release)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")  # 4 MB of weights, 8 MB of slots once built
+    x = np.random.default_rng(0).normal(size=(32, 1024)).astype("float32")
+    checkpoint = kerasdist.checkpoint_callback(tmp_path, keep=10, async_save=async_save)
+    memory, second = checkpoint.saver._memory, {}
+
+    def at_second_step(batch, logs):
+        if batch == 1:
+            second.update(file=memory._space.file.array, values=memory._space.values.buffer, made=len(made))
+
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, shuffle=False,
+              callbacks=[checkpoint, keras.callbacks.LambdaCallback(on_train_batch_begin=at_second_step)])
+    assert [c.global_step for c in kerasdist.list_checkpoints(tmp_path)] == [4, 8]
+    assert second["made"] == 1 and second["file"].size > 12e6, (second, made)
+    assert (second["values"].size > 12e6) == async_save
+    assert held_at_end["made"] == 1 and held_at_end["file"] is second["file"], made
+    assert held_at_end["values"] is second["values"]
 
 
 def failing_save_files(monkeypatch, fail_on: int) -> list[int]:

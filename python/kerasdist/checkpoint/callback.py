@@ -109,6 +109,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history: list[dict[str, float]] = []
         self._logs: dict | None = None  # the last batch end's (multi-worker: the agreed step saves them)
         self._is_chief = True
+        self._unprepared = False
         self._one_worker = True
         self._task: str | None = None
         self.others = OtherCallbacks()  # the fit's other callbacks and their state
@@ -180,6 +181,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.policy.begin(self.manager)
         self._first_epoch = None
         self.others.find(self, CheckpointCallback, self.model, self.manager, self._is_chief)
+        self._unprepared = self._is_chief  # the saves' memory: after the first step, see there
         if self._is_chief:
             self.manager.remove_temporary()
             managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
@@ -208,6 +210,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._step += last - begin + 1
         self._batches_seen = last + 1
         self.recorder.steps_ended(last - begin + 1, self._global_step)
+        if self._unprepared:  # after the first step, when the optimizer has made its slots
+            self._unprepared = False
+            self.saver.prepare(self.model)
         if self.hold.agreement is not None:
             self._logs = logs
             self.hold.agreement.check()  # on the agreed step: save_agreed_step, stop_preempted

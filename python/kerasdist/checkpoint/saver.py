@@ -46,6 +46,11 @@ class Saver:
         self.wait()
         self._writer.restart_clock()
 
+    def prepare(self, model: Any) -> None:
+        """Before the first save of a fit (on the chief, after its first step): the memory its
+        saves reuse, sized for `model` and touched in a thread while training goes on."""
+        self._memory.prepare(model, values=self.policy.options.async_save)
+
     def wait(self) -> None:
         """Wait for the background save in flight, if any; raise `BackgroundSaveError` if it (or
         one before it) failed."""

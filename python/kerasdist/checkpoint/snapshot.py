@@ -41,6 +41,7 @@ import mmap
 import os
 import struct
 import sys
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -295,14 +296,32 @@ class SaveMemory:
     into fresh memory would pay on every copy (figures: bench/README.md, "Memory the VM has handed
     back").
 
-    One save at a time: a snapshot taken with it, and the files its `files()` returns, are valid
-    until the next snapshot is taken with it (a stale snapshot's `files()` raises)."""
+    A checkpoint callback `prepare`s it after a fit's first step, so that its first save finds
+    the memory sized and touched too. One save at a time: a snapshot taken with it, and the files its
+    `files()` returns, are valid until the next snapshot is taken with it (a stale snapshot's
+    `files()` raises)."""
 
     def __init__(self) -> None:
         self._space = _SaveSpace(_Arena(), _FileBuffer(), 0)
+        self._touching: threading.Thread | None = None
+
+    def prepare(self, model: Any, values: bool) -> None:
+        """Size the file's buffer (with `values`, the copies' too) for `model`'s state now and
+        touch it in a thread, so that the first save does not pay that first touch on the
+        training thread (seconds a GB on this VM: bench/README.md, "First touches"). A save that
+        comes before the touching is done waits for it."""
+        values_bytes, count = _state_bytes(model)
+        margin = values_bytes // 100 + (1 << 20)  # what else a save holds: config, counters, seeds
+        self._space.file.reserve(values_bytes + margin + 8192 * count + (4 << 20))
+        if values:
+            self._space.values.reserve(values_bytes + margin + _Arena._ALIGN * count)
+        arrays = [self._space.file.array] + ([self._space.values.buffer] if values else [])
+        self._touching = threading.Thread(target=_touch, args=(arrays,), name="kerasdist-save-memory", daemon=True)
+        self._touching.start()
 
     def next_save(self) -> _SaveSpace:
         """The memory for the next snapshot; every earlier snapshot's is given up."""
+        self._touched()
         self._space.values.reset()
         self._space.file.used = 0  # what it holds is the last save's, which is done
         self._space = _SaveSpace(self._space.values, self._space.file, self._space.generation + 1)
@@ -315,9 +334,37 @@ class SaveMemory:
 
     def release(self) -> None:
         """Give the memory back (the next save allocates it again)."""
+        self._touched()
         self._space.values.release()
         self._space.file.release()
         self.next_save()
+
+
+    def _touched(self) -> None:
+        if self._touching is not None:
+            self._touching.join()
+            self._touching = None
+
+
+def _state_bytes(model: Any) -> tuple[int, int]:
+    """The bytes of `model`'s variables and its optimizer's, and how many there are."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = {id(v): v for v in [*model.variables, *(getattr(optimizer, "variables", None) or [])]}
+    sizes = [int(np.prod(v.shape)) * _itemsize(v.dtype) for v in variables.values()]
+    return sum(sizes), len(sizes)
+
+
+def _itemsize(dtype: Any) -> int:
+    try:
+        return int(tf.as_dtype(dtype).size)
+    except (TypeError, ValueError):  # not a fixed-size type (strings): nothing to plan for
+        return 0
+
+
+def _touch(arrays: list[np.ndarray]) -> None:
+    """Write one byte a page: the kernel maps each page (and the VM backs it) now."""
+    for array in arrays:
+        array.reshape(-1)[::mmap.PAGESIZE] = 0
 
 
 @dataclass(frozen=True)
@@ -337,9 +384,16 @@ class _Arena:
         self._buffer = np.empty(0, np.uint8)
         self._end = 0
 
+    @property
+    def buffer(self) -> np.ndarray:
+        return self._buffer
+
+    def reserve(self, size: int) -> None:
+        if size > self._buffer.size:
+            self._buffer = np.empty(size, np.uint8)
+
     def reset(self) -> None:
-        if self._end > self._buffer.size:
-            self._buffer = np.empty(self._end, np.uint8)
+        self.reserve(self._end)
         self._end = 0
 
     def release(self) -> None:
