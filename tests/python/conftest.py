@@ -80,6 +80,7 @@ def _keep_server_log(path: str) -> None:
     folder = os.environ.get("KERASDIST_TEST_LOGS")
     if folder and os.path.exists(path):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)  # set by hand, it may not exist yet
         shutil.copy(path, Path(folder) / f"warm-start-{worker}-{os.getpid()}.log")
 
 
