@@ -180,7 +180,7 @@ def wait_for_output(cluster: SlurmCluster, job_id: int, pattern: str, timeout: f
 
 def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, at: float | str, how: str,
                   timeout: float = 300, step_seconds: float = STEP_SECONDS) -> Trial:
-    """Submit the recipe, signal it at `at` (seconds after it starts running, or once its output
+    """Submit the recipe, signal it at `at` (seconds after its training step starts, or once its output
     matches that regular expression; `how`: "tasks" or "full"), wait until it ends for good
     (releasing its requeues) and compare every task's weights with `reference`'s."""
     run = new_run(cluster, f"trial-{index}", reference.language)
@@ -190,7 +190,8 @@ def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, at: float |
     running = time.monotonic()
     if isinstance(at, str):
         wait_for_output(cluster, job_id, at)
-    else:
+    else:  # counted from the training step's start: before it only the guard step gets the signal
+        wait_for_training_step(cluster, job_id)
         time.sleep(at)
     delay = time.monotonic() - running
     training_started = training_process_started(cluster)
@@ -201,6 +202,21 @@ def preempt_trial(cluster: SlurmCluster, reference: Run, index: int, at: float |
     equal = all(bitwise_equal(run.weights(t), reference.weights(t)) for t in range(2))
     return Trial(index, delay, how, phase(seen, training_started), job.state, job.exit_code, job.restarts,
                  step_statuses(output), equal, time.monotonic() - started, output[-4000:])
+
+
+def wait_for_training_step(cluster: SlurmCluster, job_id: int, timeout: float = 60) -> None:
+    """Until the job lists a step that is neither the recipe's guard (`bash`) nor a probe (`true`):
+    the batch script first asks the interpreter whether it can supervise, which takes a second or
+    more on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = cluster.client(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], check=False).stdout
+        names = [line.split()[1] for line in listed.splitlines()
+                 if len(line.split()) == 2 and not line.split()[0].endswith((".batch", ".extern"))]
+        if any(name not in ("bash", "true") for name in names):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"job {job_id} started no training step within {timeout:g} s")
 
 
 def training_process_started(cluster: SlurmCluster) -> bool:
