@@ -211,9 +211,9 @@ def wait_for_training_step(cluster: SlurmCluster, job_id: int, timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         listed = cluster.client(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], check=False).stdout
-        names = [line.split()[1] for line in listed.splitlines()
-                 if len(line.split()) == 2 and not line.split()[0].endswith((".batch", ".extern"))]
-        if any(name not in ("bash", "true") for name in names):
+        steps = [line.split() for line in listed.splitlines()]
+        if any(len(step) == 2 and not step[0].endswith((".batch", ".extern")) and step[1] not in ("bash", "true")
+               for step in steps):
             return
         time.sleep(0.1)
     raise TimeoutError(f"job {job_id} started no training step within {timeout:g} s")

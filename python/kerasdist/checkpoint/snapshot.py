@@ -339,7 +339,6 @@ class SaveMemory:
         self._space.file.release()
         self.next_save()
 
-
     def _touched(self) -> None:
         if self._touching is not None:
             self._touching.join()
@@ -350,15 +349,7 @@ def _state_bytes(model: Any) -> tuple[int, int]:
     """The bytes of `model`'s variables and its optimizer's, and how many there are."""
     optimizer = getattr(model, "optimizer", None)
     variables = {id(v): v for v in [*model.variables, *(getattr(optimizer, "variables", None) or [])]}
-    sizes = [int(np.prod(v.shape)) * _itemsize(v.dtype) for v in variables.values()]
-    return sum(sizes), len(sizes)
-
-
-def _itemsize(dtype: Any) -> int:
-    try:
-        return int(tf.as_dtype(dtype).size)
-    except (TypeError, ValueError):  # not a fixed-size type (strings): nothing to plan for
-        return 0
+    return sum(compat.variable_bytes(v) for v in variables.values()), len(variables)
 
 
 def _touch(arrays: list[np.ndarray]) -> None:

@@ -40,6 +40,7 @@ from kerasdist.compat.keras_loading import (
     keras_loads_weights_in_place,
     load_keras_weights,
     tensorflow_reads_into_tensors,
+    variable_bytes,
 )
 from kerasdist.compat.keras_saving import (
     KERAS_SNAPSHOT_VERSIONS,
@@ -125,5 +126,6 @@ __all__ = [
     "remove_optimizer_variables_fix", "remove_uneven_batch_fixes", "save_if_preempted", "show_only_gpus",
     "slurm_gpu_share", "slurm_resolver", "tensorflow_needs_preemption_fix", "tensorflow_optimizes_data_functions",
     "tensorflow_reads_into_tensors",
+    "variable_bytes",
     "version_within", "warm_saving_skipsets", "write_keras_zip", "zip_crc_later_supported",
 ]

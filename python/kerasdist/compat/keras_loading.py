@@ -331,13 +331,15 @@ def _first_value(variable: Any, initializer: Any) -> Callable[..., Any] | None:
     from keras.src.initializers.constant_initializers import Constant, Ones, Zeros
     from keras.src.initializers.random_initializers import RandomInitializer
 
-    large = _size_in_bytes(variable) >= UNFILLED_FROM_BYTES and tensorflow_reads_into_tensors()
+    large = variable_bytes(variable) >= UNFILLED_FROM_BYTES and tensorflow_reads_into_tensors()
     if isinstance(initializer, RandomInitializer) and isinstance(initializer.seed, int):
         return _unfilled if large else _zeros
     return _unfilled if large and isinstance(initializer, (Zeros, Ones, Constant)) else None
 
 
-def _size_in_bytes(variable: Any) -> int:
+def variable_bytes(variable: Any) -> int:
+    """A Keras variable's bytes, from its shape and dtype (also before it holds a value); 0 for
+    types without a fixed size (strings)."""
     dtype = tf.as_dtype(variable._dtype)
     return math.prod(variable._shape) * dtype.size if dtype.is_numpy_compatible or dtype.is_bool else 0
 
