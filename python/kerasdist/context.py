@@ -136,16 +136,23 @@ def context_of(strategy: Any = None) -> RunContext:
 
 
 def _adopt(strategy: Any) -> None:
-    """What `select_strategy` does after making a strategy, for one the user made: a
-    multi-worker one took SIGTERM for TensorFlow's coordination agent while it formed the cluster,
-    so the handler Python has on record gets it back (`preemption.signals`). The Keras fixes are
-    in place since `import kerasdist` (`compat`)."""
+    """What `select_strategy` does after making a strategy, for one the user made: a multi-worker
+    one left SIGTERM with TensorFlow's coordination agent, which noted any signal while the
+    cluster formed (`preemption.signals.ClusterStartHold`). Each worker reads that notice; a
+    signalled cluster stops every worker with 75 before training, the workers meeting first (the
+    chief hosts the store the others read it from). The Keras fixes are in place since `import
+    kerasdist` (`compat`)."""
     from kerasdist.compat import is_multi_worker
 
     if is_multi_worker(strategy):
-        from kerasdist.preemption.signals import take_back_after_cluster_start
+        from kerasdist.preemption.agreement import meet_every_worker
+        from kerasdist.preemption.signals import ClusterStartHold
 
-        take_back_after_cluster_start(signalled_meanwhile=False)
+        hold = ClusterStartHold()
+        noticed = hold.noticed()
+        if noticed:
+            meet_every_worker("kerasdist-preempted-when-adopted")
+        hold.give_back(noticed)
 
 
 def _kind_of(strategy: Any) -> str:

@@ -453,21 +453,24 @@ def _resolver_for(plan: StrategyPlan, resolver: Any) -> Any:
 
 def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
     """Right after the cluster formed: check every worker was given the same cluster, and stop
-    every worker alike (75) if any was signalled while it formed (`preemption`). Each worker reads
-    TensorFlow's preemption notice on its own, and the signalled worker's notice may reach the
-    store between two workers' reads, so they decide on what any of them read (a worker that
-    exited alone left the other failing in its first collective with 1). The gather that decides
-    ends at different moments on different workers, so before exiting they meet at a barrier: a
-    worker that left at once closed the connections the other's gather still used ("Socket
-    closed", exit 1). A lost peer from here on ends the process with 76 (`exit_when_peer_lost`)."""
-    from kerasdist.preemption.agreement import noticed_by_tensorflow
+    every worker alike (75) if any was signalled while it formed or while they agree
+    (`preemption.signals.ClusterStartHold`). Each worker reads TensorFlow's preemption notice on
+    its own, and the signalled worker's notice may reach the store between two workers' reads, so
+    they decide on what any of them read (a worker that exited alone left the other failing in its
+    first collective with 1). The gather that decides ends at different moments on different
+    workers, so they meet at a barrier before any exits: a worker that left at once closed the
+    connections the other's gather still used ("Socket closed", exit 1); a signal recorded after
+    a worker's vote exits it alone, and the others then lose it as a peer (76). A lost peer from
+    here on ends the process with 76 (`exit_when_peer_lost`)."""
+    from kerasdist.preemption.agreement import meet_every_worker
     from kerasdist.preemption.exit import exit_on_lost_peer, exit_when_peer_lost, peer_lost
-    from kerasdist.preemption.signals import take_back_after_cluster_start
+    from kerasdist.preemption.signals import ClusterStartHold
 
     task = f"{cluster.task_type}:{cluster.task_index}"
-    noticed = noticed_by_tensorflow()
+    hold = ClusterStartHold()
+    noticed = hold.noticed()
     any_noticed = False
-    try:  # SIGTERM is taken back from TensorFlow even when the cluster check fails
+    try:  # SIGTERM is given back even when the cluster check fails
         if cluster.num_workers == 1:
             any_noticed = noticed
         else:
@@ -479,21 +482,9 @@ def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
                     if not (noticed and peer_lost(err, cluster.num_workers, task)):
                         raise
                     any_noticed = True
-            if any_noticed:
-                _meet_every_worker("kerasdist-preempted-while-forming")
+            meet_every_worker("kerasdist-cluster-agreed")
     finally:
-        take_back_after_cluster_start(any_noticed)
-
-
-def _meet_every_worker(barrier: str, timeout_seconds: float = 30.0) -> None:
-    """Wait until every worker got here (the coordination service's barrier); a worker that does
-    not come (gone meanwhile) only ends the wait: the caller exits anyway."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().wait_at_barrier(barrier, timeout_in_ms=int(timeout_seconds * 1000))
-    except Exception:  # noqa: BLE001 - the decision is taken; this only keeps the others' collective whole
-        pass
+        hold.give_back(any_noticed)
 
 
 def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:

@@ -103,6 +103,50 @@ def test_a_worker_signalled_while_the_cluster_forms_stops_every_worker_with_75()
     assert not any("trained" in out for out, _ in outputs)
 
 
+SIGNALLED_AT = """
+    import os, signal
+    import tensorflow as tf
+    import kerasdist
+    from kerasdist import strategy as chooser
+
+    def signal_myself():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    moment = os.environ["SIGNAL_MOMENT"]
+    if moment == "formed":  # the strategy just made, TensorFlow's handler still in place
+        build = chooser._build
+        chooser._build = lambda *args: (build(*args), signal_myself())[0]
+        kerasdist.select_strategy()
+    elif moment == "agreeing":  # after this worker read the notice, before the workers' gather
+        agree = chooser._check_cluster_agreement
+        chooser._check_cluster_agreement = lambda *args: (signal_myself(), agree(*args))[1]
+        kerasdist.select_strategy()
+    else:  # a strategy the user made, signalled before kerasdist's first call on it
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        signal_myself()
+        kerasdist.run_context(strategy)
+    print("trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize("moment", ["formed", "agreeing", "users-strategy"])
+def test_workers_signalled_just_after_the_cluster_formed_exit_75_not_train_on(moment):
+    """TensorFlow's handler, in place once the cluster formed, publishes a signal up to a second
+    later, and one that came while the workers agreed was never read: the task went on to train
+    and exited 0 (Slurm run 5's swallowed time-limit warning). Each worker signals itself at the
+    exact moment; every one must exit 75 before training."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
+
+    def worker(index: int) -> subprocess.Popen:
+        config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        return start(SIGNALLED_AT, {"TF_CONFIG": json.dumps(config), "SIGNAL_MOMENT": moment})
+
+    workers = [worker(0), worker(1)]
+    outputs = [p.communicate(timeout=90) for p in workers]
+    assert [p.returncode for p in workers] == [kerasdist.PREEMPTED_EXIT_CODE] * 2, outputs
+    assert not any("trained" in out for out, _ in outputs)
+
+
 def test_a_task_blocked_in_c_code_that_lets_threads_run_exits_75():
     """The watcher thread exits on the handler's behalf while the main thread waits in C."""
     code, err = signal_after_line(start("""

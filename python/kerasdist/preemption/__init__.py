@@ -7,9 +7,10 @@ and hands it back to the one before when its time ends.
 1. From `import kerasdist`, in a cluster task (Slurm step, TF_CONFIG): `signals.exit_preempted`,
    with a watcher thread. A SIGTERM exits 75 at once: there is nothing to save.
 2. While a multi-worker strategy forms the cluster: TensorFlow's coordination agent (C++). A
-   SIGTERM is noted in the cluster's store; once the cluster formed, every worker reads it, they
-   agree, and all exit 75 (`signals.take_back_after_cluster_start`). A strategy the user made
-   gets SIGTERM taken back at kerasdist's first call on it (`strategy.context_of`).
+   SIGTERM is noted in the cluster's store. Once the cluster formed, a `signals.ClusterStartHold`
+   takes SIGTERM and records it, every worker reads the notice, they agree, and all exit 75
+   before training. A strategy the user made gets the same at kerasdist's first call on it
+   (`context.context_of`).
 3. During a fit: the checkpoint callback, through a `signals.SigtermHold`, with its own handler, or
    under multi-worker with TensorFlow's `PreemptionCheckpointHandler` (`agreement`). A SIGTERM
    saves at the next (agreed) step, stops, and raises `PreemptedExit` (75, the checkpoint named).

@@ -34,6 +34,10 @@ from kerasdist import compat
 # TensorFlow's coordination agent publishes a SIGTERM it caught under this key (tsl's
 # preemption_sync_manager; tf.distribute.experimental.PreemptionWatcher reads it too).
 PREEMPTION_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
+# How long a worker waits for that notice right after the cluster formed: TensorFlow's handler only
+# sets a flag, which its listener thread polls once a second (tsl preemption_notifier.cc,
+# kListenInterval) before publishing, plus room. Every multi-worker start waits this long.
+NOTICE_WAIT_MS = 1500
 
 
 class WorkerAgreement:
@@ -87,6 +91,18 @@ def noticed_by_tensorflow(wait_ms: int = 100) -> bool:
     except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError, tf.errors.UnavailableError):
         return False
     return True
+
+
+def meet_every_worker(barrier: str, timeout_seconds: float = 30.0) -> None:
+    """Wait until every worker got to `barrier` (the coordination service's barrier) before
+    exiting: the chief hosts that service, and a worker that left at once would fail the others'
+    reads and collectives. A worker that does not come (gone meanwhile) only ends the wait."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().wait_at_barrier(barrier, timeout_in_ms=int(timeout_seconds * 1000))
+    except Exception:  # noqa: BLE001 - the decision is taken; this only keeps the others' calls whole
+        pass
 
 
 def _preemption_checkpoint_handler(strategy: Any, save_fn: Callable[[], None],

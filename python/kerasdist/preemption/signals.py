@@ -9,9 +9,10 @@ threads run (a collective, a file, a socket), so a watcher thread also wakes on 
 
 While a multi-worker strategy is created, TensorFlow waits for every worker in C++ holding the
 GIL, and its coordination agent's own SIGTERM handler notes the signal in the cluster's key-value
-store; once the cluster has formed, the workers agree on whether any was signalled
-(`strategy._join_cluster`), and `take_back_after_cluster_start` gives SIGTERM back to Python and
-has every worker exit with 75 if any was. A fit's callback holds SIGTERM through a `SigtermHold`
+store; once the cluster has formed, a `ClusterStartHold` takes SIGTERM from TensorFlow, the
+workers agree on whether any was signalled (`strategy.select_strategy`, or `context.context_of`
+for a strategy the user made), and the hold gives SIGTERM back to Python and has every worker exit
+with 75 if any was. A fit's callback holds SIGTERM through a `SigtermHold`
 and gives it back when fit ends; repeated signals change nothing; once the interpreter exits by
 itself the signal is ignored (Python restores the default action while it finalizes, which would
 turn a finished or saved run's exit into 143).
@@ -107,18 +108,47 @@ def _ignore_if_installed() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def take_back_after_cluster_start(signalled_meanwhile: bool) -> None:
-    """After a multi-worker strategy has formed the cluster: TensorFlow's coordination agent
-    installed its own C++ SIGTERM handler (its preemption notifier) while it waited for the
-    workers, holding the GIL, so a signal that came then was noted by TensorFlow, not by Python.
-    Take SIGTERM back for the handler Python has on record, and when any worker was signalled
-    meanwhile (`signalled_meanwhile`, from the cluster's key-value store) every worker exits
-    with 75 before training: nothing has been trained, and they all stop alike."""
-    current = signal.getsignal(signal.SIGTERM)
-    if callable(current):
-        signal.signal(signal.SIGTERM, current)
-    if signalled_meanwhile and current is exit_preempted:
-        exit_preempted()
+class ClusterStartHold:
+    """SIGTERM from the moment a multi-worker strategy exists until its workers have agreed whether
+    any was signalled while the cluster formed.
+
+    TensorFlow's coordination agent installed its own C++ SIGTERM handler (its preemption
+    notifier) while the strategy waited for the workers, holding the GIL. That handler only sets
+    a flag, which a listener thread polls once a second before it publishes the notice in the
+    cluster's key-value store; a signal that comes while the workers agree, after they read that
+    store, is published too late for anyone to read it. So the hold takes SIGTERM from TensorFlow
+    at once and records it, `noticed()` waits long enough for a notice TensorFlow caught just
+    before, and `give_back()` hands SIGTERM back to the handler Python has on record. A program
+    whose SIGTERM is not a Python handler (switched off: the default action) keeps TensorFlow's.
+    """
+
+    def __init__(self) -> None:
+        self.recorded = False
+        self._on_record = signal.getsignal(signal.SIGTERM)
+        self._hold = SigtermHold(self._record) if callable(self._on_record) else None
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.recorded = True
+
+    def noticed(self) -> bool:
+        """Whether this worker was signalled: recorded here, or caught by TensorFlow on any worker
+        and published (waits `agreement.NOTICE_WAIT_MS` for it)."""
+        from kerasdist.preemption.agreement import NOTICE_WAIT_MS, noticed_by_tensorflow
+
+        return noticed_by_tensorflow(NOTICE_WAIT_MS) or self.recorded
+
+    def give_back(self, any_noticed: bool) -> None:
+        """SIGTERM back to the handler on record. When any worker was signalled (`any_noticed`,
+        agreed by the caller) every worker exits with 75 before training: nothing has been
+        trained, and they all stop alike. A signal recorded after this worker's vote exits it with
+        75 alone, as a SIGTERM outside training does (a program's own handler gets it instead)."""
+        if self._hold is None:
+            return
+        self._hold.release()
+        if self._on_record is exit_preempted and (any_noticed or self.recorded):
+            exit_preempted()
+        if self.recorded:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _watch(read_end: int) -> None:
