@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -197,9 +198,11 @@ def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_i
         f"    open({str(tmp_path / 'killed')!r}, 'w').close()\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n")
     pid, terminal = pty.fork()
-    if pid == 0:  # a session of its own, the pty its controlling terminal, in the foreground
-        os.execv(sys.executable, [sys.executable, str(SUPERVISOR), "--in-place", "--max-restarts", "1", "--",
-                                  str(script)])
+    if pid == 0:  # a session of its own, the pty its controlling terminal, the supervisor in the foreground
+        # under a shell that outlives it, as in a terminal: when a session's leader exits, the
+        # kernel hangs the terminal up and drops what was written to it but not read yet
+        supervised = f"{shlex.quote(sys.executable)} {shlex.quote(str(SUPERVISOR))} --in-place --max-restarts 1 -- "
+        os.execv("/bin/sh", ["sh", "-c", supervised + shlex.quote(str(script)) + "; code=$?; read done; exit $code"])
     try:
         said = read_terminal_until(terminal, b"forked the training process")
         os.write(terminal, b"one\n")
@@ -208,7 +211,8 @@ def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_i
         os.write(terminal, b"two\n")
         said += read_terminal_until(terminal, b"got two")
         assert b"got one" in said
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        os.write(terminal, b"done\n")
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, said.decode(errors="replace")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -220,7 +224,11 @@ def read_terminal_until(terminal: int, expected: bytes, timeout: float = 90) -> 
     while expected not in said:
         if time.monotonic() > deadline or not select.select([terminal], [], [], deadline - time.monotonic())[0]:
             raise TimeoutError(f"{expected!r} not seen on the terminal; it showed:\n{said.decode(errors='replace')}")
-        said += os.read(terminal, 4096)
+        try:
+            said += os.read(terminal, 4096)
+        except OSError as err:  # EIO: every process of the terminal's session has closed it
+            raise AssertionError(f"{expected!r} not seen before the terminal closed ({err}); it showed:\n"
+                                 f"{said.decode(errors='replace')}") from err
     return said
 
 
