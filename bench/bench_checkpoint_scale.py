@@ -385,10 +385,11 @@ def plot(path: Path) -> bool:
             for name, runs in size["seconds"].items():
                 points.setdefault(name, {})[size["state_bytes"] / 1e9] = statistics.median(runs)
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for name, by_size in sorted(points.items()):
+    for index, (name, by_size) in enumerate(sorted(points.items())):  # 19 lines: a colour and a marker each
         xs = sorted(by_size)
         style = "--" if name.startswith("dd_") or name == "memcopy" else "-"
-        ax.plot(xs, [by_size[x] for x in xs], style, marker="o", label=name)
+        ax.plot(xs, [by_size[x] for x in xs], style, marker="osv^D"[index % 5],
+                color=plt.cm.tab20.colors[index % 20], label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("model state (weights + Adam slots), GB")
