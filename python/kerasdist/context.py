@@ -139,9 +139,11 @@ def _adopt(strategy: Any) -> None:
     """What `select_strategy` does after making a strategy, for one the user made: a multi-worker
     one left SIGTERM with TensorFlow's coordination agent, which noted any signal while the
     cluster formed (`preemption.signals.ClusterStartHold`). Each worker reads that notice; a
-    signalled cluster stops every worker with 75 before training, the workers meeting first (the
-    chief hosts the store the others read it from). The Keras fixes are in place since `import
-    kerasdist` (`compat`)."""
+    signalled cluster stops every worker that read it with 75 before training, the workers meeting
+    first (the chief hosts the store the others read it from). There is no vote here: a worker
+    that reads no notice (its first kerasdist call 1.5 s after the others', or a signal the hold
+    recorded on another worker) trains on, and loses its peers (76). The Keras fixes are in place
+    since `import kerasdist` (`compat`)."""
     from kerasdist.compat import is_multi_worker
 
     if is_multi_worker(strategy):
@@ -149,10 +151,13 @@ def _adopt(strategy: Any) -> None:
         from kerasdist.preemption.signals import ClusterStartHold
 
         hold = ClusterStartHold()
-        noticed = hold.noticed()
-        if noticed:
-            meet_every_worker("kerasdist-preempted-when-adopted")
-        hold.give_back(noticed)
+        noticed = False
+        try:
+            noticed = hold.noticed()
+            if noticed:
+                meet_every_worker("kerasdist-preempted-when-adopted")
+        finally:
+            hold.give_back(noticed)
 
 
 def _kind_of(strategy: Any) -> str:

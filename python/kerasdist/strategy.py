@@ -468,9 +468,9 @@ def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
 
     task = f"{cluster.task_type}:{cluster.task_index}"
     hold = ClusterStartHold()
-    noticed = hold.noticed()
     any_noticed = False
     try:  # SIGTERM is given back even when the cluster check fails
+        noticed = hold.noticed()
         if cluster.num_workers == 1:
             any_noticed = noticed
         else:

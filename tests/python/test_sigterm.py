@@ -104,16 +104,24 @@ def test_a_worker_signalled_while_the_cluster_forms_stops_every_worker_with_75()
 
 
 SIGNALLED_AT = """
-    import os, signal
+    import json, os, signal
     import tensorflow as tf
     import kerasdist
     from kerasdist import strategy as chooser
+    from kerasdist.preemption import agreement
+
+    me = str(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 
     def signal_myself():
-        os.kill(os.getpid(), signal.SIGTERM)
+        if os.environ.get("SIGNAL_ONLY", me) == me:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     moment = os.environ["SIGNAL_MOMENT"]
-    if moment == "formed":  # the strategy just made, TensorFlow's handler still in place
+    if moment == "reading":  # while this worker waits for TensorFlow's notice: recorded, then agreed
+        read = agreement.noticed_by_tensorflow
+        agreement.noticed_by_tensorflow = lambda *args: (signal_myself(), read(*args))[1]
+        kerasdist.select_strategy()
+    elif moment == "formed":  # the strategy just made, TensorFlow's handler still in place
         build = chooser._build
         chooser._build = lambda *args: (build(*args), signal_myself())[0]
         kerasdist.select_strategy()
@@ -129,20 +137,26 @@ SIGNALLED_AT = """
 """
 
 
-@pytest.mark.parametrize("moment", ["formed", "agreeing", "users-strategy"])
-def test_workers_signalled_just_after_the_cluster_formed_exit_75_not_train_on(moment):
+@pytest.mark.parametrize(("moment", "signalled"), [("formed", "both"), ("agreeing", "both"), ("users-strategy", "both"),
+                                                  ("reading", "1")])
+def test_workers_signalled_just_after_the_cluster_formed_exit_75_not_train_on(moment, signalled):
     """TensorFlow's handler, in place once the cluster formed, publishes a signal up to a second
     later, and one that came while the workers agreed was never read: the task went on to train
-    and exited 0 (Slurm run 5's swallowed time-limit warning). Each worker signals itself at the
-    exact moment; every one must exit 75 before training."""
+    and exited 0 (Slurm run 5's swallowed time-limit warning). Each worker (or only worker 1)
+    signals itself at the exact moment; every one must exit 75 before training."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
 
     def worker(index: int) -> subprocess.Popen:
         config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        return start(SIGNALLED_AT, {"TF_CONFIG": json.dumps(config), "SIGNAL_MOMENT": moment})
+        only = {} if signalled == "both" else {"SIGNAL_ONLY": signalled}
+        return start(SIGNALLED_AT, {"TF_CONFIG": json.dumps(config), "SIGNAL_MOMENT": moment, **only})
 
     workers = [worker(0), worker(1)]
-    outputs = [p.communicate(timeout=90) for p in workers]
+    try:
+        outputs = [p.communicate(timeout=90) for p in workers]
+    finally:
+        for process in workers:
+            process.kill()
     assert [p.returncode for p in workers] == [kerasdist.PREEMPTED_EXIT_CODE] * 2, outputs
     assert not any("trained" in out for out, _ in outputs)
 

@@ -215,7 +215,7 @@ def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_i
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, said.decode(errors="replace")
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)  # the shell and the supervisor (the training process dies with it)
         os.close(terminal)
 
 

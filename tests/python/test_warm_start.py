@@ -36,9 +36,15 @@ REPORT = textwrap.dedent("""
         import time
         time.sleep(120)
     if os.environ.get("KD_DIE_FIRST") and os.environ.get("KERASDIST_RESTART") == "0":  # worker 1 dies, worker 0 waits
-        if os.environ["KERASDIST_TASK_INDEX"] == "1":
-            os.kill(os.getpid(), 9)
         import time
+        reported = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "worker-0-reported")
+        if os.environ["KERASDIST_TASK_INDEX"] == "0":
+            open(reported, "w").close()
+        else:  # once worker 0 has reported: its death stops worker 0, which may start later
+            deadline = time.monotonic() + 60
+            while not os.path.exists(reported) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(os.getpid(), 9)
         time.sleep(120)
     sys.exit(int(os.environ.get("KD_EXIT", "0")))
 """)

@@ -109,8 +109,8 @@ def _ignore_if_installed() -> None:
 
 
 class ClusterStartHold:
-    """SIGTERM from the moment a multi-worker strategy exists until its workers have agreed whether
-    any was signalled while the cluster formed.
+    """SIGTERM from the moment kerasdist has a multi-worker strategy (right after making it, or at
+    its first call on one the user made) until its workers have agreed whether any was signalled.
 
     TensorFlow's coordination agent installed its own C++ SIGTERM handler (its preemption
     notifier) while the strategy waited for the workers, holding the GIL. That handler only sets
@@ -132,7 +132,10 @@ class ClusterStartHold:
 
     def noticed(self) -> bool:
         """Whether this worker was signalled: recorded here, or caught by TensorFlow on any worker
-        and published (waits `agreement.NOTICE_WAIT_MS` for it)."""
+        and published (waits `agreement.NOTICE_WAIT_MS` for it). Only kerasdist's own handler
+        acts on other workers' signals, so with any other handler on record nothing is awaited."""
+        if self._on_record is not exit_preempted:
+            return self.recorded
         from kerasdist.preemption.agreement import NOTICE_WAIT_MS, noticed_by_tensorflow
 
         return noticed_by_tensorflow(NOTICE_WAIT_MS) or self.recorded
@@ -141,7 +144,8 @@ class ClusterStartHold:
         """SIGTERM back to the handler on record. When any worker was signalled (`any_noticed`,
         agreed by the caller) every worker exits with 75 before training: nothing has been
         trained, and they all stop alike. A signal recorded after this worker's vote exits it with
-        75 alone, as a SIGTERM outside training does (a program's own handler gets it instead)."""
+        75 alone, as a SIGTERM outside training does. A program's own handler gets a signal
+        recorded here; one TensorFlow caught before the hold is not passed on to it."""
         if self._hold is None:
             return
         self._hold.release()
