@@ -374,9 +374,14 @@ def test_large_variables_about_to_be_restored_start_unfilled(monkeypatch):
     state = _state(model)
     assert (first.numpy() == 2.0).all() and state[1:] == plain[1:]  # the rest as a plain build makes it
     monkeypatch.setattr(keras_loading, "TF_TENSOR_VIEW_VERSIONS", ((2, 0), (2, 1)))
-    with compat.initializers_deferred() as deferred:
-        before = _resident_bytes(trim=True)
-        model = _large_model()
-        grown = _resident_bytes() - before
-    assert deferred.deferred == 2 and grown >= 16 << 20, grown  # the random kernels as zeros, the rest filled
+    grown = []
+    for _ in range(3):  # the largest of up to three builds: memory another thread frees meanwhile
+        with compat.initializers_deferred() as deferred:  # shrank one reading by 7 MiB in a full run
+            before = _resident_bytes(trim=True)
+            model = _large_model()
+            grown.append(_resident_bytes() - before)
+        assert deferred.deferred == 2  # the random kernels as zeros, the rest filled
+        if grown[-1] >= 16 << 20:
+            break
+    assert max(grown) >= 16 << 20, grown
     assert _state(model) == plain
