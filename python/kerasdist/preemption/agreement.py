@@ -80,7 +80,7 @@ def agreement_for(strategy: Any) -> WorkerAgreement | None:
     return _agreement
 
 
-def noticed_by_tensorflow(wait_ms: int = 100) -> bool:
+def noticed_by_tensorflow(wait_ms: int = NOTICE_WAIT_MS) -> bool:
     """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
     multi-worker strategy forms the cluster, caught a signal on any worker (`signals`).
     Waits at most `wait_ms` for the cluster's key-value store."""

@@ -136,9 +136,9 @@ class ClusterStartHold:
         acts on other workers' signals, so with any other handler on record nothing is awaited."""
         if self._on_record is not exit_preempted:
             return self.recorded
-        from kerasdist.preemption.agreement import NOTICE_WAIT_MS, noticed_by_tensorflow
+        from kerasdist.preemption.agreement import noticed_by_tensorflow
 
-        return noticed_by_tensorflow(NOTICE_WAIT_MS) or self.recorded
+        return noticed_by_tensorflow() or self.recorded
 
     def give_back(self, any_noticed: bool) -> None:
         """SIGTERM back to the handler on record. When any worker was signalled (`any_noticed`,
