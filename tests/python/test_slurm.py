@@ -218,8 +218,11 @@ def test_a_lost_host_shrinks_the_job_to_the_host_left_and_it_grows_back_when_the
     kept, lost = slurm_cluster.node_names
     said = "\n".join(line for line in output.splitlines() if line.startswith(("kerasdist:", "srun:", "slurmstepd")))
     # One requeue, to grow back. Under the whole suite's load an R job was once signalled and
-    # requeued a second time, then completed equal (RELIABILITY.md, "A lost host"): allowed, not more.
-    assert trial["state"] == "COMPLETED" and trial["restarts"] in (1, 2), (trial["restarts"], said)
+    # requeued a second time, then completed equal (RELIABILITY.md, "A lost host"), and once (11-28
+    # 16:52) a third: slurmctld's kill of the lost host's step 1, retried once the host was back,
+    # reached the requeued incarnation's step 1 (same ids: n1's task "died by signal 15" 29 s after
+    # the requeue, no scancel in slurmctld's log). Allowed, not more: it must still complete equal.
+    assert trial["state"] == "COMPLETED" and trial["restarts"] in (1, 2, 3), (trial["restarts"], said)
     assert f"kerasdist: lost host(s) {lost}\n" in output, said
     assert f"kerasdist: going on with the 1 host(s) left: {kept}\n" in output, said
     assert output.count("growing back to 2 hosts: requeueing") == 1, said
