@@ -27,6 +27,7 @@ import kerasdist
 from kerasdist import compat
 from kerasdist.checkpoint import background, layout, save_checkpoint
 from kerasdist.checkpoint.manager import CheckpointManager
+from kerasdist.checkpoint.pieces import Pieces
 from kerasdist.checkpoint.snapshot import (
     SaveMemory,
     _FileBuffer,
@@ -134,23 +135,21 @@ def test_snapshot_loads_with_keras_load_model(tmp_path):
 
 @pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])
 def test_synchronous_saves_write_model_saves_files_through_the_snapshot(tmp_path, make, monkeypatch):
-    """A synchronous save (`save_checkpoint`) makes its model.keras through the recorded walk, in
-    one buffer sized beforehand (page-aligned, never grown): the same members and bytes as
-    model.save, a record whose CRC-32 holds; on a Keras outside the snapshot's gate, model.save's
-    own bytes, the same."""
+    """A synchronous save (`save_checkpoint`) makes its model.keras through the recorded walk, as
+    pieces (no buffer of the file's size: #47): the same members and bytes as model.save, a record
+    whose CRC-32 holds; on a Keras outside the snapshot's gate, model.save's own bytes, the same."""
     from kerasdist.checkpoint import snapshot as snapshot_module
     from kerasdist.compat import keras_saving
 
     model, (x, y) = make(), inputs_for(make)
     model.fit(x, y, epochs=1, verbose=0)
     expected = zip_members(keras_bytes_now(model))
-    writes = []  # per write into a file buffer: whether it had to grow it
+    writes = []  # per write into a file buffer: whether it had to grow it (none is made)
     monkeypatch.setattr(snapshot_module._FileBuffer, "ensure", lambda buffer, end, _real=_FileBuffer.ensure: (
         writes.append(end > buffer.array.size), _real(buffer, end))[1])
     for gated_off in (False, True):
         if gated_off:
-            assert writes and not any(writes)  # the snapshot's buffer, sized once
-            writes.clear()
+            assert writes == []  # pieces, no file buffer
             monkeypatch.setattr(keras_saving, "KERAS_SNAPSHOT_VERSIONS", ((3, 0), (3, 1)))
         directory = tmp_path / f"gated-off-{gated_off}"
         info = save_checkpoint(model, directory, epoch=1)
@@ -266,24 +265,34 @@ def wide_model() -> keras.Model:
 
 def zip_times(content) -> list[bytes]:
     """The DOS time and date of every local header (zipfile stamps them to the second)."""
+    content = content.joined() if isinstance(content, Pieces) else content
     with zipfile.ZipFile(io.BytesIO(bytes(content))) as archive:
         return [bytes(content[i.header_offset + 10:i.header_offset + 14]) for i in archive.infolist()]
 
 
-def test_a_model_file_whose_crc_is_computed_while_written_is_the_zip_model_save_writes(tmp_path):
+@pytest.mark.parametrize("built_in", ["pieces", "kept-buffer"])
+def test_a_model_file_whose_crc_is_computed_while_written_is_the_zip_model_save_writes(tmp_path, built_in):
     """#47: the local store computes the weights member's CRC-32 while it writes the file (O_DIRECT)
     and fills in the header and central-directory fields last. The file is byte for byte the one
     written with the zip's own CRC (as before), the record's CRC-32 is the file's, and
-    `keras.models.load_model` reads it. (Old code: no `crc_later`, no `files_to_write`.)"""
+    `keras.models.load_model` reads it; built as pieces (a save without kept memory: the large
+    values lent, not copied) or in a callback's kept buffer. (Old code: no `crc_later`, no
+    `files_to_write`.)"""
     model = wide_model()
     recorded = _record_model(model)
+    space = SaveMemory().next_save() if built_in == "kept-buffer" else None
     for _ in range(3):  # both zips stamped in the same second
         old = bytes(_keras_bytes(recorded, crc_later=False).finished())
-        pending = _keras_bytes(recorded, crc_later=True)
+        pending = _keras_bytes(recorded, space, crc_later=True)
         if zip_times(pending.data) == zip_times(old):
             break
     assert compat.zip_crc_later_supported() and pending.span_crc is None  # really left to the writer
     assert len(old) > 2 * direct_io._DIRECT_CHUNK
+    if built_in == "pieces":
+        large = sum(v.numpy().nbytes for v in model.weights + model.optimizer.variables if v.numpy().nbytes >= 64 << 10)
+        assert isinstance(pending.data, Pieces) and pending.data.lent_bytes == large > len(old) * 0.99
+    else:
+        assert not isinstance(pending.data, Pieces)
     entry = LocalStore(tmp_path).commit(3, {layout.MODEL_FILE: pending}, lambda: f"{pending.finish():08x}".encode())
     written = (tmp_path / entry / layout.MODEL_FILE).read_bytes()
     assert written == old
@@ -326,6 +335,55 @@ def test_the_file_buffer_reads_back_as_a_file_with_gaps_of_zeros():
     assert window.read(3) == b"bc\0"
     target = bytearray(4)
     assert window.readinto(target) == 4 and bytes(target) == b"\0\0xy"
+
+
+def test_pieces_read_back_as_the_file_written_with_lent_memory_kept_as_views():
+    """`Pieces` (a synchronous save's file, #47) against a real file written the same way: writes
+    from a lent array's memory are kept as views, others copied; overwrites split pieces, a seek
+    past the end leaves zeros, truncate cuts and grows; every read and the CRC-32 agree."""
+    lent = np.random.default_rng(0).integers(0, 256, 1 << 18, dtype=np.uint8)
+    pieces = Pieces([lent])
+    window, real = pieces.window(3), io.BytesIO()
+    real.write(bytes(3))
+
+    def both(action):
+        action(window)
+        action(_Shifted(real, 3))
+
+    both(lambda f: f.write(b"head"))
+    both(lambda f: f.write(memoryview(lent)[1000:100000]))  # lent: a view
+    both(lambda f: f.write(np.arange(70000, dtype=np.uint32).view(np.uint8)))  # not lent: copied
+    assert pieces.lent_bytes == 99000
+    both(lambda f: (f.seek(600000), f.write(b"xy")))  # a gap of zeros
+    both(lambda f: (f.seek(2), f.write(b"ZZZ")))  # across the first piece's end
+    both(lambda f: (f.seek(50000), f.write(b"abc")))  # inside the view: split
+    both(lambda f: (f.seek(20000), f.write(memoryview(lent)[:70000])))  # a view over a view and copies
+    both(lambda f: f.truncate(550000))
+    both(lambda f: f.truncate(560000))
+    want = real.getvalue()
+    assert len(pieces) == len(want) and bytes(pieces.joined()) == want
+    assert pieces.lent_bytes == (20000 - 5) + 70000 + (99004 - 90000) and pieces.crc32() == zlib.crc32(want)
+    assert pieces.read_at(49990, 20) == want[49990:50010] and pieces.crc32(7, 99999) == zlib.crc32(want[7:99999])
+    window.seek(1)
+    assert window.read(6) == want[4:10]
+
+
+class _Shifted:
+    """A file object on `stream` whose byte 0 is `stream`'s byte `base` (a window's twin)."""
+
+    def __init__(self, stream, base):
+        self.stream, self.base = stream, base
+
+    def write(self, data):
+        return self.stream.write(data)
+
+    def seek(self, offset):
+        return self.stream.seek(self.base + offset)
+
+    def truncate(self, size):
+        self.stream.truncate(self.base + size)
+        if self.stream.seek(0, os.SEEK_END) < self.base + size:
+            self.stream.write(bytes(self.base + size - self.stream.tell()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,16 +431,20 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
     assert len(checkpoint.blocked_seconds) == 3 and not checkpoint.saver.busy
 
 
-def test_a_callbacks_synchronous_saves_build_their_files_in_one_kept_buffer(tmp_path, monkeypatch):
+def test_a_callbacks_synchronous_saves_build_no_buffer_of_the_files_size(tmp_path, monkeypatch):
     """Memory this VM has taken back after a save freed it costs seconds a GB to touch again
-    (bench/README.md, "First touches"): a callback's synchronous saves build their files in one
-    buffer, sized after the fit's first step and kept from save to save, given back at the
-    end of fit; the checkpoints are the ones a plain synchronous save writes."""
+    (bench/README.md, "First touches"): a callback's synchronous saves build their files as
+    pieces, views of the variables' reads (#47), and allocate no buffer of the file's size (they
+    used to keep one from save to save); the checkpoints are the ones a plain synchronous save
+    writes."""
     from kerasdist.checkpoint import snapshot as snapshot_module
 
     made = []  # every page-aligned file buffer allocated, by size
     monkeypatch.setattr(snapshot_module, "_page_aligned",
                         lambda size, _real=snapshot_module._page_aligned: (made.append(size), _real(size))[1])
+    built = []  # every model.keras a save made
+    monkeypatch.setattr(snapshot_module, "_keras_bytes",
+                        lambda *a, _real=snapshot_module._keras_bytes, **k: built.append(_real(*a, **k)) or built[-1])
     keras.utils.set_random_seed(0)
     model = build_model()
     checkpoint = kerasdist.checkpoint_callback(tmp_path / "kept", keep=10, async_save=False)
@@ -392,18 +454,18 @@ def test_a_callbacks_synchronous_saves_build_their_files_in_one_kept_buffer(tmp_
     for ours, theirs in zip(kept, plain, strict=True):
         ours_zip, theirs_zip = (zip_members((Path(c.path) / "model.keras").read_bytes()) for c in (ours, theirs))
         assert ours_zip["model.weights.h5"] == theirs_zip["model.weights.h5"]
-    assert len([size for size in made if size > 0]) == 1 + 3, made  # the callback's one, and one per plain save
-    assert checkpoint.saver._memory._space.file.array.size == 0  # given back at the end of fit
+    assert len(built) == 6 and all(isinstance(b.data, Pieces) for b in built)
+    assert made == []
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["synchronous", "background"])
 def test_a_fits_save_memory_is_sized_and_touched_before_its_first_save(tmp_path, monkeypatch, async_save):
     """A fit's first save paid the first touch of a state-sized buffer on the training thread
-    (seconds a GB here: bench/README.md, "First touches"). The callback sizes the memory its saves
-    reuse from the model's state after the fit's first step, when a fresh model's optimizer has
-    made its slots (Adam's two: twice the weights, more than the sizing's margins here), and
-    touches it in a thread: no save of the fit allocates another (background saves' value copies
-    too)."""
+    (seconds a GB here: bench/README.md, "First touches"). The callback sizes the memory its
+    background saves reuse from the model's state after the fit's first step, when a fresh model's
+    optimizer has made its slots (Adam's two: twice the weights, more than the sizing's margins
+    here), and touches it in a thread: no save of the fit allocates another. Synchronous saves
+    build their files as pieces: they allocate none."""
     from kerasdist.checkpoint import snapshot as snapshot_module
 
     made = []  # every page-aligned file buffer allocated, by size
@@ -431,8 +493,11 @@ def test_a_fits_save_memory_is_sized_and_touched_before_its_first_save(tmp_path,
     model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, shuffle=False,
               callbacks=[checkpoint, keras.callbacks.LambdaCallback(on_train_batch_begin=at_second_step)])
     assert [c.global_step for c in kerasdist.list_checkpoints(tmp_path)] == [4, 8]
+    if not async_save:
+        assert made == [] and held_at_end["file"].size == held_at_end["values"].size == 0
+        return
     assert second["made"] == 1 and second["file"].size > 12e6, (second, made)
-    assert (second["values"].size > 12e6) == async_save
+    assert second["values"].size > 12e6
     assert held_at_end["made"] == 1 and held_at_end["file"] is second["file"], made
     assert held_at_end["values"] is second["values"]
 

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerasdist.checkpoint.pieces import Pieces
+
 Content = bytes | memoryview  # a file's bytes, as saves hand them over
 CHECKSUMS = ("crc32", "sha256")  # what records may hold, newest first
 
@@ -122,40 +124,50 @@ class PendingCrc:
     hold the CRC-32 of the span `data[start:end]`: a zip whose large member's checksum, in its
     local header and its central-directory entry, is left for the writer to compute while it
     writes the rest (`store.direct_io`). `finish` fills them in and gives the whole file's CRC-32;
-    until then the bytes at `fields` are placeholders.
+    until then the bytes at `fields` are placeholders. `data` is one buffer, or `Pieces` (views of
+    the values the file was written from: `pieces.py`).
 
     `span_crc`: the span's CRC-32 when known already (then `fields` hold it already)."""
 
-    data: memoryview
+    data: memoryview | Pieces
     start: int
     end: int
     fields: tuple[int, ...] = ()
     span_crc: int | None = None
     _crc: int | None = field(default=None, init=False)
 
-    def span(self) -> memoryview:
-        return self.data[self.start:self.end]
-
-    def outside_span(self) -> tuple[memoryview, memoryview]:
-        return self.data[:self.start], self.data[self.end:]
+    def crc32_of_span(self) -> int:
+        """The span's CRC-32, computed now (in any thread: the bytes are only read)."""
+        return _crc32(self.data, self.start, self.end)
 
     def finish(self, span_crc: int | None = None) -> int:
         """Fill in the fields with the span's CRC-32 (`span_crc`, else the known one, else computed
         now) and return the whole file's, made from it: the span is not read twice."""
         if self._crc is None:
             if self.span_crc is None:
-                self.span_crc = zlib.crc32(self.span()) if span_crc is None else span_crc
+                self.span_crc = self.crc32_of_span() if span_crc is None else span_crc
             for offset in self.fields:
-                struct.pack_into("<I", self.data, offset, self.span_crc)
-            before, after = self.outside_span()
-            crc = crc32_combine(zlib.crc32(before), self.span_crc, self.end - self.start)
-            self._crc = crc32_combine(crc, zlib.crc32(after), len(after))
+                _pack_crc(self.data, offset, self.span_crc)
+            size = len(self.data)
+            crc = crc32_combine(_crc32(self.data, 0, self.start), self.span_crc, self.end - self.start)
+            self._crc = crc32_combine(crc, _crc32(self.data, self.end, size), size - self.end)
         return self._crc
 
-    def finished(self) -> memoryview:
-        """The file's bytes, its fields filled in."""
+    def finished(self) -> Content:
+        """The file's bytes, its fields filled in (`Pieces` joined into one buffer)."""
         self.finish()
-        return self.data
+        return self.data.joined() if isinstance(self.data, Pieces) else self.data
+
+
+def _crc32(data: memoryview | Pieces, start: int, end: int) -> int:
+    return data.crc32(start, end) if isinstance(data, Pieces) else zlib.crc32(data[start:end])
+
+
+def _pack_crc(data: memoryview | Pieces, offset: int, crc: int) -> None:
+    if isinstance(data, Pieces):
+        data.pack_into("<I", offset, crc)
+    else:
+        struct.pack_into("<I", data, offset, crc)
 
 
 FileContent = Content | PendingCrc  # what a save hands a store to write

@@ -12,7 +12,7 @@ from kerasdist.checkpoint.background import BackgroundWriter
 from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.record import CheckpointInfo, Progress
 from kerasdist.checkpoint.save_policy import SavePolicy
-from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, builds_in_pieces, take_snapshot
 
 
 class Saver:
@@ -48,8 +48,11 @@ class Saver:
 
     def prepare(self, model: Any) -> None:
         """Before the first save of a fit (on the chief, after its first step): the memory its
-        saves reuse, sized for `model` and touched in a thread while training goes on."""
-        self._memory.prepare(model, values=self.policy.options.async_save)
+        saves reuse, sized for `model` and touched in a thread while training goes on (none for
+        synchronous saves that build their files as pieces)."""
+        in_background = self.policy.options.async_save
+        if in_background or not builds_in_pieces():
+            self._memory.prepare(model, values=in_background)
 
     def wait(self) -> None:
         """Wait for the background save in flight, if any; raise `BackgroundSaveError` if it (or

@@ -2,7 +2,8 @@
 and background saves hand to `record.commit`.
 
 `snapshot_now(model)` is a synchronous save's: the same recorded walk, its files made at once by
-`commit` from reads of the variables (no copy), into one buffer sized beforehand (`model.save` on a
+`commit` from reads of the variables (no copy), as `Pieces`: views of those reads and the headers
+between them, which the local store copies through a small buffer as it writes (`model.save` on a
 Keras outside the snapshot's gate).
 `take_snapshot(model)` is what a background save blocks training for: it records everything
 `model.save` would write and `rng.npz` holds, while the model does not change. `Snapshot.files()`
@@ -25,7 +26,8 @@ here (`_frozen`):
   memory or remote values. Anything else is copied, unless it is a fresh array nothing else holds.
 `files()` replays the recorded calls into Keras's own store (`compat.write_keras_zip`), writing into
 the zip's own buffer, where the zip keeps the weights file (so building the zip does not copy it
-again).
+again); without a `SaveMemory`, the zip is `Pieces` instead, its large values views of the
+recorded ones (`pieces.py`).
 
 The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
 Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
@@ -55,6 +57,7 @@ from kerasdist import compat
 from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
 from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
 from kerasdist.checkpoint.model_state import optimizer_step, seed_states, signature
+from kerasdist.checkpoint.pieces import Pieces, PiecesWindow
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,19 @@ class Snapshot:
 def snapshot_now(model: Any, memory: SaveMemory | None = None) -> Snapshot:
     """The model's checkpoint as of now, for a synchronous save (its files made by `commit` at
     once). Through the recorded walk where this Keras supports it: no copy of the values (reads of
-    the variables), the file built once, in memory sized for it (`memory`'s file buffer, kept from
-    one save to the next, else fresh), its CRC-32 from the zip's; else with `model.save`."""
+    the variables), the file built as `Pieces` (views of those reads, no buffer of the file's size)
+    where `builds_in_pieces`, else once in memory sized for it (`memory`'s file buffer, kept from
+    one save to the next, else fresh); else with `model.save`."""
     if compat.keras_snapshot_supported():
-        return take_snapshot(model, memory, copy_values=False)
+        return take_snapshot(model, None if builds_in_pieces() else memory, copy_values=False)
     files: dict[str, FileContent] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
     return Snapshot(optimizer_step(model), signature(model), lambda: dict(files))
+
+
+def builds_in_pieces() -> bool:
+    """Whether a synchronous save builds its file as `Pieces` (then it needs no `SaveMemory`): the
+    recorded walk, and a zip whose CRC-32 the writer computes (the pieces are never joined)."""
+    return compat.keras_snapshot_supported() and compat.zip_crc_later_supported()
 
 
 def take_snapshot(model: Any, memory: SaveMemory | None = None, *, copy_values: bool = True) -> Snapshot:
@@ -139,11 +149,18 @@ def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.Recorde
 def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
                  crc_later: bool = True) -> PendingCrc:
     """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
-    (valid until its next save) or in fresh memory; its weights member's CRC-32 left for the
-    writer to compute (`crc_later`, where compat supports it) or the zip's own."""
+    (valid until its next save), else as `Pieces` (views of the recorded values: no buffer of the
+    state's size) where the CRC-32 is left for the writer, else in fresh memory; its weights
+    member's CRC-32 left for the writer to compute (`crc_later`, where compat supports it) or the
+    zip's own."""
     about = _file_bytes_about(recorded)
-    file = space.file if space is not None else _FileBuffer()
-    file.reserve(about)
+    crc_later = crc_later and compat.zip_crc_later_supported()
+    file: _FileBuffer | Pieces
+    if space is None and crc_later:
+        file = Pieces(np.asarray(value) for entry in recorded.entries for _, value in entry.values)
+    else:
+        file = space.file if space is not None else _FileBuffer()
+        file.reserve(about)
     archive_file = file.window(0)
     weights_start = 0
 
@@ -152,9 +169,9 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
     # fills exactly the room left and the weights never move.
     zip64 = about * 1.05 > 0.9 * zipfile.ZIP64_LIMIT
 
-    def weights_file_for(name: str) -> _Window:
+    def weights_file_for(name: str) -> _Window | PiecesWindow:
         # The weights file is built where the zip will hold it, after its member header: the zip's
-        # write of it is then a copy onto itself, which `_Window.write` skips.
+        # write of it is then a copy onto itself, which the window skips.
         nonlocal weights_start
         header = _ZIP_LOCAL_HEADER_BYTES + len(name.encode()) + (_ZIP64_FIELD_BYTES if zip64 else 0)
         weights_start = archive_file.tell() + header
@@ -162,7 +179,7 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
 
     member, crc_left = compat.write_keras_zip(recorded, archive_file, weights_file_for, weights_zip64=zip64,
                                               crc_later=crc_later)
-    content = archive_file.view()
+    content = archive_file.pieces if isinstance(archive_file, PiecesWindow) else archive_file.view()
     start = _data_start(content, member)
     if start > weights_start:  # cannot happen with the room above; never commit it
         raise RuntimeError(f"The checkpoint's weights member was written over (its header is longer than the "
@@ -173,9 +190,13 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
     return PendingCrc(content, start, start + member.file_size, fields)
 
 
-def _data_start(content: memoryview, member: zipfile.ZipInfo) -> int:
+def _read(content: memoryview | Pieces, offset: int, count: int) -> bytes:
+    return content.read_at(offset, count) if isinstance(content, Pieces) else bytes(content[offset:offset + count])
+
+
+def _data_start(content: memoryview | Pieces, member: zipfile.ZipInfo) -> int:
     """Where `member`'s data starts in the zip `content`, by its local header (APPNOTE 4.3.7)."""
-    name_length, extra_length = struct.unpack_from("<HH", content, member.header_offset + 26)
+    name_length, extra_length = struct.unpack("<HH", _read(content, member.header_offset + 26, 4))
     return member.header_offset + _ZIP_LOCAL_HEADER_BYTES + name_length + extra_length
 
 
@@ -183,20 +204,20 @@ _LOCAL_HEADER_CRC, _CENTRAL_CRC = 14, 16  # the CRC-32's offset in a local heade
 _END_RECORD_BYTES, _ZIP64_LOCATOR_BYTES = 22, 20  # APPNOTE 4.3.16, 4.3.15
 
 
-def _central_entry(content: memoryview, name: str) -> int:
+def _central_entry(content: memoryview | Pieces, name: str) -> int:
     """Where the central-directory entry of the member `name` starts in the zip `content` (one
     without an archive comment, as zipfile writes it), by APPNOTE 4.3.12-4.3.16."""
     end = len(content) - _END_RECORD_BYTES
-    if bytes(content[end:end + 4]) != b"PK\x05\x06":
+    if _read(content, end, 4) != b"PK\x05\x06":
         raise ValueError("not a zip without a comment")
-    position = struct.unpack_from("<I", content, end + 16)[0]
+    position = struct.unpack("<I", _read(content, end + 16, 4))[0]
     if position == 0xFFFFFFFF:  # ZIP64: the offset is in the ZIP64 end record the locator points to
-        zip64_end = struct.unpack_from("<Q", content, end - _ZIP64_LOCATOR_BYTES + 8)[0]
-        position = struct.unpack_from("<Q", content, zip64_end + 48)[0]
+        zip64_end = struct.unpack("<Q", _read(content, end - _ZIP64_LOCATOR_BYTES + 8, 8))[0]
+        position = struct.unpack("<Q", _read(content, zip64_end + 48, 8))[0]
     encoded = name.encode()
-    while bytes(content[position:position + 4]) == b"PK\x01\x02":
-        name_length, extra_length, comment_length = struct.unpack_from("<HHH", content, position + 28)
-        if bytes(content[position + 46:position + 46 + name_length]) == encoded:
+    while _read(content, position, 4) == b"PK\x01\x02":
+        name_length, extra_length, comment_length = struct.unpack("<HHH", _read(content, position + 28, 6))
+        if _read(content, position + 46, name_length) == encoded:
             return position
         position += 46 + name_length + extra_length + comment_length
     raise ValueError(f"no central-directory entry for {name!r}")

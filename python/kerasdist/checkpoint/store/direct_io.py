@@ -14,7 +14,6 @@ import errno
 import mmap
 import os
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
+from kerasdist.checkpoint.pieces import Pieces
 
 
 def write_durably(path: Path, data: FileContent) -> None:
@@ -49,18 +49,18 @@ _direct_buffer: mmap.mmap | None = None  # page-aligned, reused; one writer at a
 _direct_lock = threading.Lock()
 
 
-def _write_direct(path: Path, data: Content, pending: PendingCrc | None = None) -> bool:
+def _write_direct(path: Path, data: Content | Pieces, pending: PendingCrc | None = None) -> bool:
     """Write and fsync `data` as `path` through O_DIRECT; False (nothing left at `path`) where the
     filesystem refuses it, for the buffered path to write instead. With `pending` (whose bytes
     `data` are), its span's CRC-32 is computed in a thread (zlib's crc32 releases the GIL) while
     the blocks without its fields are written, then those fields are filled in and their blocks
-    and the unaligned tail written."""
+    and the unaligned tail written. `Pieces` are copied through the reused buffer."""
     global _direct_buffer
     if not hasattr(os, "O_DIRECT"):
         return False
     aligned = len(data) - len(data) % _DIRECT_ALIGN
-    source = memoryview(data).cast("B")
-    in_place = _address(source) % _DIRECT_ALIGN == 0  # written from where it is, no copy
+    source = data if isinstance(data, Pieces) else memoryview(data).cast("B")
+    in_place = not isinstance(source, Pieces) and _address(source) % _DIRECT_ALIGN == 0  # no copy
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o666)
     except OSError as error:
@@ -73,7 +73,7 @@ def _write_direct(path: Path, data: Content, pending: PendingCrc | None = None) 
                 _direct_buffer = mmap.mmap(-1, _DIRECT_CHUNK)
             span_crc = None
             if pending is not None and pending.span_crc is None:
-                span_crc = summer.submit(zlib.crc32, pending.span())
+                span_crc = summer.submit(pending.crc32_of_span)
             body, last = _blocks_in_order(aligned, pending.fields if pending is not None else ())
             for start, end in body:
                 _write_at(fd, source, start, end, in_place)
@@ -88,7 +88,8 @@ def _write_direct(path: Path, data: Content, pending: PendingCrc | None = None) 
         return False
     finally:
         os.close(fd)
-    _write_and_fsync(path, source[aligned:], "ab")  # the unaligned tail; one fsync for data and metadata
+    tail = source.read_at(aligned, len(source) - aligned) if isinstance(source, Pieces) else source[aligned:]
+    _write_and_fsync(path, tail, "ab")  # the unaligned tail; one fsync for data and metadata
     return True
 
 
@@ -104,14 +105,19 @@ def _blocks_in_order(aligned: int, fields: tuple[int, ...]) -> tuple[list[tuple[
     return body, [(block, block + _DIRECT_ALIGN) for block in held]
 
 
-def _write_at(fd: int, source: memoryview, start: int, end: int, in_place: bool) -> None:
+def _write_at(fd: int, source: memoryview | Pieces, start: int, end: int, in_place: bool) -> None:
     os.lseek(fd, start, os.SEEK_SET)
     if in_place:
+        assert isinstance(source, memoryview)
         _write_all(fd, source[start:end])
+        return
+    assert _direct_buffer is not None
+    chunk = memoryview(_direct_buffer)[:end - start]
+    if isinstance(source, Pieces):
+        source.copy_into(start, chunk)
     else:
-        assert _direct_buffer is not None
-        _direct_buffer[:end - start] = source[start:end]
-        _write_all(fd, memoryview(_direct_buffer)[:end - start])
+        chunk[:] = source[start:end]
+    _write_all(fd, chunk)
 
 
 def _address(view: memoryview) -> int:

@@ -1,0 +1,234 @@
+"""A file's bytes kept as pieces: views of the arrays it was written from, and small bytes of its own.
+
+A synchronous save with no memory kept from one save to the next (`save_checkpoint` by itself)
+builds its `.keras` file this way, not in a buffer of the state's size: h5py's file-object driver
+hands each dataset's write over in the array's own memory, and `Pieces` keeps a view of it where
+that memory is one of the arrays it was lent, else a copy (HDF5's headers, the zip's, small
+values). A fresh state-sized buffer costs seconds a GB to touch on a VM that took freed memory
+back (bench/README.md, "First touches"); pieces cost a view each. The local store copies them
+through its small reused buffer as it writes (`store.direct_io`); anything else gets `joined()`.
+
+A lent array must not change until the file is written: a synchronous save lends reads of the
+variables, which TensorFlow keeps as they were (module docstring of `snapshot`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+Piece = memoryview | bytearray  # a view of a lent array, or bytes of its own
+
+_LEND_MIN_BYTES = 64 << 10  # smaller writes are copied: a few more bytes, far fewer pieces
+
+
+class Pieces:
+    """The bytes of one file, held as pieces in offset order; what no piece covers reads as zeros."""
+
+    def __init__(self, lent: Iterable[np.ndarray] = ()) -> None:
+        arrays = sorted((_address(a), a) for a in _flat_bytes(lent))
+        self._lent_starts = [start for start, _ in arrays]
+        self._lent = [array for _, array in arrays]
+        self._starts: list[int] = []
+        self._pieces: list[Piece] = []
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def lent_bytes(self) -> int:
+        """How many of the file's bytes are views of lent arrays, not copies."""
+        return sum(len(piece) for piece in self._pieces if isinstance(piece, memoryview))
+
+    def window(self, base: int) -> PiecesWindow:
+        """A file object whose byte 0 is byte `base` of these pieces."""
+        return PiecesWindow(self, base)
+
+    def write_at(self, offset: int, data: Any) -> int:
+        """Put `data`'s bytes at `offset`, over whatever was there: as a view where they lie in a
+        lent array, else as a copy."""
+        source = memoryview(data).cast("B")
+        if not source:
+            return 0
+        end = offset + len(source)
+        self._cut(offset, end)
+        piece = self._lent_view(source)
+        at = bisect.bisect_left(self._starts, offset)
+        if piece is None:
+            before = at - 1
+            if before >= 0 and isinstance(self._pieces[before], bytearray) and \
+                    self._starts[before] + len(self._pieces[before]) == offset:
+                self._pieces[before] += source  # adjoining bytes of its own: one piece
+                self.size = max(self.size, end)
+                return len(source)
+            piece = bytearray(source)
+        self._starts.insert(at, offset)
+        self._pieces.insert(at, piece)
+        self.size = max(self.size, end)
+        return len(source)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to `size` bytes, or grow it with zeros."""
+        if size < self.size:
+            self._cut(size, self.size)
+        self.size = size
+
+    def views(self, start: int = 0, end: int | None = None) -> Iterator[Any]:
+        """The bytes from `start` to `end` (the file's end), in order, as views and zeros."""
+        end = self.size if end is None else min(end, self.size)
+        at = max(0, bisect.bisect_right(self._starts, start) - 1)
+        position = start
+        while position < end:
+            if at < len(self._starts) and self._starts[at] <= position:
+                piece_start, piece = self._starts[at], self._pieces[at]
+                if piece_start + len(piece) > position:
+                    stop = min(end, piece_start + len(piece))
+                    yield memoryview(piece)[position - piece_start:stop - piece_start]
+                    position = stop
+                at += 1
+                continue
+            stop = min(end, self._starts[at]) if at < len(self._starts) else end
+            yield bytes(stop - position)
+            position = stop
+
+    def copy_into(self, start: int, target: Any) -> None:
+        """Fill `target` (a writable buffer) with the bytes from `start`."""
+        out = memoryview(target).cast("B")
+        filled = 0
+        for view in self.views(start, start + len(out)):
+            out[filled:filled + len(view)] = view
+            filled += len(view)
+        out[filled:] = bytes(len(out) - filled)
+
+    def read_at(self, offset: int, count: int) -> bytes:
+        return b"".join(bytes(view) for view in self.views(offset, offset + count))
+
+    def crc32(self, start: int = 0, end: int | None = None, crc: int = 0) -> int:
+        """The CRC-32 of the bytes from `start` to `end` (zlib's crc32 releases the GIL)."""
+        for view in self.views(start, end):
+            crc = zlib.crc32(view, crc)
+        return crc
+
+    def pack_into(self, fmt: str, offset: int, *values: Any) -> None:
+        self.write_at(offset, struct.pack(fmt, *values))
+
+    def joined(self) -> bytes:
+        """The file's bytes in one buffer (one copy: `bytes()` of it is no second one)."""
+        return b"".join(self.views())
+
+    def _lent_view(self, source: memoryview) -> memoryview | None:
+        if len(source) < _LEND_MIN_BYTES:
+            return None
+        address = _address(source)
+        at = bisect.bisect_right(self._lent_starts, address) - 1
+        if at < 0:
+            return None
+        offset = address - self._lent_starts[at]
+        array = self._lent[at]
+        if offset + len(source) > array.size:
+            return None
+        return memoryview(array[offset:offset + len(source)])
+
+    def _cut(self, start: int, end: int) -> None:
+        """Remove what pieces hold from `start` to `end`, splitting those that straddle it."""
+        at = max(0, bisect.bisect_right(self._starts, start) - 1)
+        while at < len(self._starts) and self._starts[at] < end:
+            piece_start, piece = self._starts[at], self._pieces[at]
+            piece_end = piece_start + len(piece)
+            if piece_end <= start:
+                at += 1
+                continue
+            kept = []
+            if piece_start < start:
+                kept.append((piece_start, piece[:start - piece_start]))
+            if piece_end > end:
+                kept.append((end, piece[end - piece_start:]))
+            self._starts[at:at + 1] = [s for s, _ in kept]
+            self._pieces[at:at + 1] = [p for _, p in kept]
+            at += len(kept)
+
+
+class PiecesWindow:
+    """A seekable binary file (as h5py's and zipfile's writers use one) on part of a `Pieces`."""
+
+    def __init__(self, pieces: Pieces, base: int) -> None:
+        self.pieces, self._base = pieces, base
+        self._position = self._size = 0
+
+    def view(self) -> PiecesSpan:
+        """The file's bytes, as a span of the pieces (valid while they are)."""
+        return PiecesSpan(self.pieces, self._base, self._base + self._size)
+
+    def write(self, data: Any) -> int:
+        start = self._base + self._position
+        if isinstance(data, PiecesSpan) and data.pieces is self.pieces and data.start == start:
+            count = len(data)  # its own bytes, where they are already: nothing to copy
+        else:
+            count = self.pieces.write_at(start, data)
+        self._position += count
+        self._size = max(self._size, self._position)
+        return count
+
+    def readinto(self, target: Any) -> int:
+        out = memoryview(target).cast("B")
+        count = max(0, min(len(out), self._size - self._position))
+        self.pieces.copy_into(self._base + self._position, out[:count])
+        self._position += count
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        target = bytearray(max(0, self._size - self._position) if size < 0 else size)
+        return bytes(target[:self.readinto(target)])
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        origin = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]
+        self._position = origin + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._position if size is None else size
+        self.pieces.truncate(self._base + size)
+        self._size = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+
+class PiecesSpan:
+    """Bytes `start` to `end` of a `Pieces`: what a `PiecesWindow` hands over as its content."""
+
+    def __init__(self, pieces: Pieces, start: int, end: int) -> None:
+        self.pieces, self.start, self.end = pieces, start, end
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+def _flat_bytes(arrays: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+    for array in arrays:
+        if array.nbytes >= _LEND_MIN_BYTES and array.flags.c_contiguous and not array.dtype.hasobject:
+            yield array.reshape(-1).view(np.uint8)
+
+
+def _address(buffer: Any) -> int:
+    return np.frombuffer(buffer, np.uint8).ctypes.data if len(buffer) else 0
