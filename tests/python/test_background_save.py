@@ -342,7 +342,7 @@ def test_pieces_read_back_as_the_file_written_with_lent_memory_kept_as_views():
     from a lent array's memory are kept as views, others copied; overwrites split pieces, a seek
     past the end leaves zeros, truncate cuts and grows; every read and the CRC-32 agree."""
     lent = np.random.default_rng(0).integers(0, 256, 1 << 18, dtype=np.uint8)
-    pieces = Pieces([lent])
+    pieces = Pieces([lent, lent[1000:], lent])  # lent twice or in part (a weight shared by two layers)
     window, real = pieces.window(3), io.BytesIO()
     real.write(bytes(3))
 

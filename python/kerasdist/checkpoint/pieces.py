@@ -9,7 +9,11 @@ back (bench/README.md, "First touches"); pieces cost a view each. The local stor
 through its small reused buffer as it writes (`store.direct_io`); anything else gets `joined()`.
 
 A lent array must not change until the file is written: a synchronous save lends reads of the
-variables, which TensorFlow keeps as they were (module docstring of `snapshot`).
+variables, which TensorFlow keeps as they were (module docstring of `snapshot`). That h5py hands
+the array's memory over (h5py 3.x's file-object driver, HDF5 writing a large contiguous dataset
+without its sieve buffer) is not a promise of theirs: were it to stop, every byte would be copied
+(correct, one state's size of memory again), and the test of `lent_bytes` in
+tests/python/test_background_save.py fails so that it is seen.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class Pieces:
     """The bytes of one file, held as pieces in offset order; what no piece covers reads as zeros."""
 
     def __init__(self, lent: Iterable[np.ndarray] = ()) -> None:
-        arrays = sorted((_address(a), a) for a in _flat_bytes(lent))
+        arrays = sorted(((_address(a), a) for a in _flat_bytes(lent)), key=lambda pair: pair[0])  # one may repeat
         self._lent_starts = [start for start, _ in arrays]
         self._lent = [array for _, array in arrays]
         self._starts: list[int] = []

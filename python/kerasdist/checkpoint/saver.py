@@ -32,8 +32,9 @@ class Saver:
         self.blocked_seconds: list[float] = []
         self.on_committed: Callable[[CheckpointInfo, float], None] | None = None
         self._writer = BackgroundWriter()
-        # reused from one save to the next (a synchronous save's file buffer too): memory this VM took
-        # back after a save freed it costs seconds a GB to touch again (bench/README.md, "First touches")
+        # reused from one background save to the next (synchronous ones build their files as pieces):
+        # memory this VM took back after a save freed it costs seconds a GB to touch again
+        # (bench/README.md, "First touches")
         self._memory = SaveMemory()
 
     @property
