@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ from kerasdist.checkpoint import checksums, layout
 from kerasdist.checkpoint import manager as checkpoint_manager
 from kerasdist.checkpoint import store as stores
 from kerasdist.checkpoint.background import wait_for_all
+from kerasdist.checkpoint.checksums import PendingCrc
+from kerasdist.checkpoint.pieces import Pieces
 from kerasdist.checkpoint.store import direct_io
 from kerasdist.checkpoint.store import object as object_store
 from kerasdist.gcs_test_server import start_gcs_server
@@ -220,6 +223,30 @@ def test_a_filesystem_refusing_o_direct_gets_the_buffered_write(tmp_path, monkey
         direct_io.write_durably(tmp_path / refuse, data)
         monkeypatch.undo()
         assert (tmp_path / refuse).read_bytes() == data
+
+
+@pytest.mark.parametrize("refuse", [None, "open"], ids=["o-direct", "refused"])
+def test_pieces_are_written_whole_with_their_crc_and_never_joined(tmp_path, monkeypatch, refuse):
+    """A synchronous save's file as `Pieces` (views of lent arrays between bytes of its own, #47),
+    its CRC-32 fields filled in as it is written: the file is the bytes, whether O_DIRECT takes it
+    (copied through the reused buffer) or refuses it (the page cache, a view at a time). Neither
+    joins the pieces into a buffer of the file's size."""
+    lent = np.frombuffer(os.urandom((5 << 20) + 11), np.uint8)
+    pieces = Pieces([lent])
+    pieces.write_at(0, b"head" + bytes(8))  # the CRC-32's field: bytes 4-8
+    pieces.write_at(12, memoryview(lent))
+    pieces.write_at(12 + lent.size, b"tail")
+    assert pieces.lent_bytes == lent.size
+    monkeypatch.setattr(Pieces, "joined", lambda self: pytest.fail("the pieces were joined"))
+    if refuse:
+        real_open = os.open
+        monkeypatch.setattr(os, "open", lambda path, flags, *args: (_ for _ in ()).throw(
+            OSError(errno.EINVAL, "Invalid argument")) if flags & os.O_DIRECT else real_open(path, flags, *args))
+    pending = PendingCrc(pieces, 12, 12 + lent.size, fields=(4,))
+    direct_io.write_durably(tmp_path / "file", pending)
+    expected = b"head" + struct.pack("<I", zlib.crc32(lent)) + bytes(4) + lent.tobytes() + b"tail"
+    assert (tmp_path / "file").read_bytes() == expected
+    assert pending.finish() == zlib.crc32(expected)
 
 
 @pytest.mark.parametrize("first, second", [(0, 0), (0, 9), (9, 0), (1, 1), (300, 7), (5, (1 << 20) + 3)])

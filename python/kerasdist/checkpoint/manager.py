@@ -269,8 +269,9 @@ class CheckpointManager:
     def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
              **fields: Any) -> CheckpointInfo:
         """Write a checkpoint of `model` now, atomically, recording `progress` (or the `fields`
-        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...), its file built in
-        `memory` when given (kept from one save to the next); callers decide who writes (the chief)."""
+        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...); its file is built as
+        pieces of the variables' memory (`snapshot_now`), else in `memory` when given (kept from one
+        save to the next); callers decide who writes (the chief)."""
         return self.commit(snapshot_now(model, memory), progress if progress is not None else Progress.of(**fields))
 
     def commit(self, taken: Snapshot, progress: Progress) -> CheckpointInfo:

@@ -36,9 +36,10 @@ class Pieces:
     """The bytes of one file, held as pieces in offset order; what no piece covers reads as zeros."""
 
     def __init__(self, lent: Iterable[np.ndarray] = ()) -> None:
-        arrays = sorted(((_address(a), a) for a in _flat_bytes(lent)), key=lambda pair: pair[0])  # one may repeat
-        self._lent_starts = [start for start, _ in arrays]
-        self._lent = [array for _, array in arrays]
+        self._lent_starts: list[int] = []
+        self._lent: list[np.ndarray] = []
+        for array in lent:
+            self.lend(array)
         self._starts: list[int] = []
         self._pieces: list[Piece] = []
         self.size = 0
@@ -51,6 +52,15 @@ class Pieces:
         """How many of the file's bytes are views of lent arrays, not copies."""
         return sum(len(piece) for piece in self._pieces if isinstance(piece, memoryview))
 
+    def lend(self, array: np.ndarray) -> None:
+        """Writes from `array`'s memory are kept as views of it from now on: it must not change
+        while these pieces are in use. Small, non-contiguous or object arrays are not lent."""
+        if array.nbytes >= _LEND_MIN_BYTES and array.flags.c_contiguous and not array.dtype.hasobject:
+            flat = array.reshape(-1).view(np.uint8)
+            at = bisect.bisect_right(self._lent_starts, _address(flat))
+            self._lent_starts.insert(at, _address(flat))
+            self._lent.insert(at, flat)
+
     def window(self, base: int) -> PiecesWindow:
         """A file object whose byte 0 is byte `base` of these pieces."""
         return PiecesWindow(self, base)
@@ -62,8 +72,10 @@ class Pieces:
         if not source:
             return 0
         end = offset + len(source)
-        self._cut(offset, end)
         piece = self._lent_view(source)
+        if piece is None and self._overwrite_in_place(offset, source):
+            return len(source)
+        self._cut(offset, end)
         at = bisect.bisect_left(self._starts, offset)
         if piece is None:
             before = at - 1
@@ -127,6 +139,19 @@ class Pieces:
         """The file's bytes in one buffer (one copy: `bytes()` of it is no second one)."""
         return b"".join(self.views())
 
+    def _overwrite_in_place(self, offset: int, source: memoryview) -> bool:
+        """Write `source` into the one piece of our own bytes that holds all of it (HDF5 rewrites
+        its headers at close: no split, no copy of the piece)."""
+        at = bisect.bisect_right(self._starts, offset) - 1
+        if at < 0 or not isinstance(self._pieces[at], bytearray):
+            return False
+        start = offset - self._starts[at]
+        piece = self._pieces[at]
+        if start + len(source) > len(piece):
+            return False
+        piece[start:start + len(source)] = source
+        return True
+
     def _lent_view(self, source: memoryview) -> memoryview | None:
         if len(source) < _LEND_MIN_BYTES:
             return None
@@ -166,13 +191,19 @@ class PiecesWindow:
         self.pieces, self._base = pieces, base
         self._position = self._size = 0
 
+    def lend(self, array: np.ndarray) -> None:
+        self.pieces.lend(array)
+
     def view(self) -> PiecesSpan:
         """The file's bytes, as a span of the pieces (valid while they are)."""
         return PiecesSpan(self.pieces, self._base, self._base + self._size)
 
     def write(self, data: Any) -> int:
         start = self._base + self._position
-        if isinstance(data, PiecesSpan) and data.pieces is self.pieces and data.start == start:
+        if isinstance(data, PiecesSpan):
+            if data.pieces is not self.pieces or data.start != start:
+                raise RuntimeError(f"pieces written elsewhere than where they are ({data.start} to {start}): "
+                                   "not saved")
             count = len(data)  # its own bytes, where they are already: nothing to copy
         else:
             count = self.pieces.write_at(start, data)
@@ -226,12 +257,6 @@ class PiecesSpan:
 
     def __len__(self) -> int:
         return self.end - self.start
-
-
-def _flat_bytes(arrays: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    for array in arrays:
-        if array.nbytes >= _LEND_MIN_BYTES and array.flags.c_contiguous and not array.dtype.hasobject:
-            yield array.reshape(-1).view(np.uint8)
 
 
 def _address(buffer: Any) -> int:

@@ -26,8 +26,9 @@ here (`_frozen`):
   memory or remote values. Anything else is copied, unless it is a fresh array nothing else holds.
 `files()` replays the recorded calls into Keras's own store (`compat.write_keras_zip`), writing into
 the zip's own buffer, where the zip keeps the weights file (so building the zip does not copy it
-again); without a `SaveMemory`, the zip is `Pieces` instead, its large values views of the
-recorded ones (`pieces.py`).
+again); without a `SaveMemory`, where the writer computes the zip's CRC-32
+(`builds_in_pieces`), the zip is `Pieces` instead, its large values views of the recorded ones
+(`pieces.py`).
 
 The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
 Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
@@ -157,7 +158,7 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
     crc_later = crc_later and compat.zip_crc_later_supported()
     file: _FileBuffer | Pieces
     if space is None and crc_later:
-        file = Pieces(np.asarray(value) for entry in recorded.entries for _, value in entry.values)
+        file = Pieces()  # the values lent as h5py is handed each (`compat.WeightsFile.lend`)
     else:
         file = space.file if space is not None else _FileBuffer()
         file.reserve(about)
@@ -317,7 +318,8 @@ class SaveMemory:
     into fresh memory would pay on every copy (figures: bench/README.md, "Memory the VM has handed
     back").
 
-    A checkpoint callback `prepare`s it after a fit's first step, so that its first save finds
+    A checkpoint callback that saves in the background (or where synchronous saves cannot build
+    their files as `Pieces`) `prepare`s it after a fit's first step, so that its first save finds
     the memory sized and touched too. One save at a time: a snapshot taken with it, and the files its
     `files()` returns, are valid until the next snapshot is taken with it (a stale snapshot's
     `files()` raises)."""
@@ -468,6 +470,9 @@ class _Window:
     def __init__(self, buffer: _FileBuffer, base: int) -> None:
         self._buffer, self._base = buffer, base
         self._position = self._size = 0
+
+    def lend(self, array: np.ndarray) -> None:
+        pass  # every write is copied into the buffer
 
     def view(self) -> memoryview:
         """The file's bytes (valid until the buffer's next file)."""

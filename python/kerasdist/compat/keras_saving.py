@@ -160,8 +160,11 @@ def recording_store(freeze: Callable[[Any], Any]) -> Any:
 
 
 class WeightsFile(Protocol):
-    """A seekable binary file h5py writes the weights into, and `view()`, the bytes written."""
+    """A seekable binary file h5py writes the weights into, `view()`, the bytes written, and
+    `lend(array)`, told of each value just before h5py writes it (a file may keep a view of the
+    array's memory instead of a copy of what h5py hands it from there)."""
 
+    def lend(self, array: np.ndarray) -> None: ...
     def write(self, data: Any) -> int: ...
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int: ...
     def tell(self) -> int: ...
@@ -192,7 +195,9 @@ def write_keras_zip(recorded: RecordedSave, archive_file: Any, weights_file_for:
             for entry in recorded.entries:
                 store.make(entry.path, metadata=entry.metadata)
                 for key, value in entry.values:
-                    store[key] = np.asarray(value)  # a tensor's own memory, no copy
+                    array = np.asarray(value)  # a tensor's own memory, no copy
+                    weights_file.lend(array)
+                    store[key] = array
         finally:
             store.close()
         crc_left = _write_member(archive, name, weights_file.view(), weights_zip64,

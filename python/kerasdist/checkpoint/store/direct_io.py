@@ -1,8 +1,8 @@
 """Writing a file durably, and large files without the page cache: the local store's writes.
 
 Checkpoint files of tens of MB are written with O_DIRECT, from where they are when they start on a
-page boundary (a background save's file buffer), else through one reused buffer (a synchronous
-save's `Pieces` are copied into it as they are written), as DeepSpeed's FastPersist does: a
+page boundary (a save's file buffer), else through one reused buffer (a synchronous save's
+`Pieces` are copied into it as they are written), as DeepSpeed's FastPersist does: a
 checkpoint is not read back soon, and filling the page cache with it costs several times the CPU,
 which a background save takes from training on a small machine (figures: bench/README.md, "Memory
 the VM has handed back"). Where a filesystem refuses O_DIRECT (tmpfs, some
@@ -33,12 +33,16 @@ def write_durably(path: Path, data: FileContent) -> None:
     content = pending.data if pending is not None else data
     if len(content) >= _DIRECT_MIN_BYTES and _write_direct(path, content, pending):
         return
-    _write_and_fsync(path, finished(data), "wb")
+    if pending is not None:
+        pending.finish()
+    _write_and_fsync(path, content if isinstance(content, Pieces) else finished(data), "wb")
 
 
 def _write_and_fsync(path: Path, data: Any, mode: str) -> None:
+    """Write `data` (bytes, or `Pieces` one view at a time: never joined) at the end of `path`."""
     with open(path, mode) as stream:
-        stream.write(data)
+        for view in data.views() if isinstance(data, Pieces) else (data,):
+            stream.write(view)
         stream.flush()
         os.fsync(stream.fileno())
 
