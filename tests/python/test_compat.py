@@ -84,6 +84,9 @@ def _copied(value: object) -> np.ndarray:
 
 
 class _WeightsBytes(io.BytesIO):
+    def lend(self, array) -> None:
+        pass  # copies every write
+
     def view(self) -> memoryview:
         return self.getbuffer()
 

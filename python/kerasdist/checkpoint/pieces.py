@@ -184,29 +184,15 @@ class Pieces:
             at += len(kept)
 
 
-class PiecesWindow:
-    """A seekable binary file (as h5py's and zipfile's writers use one) on part of a `Pieces`."""
+class Window:
+    """A seekable binary file, as h5py's and zipfile's writers use one: its position, its size and
+    the calls on them. A subclass keeps the bytes (`_write_here`, `_read_here`, `_resize`)."""
 
-    def __init__(self, pieces: Pieces, base: int) -> None:
-        self.pieces, self._base = pieces, base
+    def __init__(self) -> None:
         self._position = self._size = 0
 
-    def lend(self, array: np.ndarray) -> None:
-        self.pieces.lend(array)
-
-    def view(self) -> PiecesSpan:
-        """The file's bytes, as a span of the pieces (valid while they are)."""
-        return PiecesSpan(self.pieces, self._base, self._base + self._size)
-
     def write(self, data: Any) -> int:
-        start = self._base + self._position
-        if isinstance(data, PiecesSpan):
-            if data.pieces is not self.pieces or data.start != start:
-                raise RuntimeError(f"pieces written elsewhere than where they are ({data.start} to {start}): "
-                                   "not saved")
-            count = len(data)  # its own bytes, where they are already: nothing to copy
-        else:
-            count = self.pieces.write_at(start, data)
+        count = self._write_here(data)
         self._position += count
         self._size = max(self._size, self._position)
         return count
@@ -214,7 +200,7 @@ class PiecesWindow:
     def readinto(self, target: Any) -> int:
         out = memoryview(target).cast("B")
         count = max(0, min(len(out), self._size - self._position))
-        self.pieces.copy_into(self._base + self._position, out[:count])
+        self._read_here(out[:count])
         self._position += count
         return count
 
@@ -232,7 +218,7 @@ class PiecesWindow:
 
     def truncate(self, size: int | None = None) -> int:
         size = self._position if size is None else size
-        self.pieces.truncate(self._base + size)
+        self._resize(size)
         self._size = size
         return size
 
@@ -247,6 +233,48 @@ class PiecesWindow:
 
     def writable(self) -> bool:
         return True
+
+    def _write_here(self, data: Any) -> int:
+        """Put `data` at the position; return how many bytes."""
+        raise NotImplementedError
+
+    def _read_here(self, out: memoryview) -> None:
+        """Fill `out` with the bytes from the position."""
+        raise NotImplementedError
+
+    def _resize(self, size: int) -> None:
+        """Make the file `size` bytes long (zeros where it grows)."""
+        raise NotImplementedError
+
+
+class PiecesWindow(Window):
+    """A file on part of a `Pieces`, from its byte `base`."""
+
+    def __init__(self, pieces: Pieces, base: int) -> None:
+        super().__init__()
+        self.pieces, self._base = pieces, base
+
+    def lend(self, array: np.ndarray) -> None:
+        self.pieces.lend(array)
+
+    def view(self) -> PiecesSpan:
+        """The file's bytes, as a span of the pieces (valid while they are)."""
+        return PiecesSpan(self.pieces, self._base, self._base + self._size)
+
+    def _write_here(self, data: Any) -> int:
+        start = self._base + self._position
+        if isinstance(data, PiecesSpan):
+            if data.pieces is not self.pieces or data.start != start:
+                raise RuntimeError(f"pieces written elsewhere than where they are ({data.start} to {start}): "
+                                   "not saved")
+            return len(data)  # its own bytes, where they are already: nothing to copy
+        return self.pieces.write_at(start, data)
+
+    def _read_here(self, out: memoryview) -> None:
+        self.pieces.copy_into(self._base + self._position, out)
+
+    def _resize(self, size: int) -> None:
+        self.pieces.truncate(self._base + size)
 
 
 class PiecesSpan:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import io
 import mmap
-import os
 import struct
 import sys
 import threading
@@ -58,7 +57,7 @@ from kerasdist import compat
 from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
 from kerasdist.checkpoint.layout import MODEL_FILE, RNG_FILE
 from kerasdist.checkpoint.model_state import optimizer_step, seed_states, signature
-from kerasdist.checkpoint.pieces import Pieces, PiecesWindow
+from kerasdist.checkpoint.pieces import Pieces, PiecesWindow, Window
 
 
 @dataclass(frozen=True)
@@ -464,12 +463,12 @@ def _page_aligned(size: int) -> np.ndarray:
     return raw[start:start + size]
 
 
-class _Window:
-    """A seekable binary file (as h5py's and zipfile's writers use one) on part of a `_FileBuffer`."""
+class _Window(Window):
+    """A file on part of a `_FileBuffer`, from its byte `base`."""
 
     def __init__(self, buffer: _FileBuffer, base: int) -> None:
+        super().__init__()
         self._buffer, self._base = buffer, base
-        self._position = self._size = 0
 
     def lend(self, array: np.ndarray) -> None:
         pass  # every write is copied into the buffer
@@ -478,7 +477,7 @@ class _Window:
         """The file's bytes (valid until the buffer's next file)."""
         return memoryview(self._buffer.array[self._base:self._base + self._size])
 
-    def write(self, data: Any) -> int:
+    def _write_here(self, data: Any) -> int:
         if self._position > self._size:  # a gap left by a seek past the end reads as zeros
             self.truncate(self._position)
         source = np.frombuffer(data, np.uint8)
@@ -487,46 +486,13 @@ class _Window:
         target = self._buffer.array[start:start + source.size]
         if source.size and source.ctypes.data != target.ctypes.data:  # else already in place
             np.copyto(target, source)
-        self._position += source.size
-        self._size = max(self._size, self._position)
         return source.size
 
-    def readinto(self, target: Any) -> int:
-        bytes_out = memoryview(target).cast("B")
-        count = max(0, min(len(bytes_out), self._size - self._position))
+    def _read_here(self, out: memoryview) -> None:
         start = self._base + self._position
-        bytes_out[:count] = self._buffer.array[start:start + count]
-        self._position += count
-        return count
+        out[:] = self._buffer.array[start:start + len(out)]
 
-    def read(self, size: int = -1) -> bytes:
-        target = bytearray(max(0, self._size - self._position) if size < 0 else size)
-        return bytes(target[:self.readinto(target)])
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        origin = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._size}[whence]
-        self._position = origin + offset
-        return self._position
-
-    def tell(self) -> int:
-        return self._position
-
-    def truncate(self, size: int | None = None) -> int:
-        size = self._position if size is None else size
+    def _resize(self, size: int) -> None:
         if size > self._size:  # a file grown by truncate reads as zeros there
             self._buffer.ensure(self._base + size)
             self._buffer.array[self._base + self._size:self._base + size] = 0
-        self._size = size
-        return size
-
-    def flush(self) -> None:
-        pass
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
