@@ -34,7 +34,7 @@ demo: setup-demo
 test: setup
 	@tools/test.sh
 
-# Every benchmark under bench/ (about 18 minutes on 2 cores: 17 min 51 s on 2026-11-28): bench/results/*.json,
+# Every benchmark under bench/ (14-18 minutes on 2 cores: 13 min 52 s and 17 min 51 s on 2026-11-28): bench/results/*.json,
 # summary.md, summary.png. `make bench BENCH="data checkpoint"` runs only those.
 bench: setup
 	@bench/run.sh $(BENCH)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run the benchmarks in order, then bench/summarize.py: bench/results/NAME.json per benchmark,
 # bench/results/summary.md and summary.png, each benchmark's stderr in bench/results/logs/.
-# `make bench` runs this with no arguments: every benchmark, about 18 minutes on 2 CPU cores
-# (17 min 51 s on 2026-11-28).
+# `make bench` runs this with no arguments: every benchmark, 14-18 minutes on 2 CPU cores
+# (13 min 52 s and 17 min 51 s on 2026-11-28).
 #
 #   bench/run.sh [NAME ...]            names from the list below (or script names): only those
 #   BENCH_ARGS_checkpoint="--repeats 2" bench/run.sh checkpoint    other arguments for one
