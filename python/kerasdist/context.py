@@ -150,14 +150,10 @@ def _adopt(strategy: Any) -> None:
         from kerasdist.preemption.agreement import meet_every_worker
         from kerasdist.preemption.signals import ClusterStartHold
 
-        hold = ClusterStartHold()
-        noticed = False
-        try:
-            noticed = hold.noticed()
-            if noticed:
+        with ClusterStartHold() as hold:
+            hold.any_noticed = hold.noticed()
+            if hold.any_noticed:
                 meet_every_worker("kerasdist-preempted-when-adopted")
-        finally:
-            hold.give_back(noticed)
 
 
 def _kind_of(strategy: Any) -> str:

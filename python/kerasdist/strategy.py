@@ -467,24 +467,20 @@ def _join_cluster(strategy: Any, cluster: ClusterInfo) -> None:
     from kerasdist.preemption.signals import ClusterStartHold
 
     task = f"{cluster.task_type}:{cluster.task_index}"
-    hold = ClusterStartHold()
-    any_noticed = False
-    try:  # SIGTERM is given back even when the cluster check fails
+    with ClusterStartHold() as hold:  # SIGTERM is given back even when the cluster check fails
         noticed = hold.noticed()
         if cluster.num_workers == 1:
-            any_noticed = noticed
-        else:
-            exit_when_peer_lost(cluster.num_workers, task)
-            with exit_on_lost_peer(cluster.num_workers, task):
-                try:
-                    any_noticed = _check_cluster_agreement(strategy, cluster, noticed)
-                except Exception as err:  # a peer that read this worker's notice and left: stop alike
-                    if not (noticed and peer_lost(err, cluster.num_workers, task)):
-                        raise
-                    any_noticed = True
-            meet_every_worker("kerasdist-cluster-agreed")
-    finally:
-        hold.give_back(any_noticed)
+            hold.any_noticed = noticed
+            return
+        exit_when_peer_lost(cluster.num_workers, task)
+        with exit_on_lost_peer(cluster.num_workers, task):
+            try:
+                hold.any_noticed = _check_cluster_agreement(strategy, cluster, noticed)
+            except Exception as err:  # a peer that read this worker's notice and left: stop alike
+                if not (noticed and peer_lost(err, cluster.num_workers, task)):
+                    raise
+                hold.any_noticed = True
+        meet_every_worker("kerasdist-cluster-agreed")
 
 
 def _check_cluster_agreement(strategy: Any, cluster: ClusterInfo, noticed: bool) -> bool:

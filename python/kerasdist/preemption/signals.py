@@ -120,12 +120,21 @@ class ClusterStartHold:
     at once and records it, `noticed()` waits long enough for a notice TensorFlow caught just
     before, and `give_back()` hands SIGTERM back to the handler Python has on record. A program
     whose SIGTERM is not a Python handler (switched off: the default action) keeps TensorFlow's.
+    Used as `with ClusterStartHold() as hold:`, the workers' agreement setting `hold.any_noticed`;
+    leaving the block gives SIGTERM back on that agreement, whatever raised.
     """
 
     def __init__(self) -> None:
         self.recorded = False
+        self.any_noticed = False  # what the workers agreed; `give_back` on leaving a `with` acts on it
         self._on_record = signal.getsignal(signal.SIGTERM)
         self._hold = SigtermHold(self._record) if callable(self._on_record) else None
+
+    def __enter__(self) -> ClusterStartHold:
+        return self
+
+    def __exit__(self, *raised: Any) -> None:
+        self.give_back(self.any_noticed)  # also when the agreement failed
 
     def _record(self, signum: int, frame: Any) -> None:
         self.recorded = True
