@@ -63,6 +63,23 @@ def test_a_collective_whose_peer_went_away_is_a_lost_peer_naming_it():
     assert (lost.peer, lost.detail) == (None, "Collective ops is aborted by: Deadline Exceeded")
 
 
+RESTARTED = ("Graph execution error:\n\nDetected at node CollectiveReduceV2\nCollective ops is aborted by: group 1 "
+             "not found. This normally means the server has restarted\nAdditional GRPC error information from remote "
+             "target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/CompleteInstance:")
+
+
+def test_a_peer_restarted_before_the_collective_noticed_is_a_lost_peer():
+    """A supervisor's warm restart in place brings the chief's new server up within seconds; a
+    worker whose next collective reaches it gets FAILED_PRECONDITION, its group unknown there (a
+    fresh-clone run of test_supervisor's chief-killed case: exit 1, so its supervisor did not
+    restart it and the chief's new process waited 60 s for it). That is a lost peer (76)."""
+    lost = peer_lost(tf.errors.FailedPreconditionError(None, None, RESTARTED), 2, "worker:1")
+    assert lost is not None and lost.code == 76 and lost.peer == "worker:0"
+    assert lost.detail.startswith("Collective ops is aborted by: group 1 not found")
+    other = "Could not find variable dense/kernel. This could mean that the variable has been deleted."
+    assert peer_lost(tf.errors.FailedPreconditionError(None, None, other), 2, "worker:1") is None
+
+
 def test_other_errors_and_one_worker_are_no_lost_peer():
     assert peer_lost(tf.errors.UnavailableError(None, None, RESET), num_workers=1) is None
     assert peer_lost(tf.errors.InvalidArgumentError(None, None, RESET), num_workers=2) is None

@@ -55,12 +55,16 @@ PEER_LOST_EXIT_CODE = 76  # "a peer was lost; my state is safe": restart the gro
 # network sees its own heartbeat's deadline exceeded).
 _PEER_LOST_WORDS = re.compile(r"Collective ops is aborted|Connection reset by peer|Connection refused|"
                               r"failed to connect|Socket closed|unhealthy|stopped sending heartbeats")
+# A peer that came back before this worker's collective noticed it was gone (a warm restart in
+# place takes seconds): its new server knows none of the old groups (FAILED_PRECONDITION).
+_PEER_RESTARTED = re.compile(r"not found\. This normally means the server has restarted")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 
 class PeerLostExit(SystemExit):
     """Raised when a multi-worker fit stopped because another worker of the cluster disappeared
-    (its process killed, its host down): the process exits with 76, and code that catches it (R's
+    (its process killed, its host down, or already a new process whose server knows none of the
+    old collectives): the process exits with 76, and code that catches it (R's
     front end, a notebook) learns which peer. Nothing is saved then: the newest checkpoint is
     intact, and a restart of the group (on the workers left) resumes from it.
 
@@ -94,7 +98,9 @@ def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -
     lost_kinds = (errors.UnavailableError, errors.AbortedError, errors.CancelledError, errors.InternalError,
                   errors.DeadlineExceededError)
     message = str(error)
-    if num_workers < 2 or not isinstance(error, lost_kinds) or not _PEER_LOST_WORDS.search(message):
+    gone = isinstance(error, lost_kinds) and _PEER_LOST_WORDS.search(message)
+    restarted = isinstance(error, errors.FailedPreconditionError) and _PEER_RESTARTED.search(message)
+    if num_workers < 2 or not (gone or restarted):
         return None
     cause = next((line.strip() for line in message.splitlines() if _PEER_LOST_WORDS.search(line)), "")
     # The peer is the remote target TensorFlow names, else a task other than this one (the
