@@ -1,7 +1,6 @@
 """A file's bytes kept as pieces: views of the arrays it was written from, and small bytes of its own.
 
-A synchronous save with no memory kept from one save to the next (`save_checkpoint` by itself)
-builds its `.keras` file this way, not in a buffer of the state's size: h5py's file-object driver
+Saves build their `.keras` file this way, not in a buffer of the state's size: h5py's file-object driver
 hands each dataset's write over in the array's own memory, and `Pieces` keeps a view of it where
 that memory is one of the arrays it was lent, else a copy (HDF5's headers, the zip's, small
 values). A fresh state-sized buffer costs seconds a GB to touch on a VM that took freed memory
@@ -9,7 +8,9 @@ back (bench/README.md, "First touches"); pieces cost a view each. The local stor
 through its small reused buffer as it writes (`store.direct_io`); anything else gets `joined()`.
 
 A lent array must not change until the file is written: a synchronous save lends reads of the
-variables, which TensorFlow keeps as they were (module docstring of `snapshot`). That h5py hands
+variables, which TensorFlow keeps as they were (module docstring of `snapshot`); a background
+save its copies in its `SaveMemory`, which the next snapshot reuses only once this file is
+written. That h5py hands
 the array's memory over (h5py 3.x's file-object driver, HDF5 writing a large contiguous dataset
 without its sieve buffer) is not a promise of theirs: were it to stop, every byte would be copied
 (correct, one state's size of memory again), and the test of `lent_bytes` in

@@ -12,7 +12,7 @@ from kerasdist.checkpoint.background import BackgroundWriter
 from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.record import CheckpointInfo, Progress
 from kerasdist.checkpoint.save_policy import SavePolicy
-from kerasdist.checkpoint.snapshot import SaveMemory, builds_in_pieces, take_snapshot
+from kerasdist.checkpoint.snapshot import SaveMemory, take_snapshot
 
 
 class Saver:
@@ -32,9 +32,9 @@ class Saver:
         self.blocked_seconds: list[float] = []
         self.on_committed: Callable[[CheckpointInfo, float], None] | None = None
         self._writer = BackgroundWriter()
-        # reused from one background save to the next (synchronous ones build their files as pieces):
-        # memory this VM took back after a save freed it costs seconds a GB to touch again
-        # (bench/README.md, "First touches")
+        # the copies of the values, reused from one background save to the next: memory this VM
+        # took back after a save freed it costs seconds a GB to touch again (bench/README.md,
+        # "First touches")
         self._memory = SaveMemory()
 
     @property
@@ -51,9 +51,7 @@ class Saver:
         """Before the first save of a fit (on the chief, after its first step): the memory its
         saves reuse, sized for `model` and touched in a thread while training goes on (none for
         synchronous saves that build their files as pieces)."""
-        in_background = self.policy.options.async_save
-        if in_background or not builds_in_pieces():
-            self._memory.prepare(model, values=in_background)
+        self._memory.prepare(model, values=self.policy.options.async_save)
 
     def wait(self) -> None:
         """Wait for the background save in flight, if any; raise `BackgroundSaveError` if it (or

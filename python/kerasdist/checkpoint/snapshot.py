@@ -26,9 +26,8 @@ here (`_frozen`):
   memory or remote values. Anything else is copied, unless it is a fresh array nothing else holds.
 `files()` replays the recorded calls into Keras's own store (`compat.write_keras_zip`), writing into
 the zip's own buffer, where the zip keeps the weights file (so building the zip does not copy it
-again); without a `SaveMemory`, where the writer computes the zip's CRC-32
-(`builds_in_pieces`), the zip is `Pieces` instead, its large values views of the recorded ones
-(`pieces.py`).
+again); where the writer computes the zip's CRC-32 (`builds_in_pieces`), the zip is `Pieces`
+instead, its large values views of the recorded ones (`pieces.py`): no buffer of the file's size.
 
 The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
 Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
@@ -98,18 +97,20 @@ def snapshot_now(model: Any, memory: SaveMemory | None = None) -> Snapshot:
 
 
 def builds_in_pieces() -> bool:
-    """Whether a synchronous save builds its file as `Pieces` (then it needs no `SaveMemory`): the
-    recorded walk, and a zip whose CRC-32 the writer computes (the pieces are never joined)."""
+    """Whether saves build their files as `Pieces`, with no file buffer (then a synchronous save
+    needs no `SaveMemory`, a background one only its copies of the values): the recorded walk, and
+    a zip whose CRC-32 the writer computes (the local store never joins the pieces)."""
     return compat.keras_snapshot_supported() and compat.zip_crc_later_supported()
 
 
 def take_snapshot(model: Any, memory: SaveMemory | None = None, *, copy_values: bool = True) -> Snapshot:
     """Record `model`'s state for a checkpoint; call it on the training thread, between steps.
 
-    With `memory`, the recorded values and the files made from them live in it (see `SaveMemory`):
-    the snapshot, and the files its `files()` returns, stay valid until `memory` takes the next one.
-    `copy_values=False` (a synchronous save, its files made before training goes on) keeps reads of
-    the variables instead of copies; only the file is built in `memory`."""
+    With `memory`, the recorded values live in it (see `SaveMemory`), and the files are made as
+    pieces of them (or in its file buffer where `builds_in_pieces` says no): the snapshot, and the
+    files its `files()` returns, stay valid until `memory` takes the next one. `copy_values=False`
+    (a synchronous save, its files made before training goes on) keeps reads of the variables
+    instead of copies."""
     rng = [np.array(state) for state in seed_states(model)]
     step, weights = optimizer_step(model), signature(model)
     if compat.keras_snapshot_supported():
@@ -148,15 +149,14 @@ def _record_model(model: Any, space: _SaveSpace | None = None) -> compat.Recorde
 
 def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
                  crc_later: bool = True) -> PendingCrc:
-    """The `.keras` zip `model.save` writes for the recorded state, built in `space`'s file buffer
-    (valid until its next save), else as `Pieces` (views of the recorded values: no buffer of the
-    state's size) where the CRC-32 is left for the writer, else in fresh memory; its weights
-    member's CRC-32 left for the writer to compute (`crc_later`, where compat supports it) or the
-    zip's own."""
+    """The `.keras` zip `model.save` writes for the recorded state: as `Pieces` (views of the
+    recorded values, no buffer of the file's size) with its weights member's CRC-32 left for the
+    writer to compute (`crc_later`, where compat supports it); else with the zip's own CRC-32,
+    built in `space`'s file buffer (valid until its next save) or in fresh memory."""
     about = _file_bytes_about(recorded)
     crc_later = crc_later and compat.zip_crc_later_supported()
     file: _FileBuffer | Pieces
-    if space is None and crc_later:
+    if crc_later:
         file = Pieces()  # the values lent as h5py is handed each (`compat.WeightsFile.lend`)
     else:
         file = space.file if space is not None else _FileBuffer()
@@ -309,8 +309,8 @@ def _fresh_references() -> int:
 
 class SaveMemory:
     """Host memory that one save after another reuses: the snapshot's copies of the model's
-    values and the checkpoint file built from them (about twice the checkpoint's size, held
-    until `release`).
+    values (about the checkpoint's size, held until `release`), and where saves cannot build their
+    files as `Pieces` of those copies (`builds_in_pieces`), the checkpoint file too.
 
     Why: memory a process frees goes back to the kernel, and on VMs that reclaim it (virtio
     balloon) touching it again costs many times the CPU of touching memory in use, which a save
@@ -328,16 +328,22 @@ class SaveMemory:
         self._touching: threading.Thread | None = None
 
     def prepare(self, model: Any, values: bool) -> None:
-        """Size the file's buffer (with `values`, the copies' too) for `model`'s state now and
-        touch it in a thread, so that the first save does not pay that first touch on the
-        training thread (seconds a GB on this VM: bench/README.md, "First touches"). A save that
-        comes before the touching is done waits for it."""
+        """Size the copies' memory (with `values`: background saves) and the file's buffer (where
+        files are not built as pieces) for `model`'s state now and touch them in a thread, so that
+        the first save does not pay that first touch on the training thread (seconds a GB on this
+        VM: bench/README.md, "First touches"). A save that comes before the touching is done
+        waits for it."""
         values_bytes, count = _state_bytes(model)
         margin = values_bytes // 100 + (1 << 20)  # what else a save holds: config, counters, seeds
-        self._space.file.reserve(values_bytes + margin + 8192 * count + (4 << 20))
+        arrays = []
+        if not builds_in_pieces():
+            self._space.file.reserve(values_bytes + margin + 8192 * count + (4 << 20))
+            arrays.append(self._space.file.array)
         if values:
             self._space.values.reserve(values_bytes + margin + _Arena._ALIGN * count)
-        arrays = [self._space.file.array] + ([self._space.values.buffer] if values else [])
+            arrays.append(self._space.values.buffer)
+        if not arrays:
+            return
         self._touching = threading.Thread(target=_touch, args=(arrays,), name="kerasdist-save-memory", daemon=True)
         self._touching.start()
 
