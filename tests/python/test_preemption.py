@@ -76,6 +76,9 @@ def test_a_peer_restarted_before_the_collective_noticed_is_a_lost_peer():
     lost = peer_lost(tf.errors.FailedPreconditionError(None, None, RESTARTED), 2, "worker:1")
     assert lost is not None and lost.code == 76 and lost.peer == "worker:0"
     assert lost.detail.startswith("Collective ops is aborted by: group 1 not found")
+    half_formed = "group 2 failed to resolve. This normally means the server has restarted"  # no prefix
+    lost = peer_lost(tf.errors.FailedPreconditionError(None, None, half_formed), 2, "worker:1")
+    assert lost is not None and lost.detail == half_formed
     other = "Could not find variable dense/kernel. This could mean that the variable has been deleted."
     assert peer_lost(tf.errors.FailedPreconditionError(None, None, other), 2, "worker:1") is None
 

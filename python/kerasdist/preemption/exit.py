@@ -57,7 +57,7 @@ _PEER_LOST_WORDS = re.compile(r"Collective ops is aborted|Connection reset by pe
                               r"failed to connect|Socket closed|unhealthy|stopped sending heartbeats")
 # A peer that came back before this worker's collective noticed it was gone (a warm restart in
 # place takes seconds): its new server knows none of the old groups (FAILED_PRECONDITION).
-_PEER_RESTARTED = re.compile(r"not found\. This normally means the server has restarted")
+_PEER_RESTARTED = re.compile(r"(not found|failed to resolve)\. This normally means the server has restarted")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 
@@ -102,7 +102,8 @@ def peer_lost(error: BaseException, num_workers: int, task: str | None = None) -
     restarted = isinstance(error, errors.FailedPreconditionError) and _PEER_RESTARTED.search(message)
     if num_workers < 2 or not (gone or restarted):
         return None
-    cause = next((line.strip() for line in message.splitlines() if _PEER_LOST_WORDS.search(line)), "")
+    cause = next((line.strip() for line in message.splitlines()
+                  if _PEER_LOST_WORDS.search(line) or _PEER_RESTARTED.search(line)), "")
     # The peer is the remote target TensorFlow names, else a task other than this one (the
     # message also names this task's own devices).
     remote = _TASK.search(message, message.find("remote target")) if "remote target" in message else None
