@@ -516,6 +516,32 @@ def test_a_fits_save_memory_is_sized_and_touched_before_its_first_save(tmp_path,
     assert held_at_end["values"] is second["values"]
 
 
+def test_a_second_prepare_waits_for_the_first_touching_thread(monkeypatch):
+    """A fit that raised leaves its SaveMemory's touching thread running (no end of fit released
+    it); the next fit's `prepare` reuses the same memory, so it waits for that thread, which would
+    otherwise write into the values the next saves copy there."""
+    from kerasdist.checkpoint import snapshot as snapshot_module
+
+    active, most, lock = [0], [0], threading.Lock()
+
+    def slow_touch(arrays):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.3)
+        with lock:
+            active[0] -= 1
+
+    monkeypatch.setattr(snapshot_module, "_touch", slow_touch)
+    model = build_model()
+    model.fit(data(), epochs=1, verbose=0)
+    memory = SaveMemory()
+    memory.prepare(model, values=True)
+    memory.prepare(model, values=True)
+    memory.release()
+    assert most[0] == 1
+
+
 def failing_save_files(monkeypatch, fail_on: int) -> list[int]:
     """Fault injection: the `fail_on`-th commit (1-based) fails as a full disk would."""
     calls: list[int] = []

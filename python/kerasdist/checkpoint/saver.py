@@ -32,9 +32,9 @@ class Saver:
         self.blocked_seconds: list[float] = []
         self.on_committed: Callable[[CheckpointInfo, float], None] | None = None
         self._writer = BackgroundWriter()
-        # the copies of the values, reused from one background save to the next: memory this VM
-        # took back after a save freed it costs seconds a GB to touch again (bench/README.md,
-        # "First touches")
+        # the copies of the values (and the file's buffer where files are not built as pieces),
+        # reused from one background save to the next: memory this VM took back after a save freed
+        # it costs seconds a GB to touch again (bench/README.md, "First touches")
         self._memory = SaveMemory()
 
     @property

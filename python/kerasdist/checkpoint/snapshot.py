@@ -321,7 +321,8 @@ class SaveMemory:
     their files as `Pieces`) `prepare`s it after a fit's first step, so that its first save finds
     the memory sized and touched too. One save at a time: a snapshot taken with it, and the files its
     `files()` returns, are valid until the next snapshot is taken with it (a stale snapshot's
-    `files()` raises)."""
+    `files()` raises), so a caller writes those files before it takes the next snapshot (the
+    `Saver` waits for its background writer first)."""
 
     def __init__(self) -> None:
         self._space = _SaveSpace(_Arena(), _FileBuffer(), 0)
@@ -333,6 +334,7 @@ class SaveMemory:
         the first save does not pay that first touch on the training thread (seconds a GB on this
         VM: bench/README.md, "First touches"). A save that comes before the touching is done
         waits for it."""
+        self._touched()  # a touching thread left by a fit that raised must not write into what comes next
         values_bytes, count = _state_bytes(model)
         margin = values_bytes // 100 + (1 << 20)  # what else a save holds: config, counters, seeds
         arrays = []

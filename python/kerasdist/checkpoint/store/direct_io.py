@@ -1,8 +1,9 @@
 """Writing a file durably, and large files without the page cache: the local store's writes.
 
 Checkpoint files of tens of MB are written with O_DIRECT, from where they are when they start on a
-page boundary (a save's file buffer), else through one reused buffer (a synchronous save's
-`Pieces` are copied into it as they are written), as DeepSpeed's FastPersist does: a
+page boundary (a save's file buffer, where files are not built as pieces), else through one
+reused buffer (a save's `Pieces` are copied into it as they are written), as DeepSpeed's
+FastPersist does: a
 checkpoint is not read back soon, and filling the page cache with it costs several times the CPU,
 which a background save takes from training on a small machine (figures: bench/README.md, "Memory
 the VM has handed back"). Where a filesystem refuses O_DIRECT (tmpfs, some
