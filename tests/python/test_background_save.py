@@ -27,7 +27,7 @@ import kerasdist
 from kerasdist import compat
 from kerasdist.checkpoint import background, layout, save_checkpoint
 from kerasdist.checkpoint.manager import CheckpointManager
-from kerasdist.checkpoint.pieces import Pieces
+from kerasdist.checkpoint.pieces import Pieces, address_of
 from kerasdist.checkpoint.snapshot import (
     SaveMemory,
     _FileBuffer,
@@ -228,10 +228,6 @@ def test_snapshots_make_a_temporary_directory_only_for_models_with_assets(make, 
     got = zip_members(bytes(files["model.keras"]))
     assert list(got) == list(expected)
     assert all(got[name] == expected[name] for name in expected if name != "metadata.json")
-
-
-def address_of(content) -> int:
-    return np.frombuffer(content, np.uint8).ctypes.data
 
 
 @pytest.mark.parametrize("make", [build_model, lookup_model], ids=["dense-dropout", "lookup-assets"])

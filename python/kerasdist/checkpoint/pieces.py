@@ -1,7 +1,7 @@
 """A file's bytes kept as pieces: views of the arrays it was written from, and small bytes of its own.
 
-Saves build their `.keras` file this way, not in a buffer of the state's size: h5py's file-object driver
-hands each dataset's write over in the array's own memory, and `Pieces` keeps a view of it where
+Saves build their `.keras` file this way, not in a buffer of the state's size: h5py's file-object
+driver hands each dataset's write over in the array's own memory, and `Pieces` keeps a view of it where
 that memory is one of the arrays it was lent, else a copy (HDF5's headers, the zip's, small
 values). A fresh state-sized buffer costs seconds a GB to touch on a VM that took freed memory
 back (bench/README.md, "First touches"); pieces cost a view each. The local store copies them
@@ -10,11 +10,10 @@ through its small reused buffer as it writes (`store.direct_io`); anything else 
 A lent array must not change until the file is written: a synchronous save lends reads of the
 variables, which TensorFlow keeps as they were (module docstring of `snapshot`); a background
 save its copies in its `SaveMemory`, which the next snapshot reuses only once this file is
-written. That h5py hands
-the array's memory over (h5py 3.x's file-object driver, HDF5 writing a large contiguous dataset
-without its sieve buffer) is not a promise of theirs: were it to stop, every byte would be copied
-(correct, one state's size of memory again), and the test of `lent_bytes` in
-tests/python/test_background_save.py fails so that it is seen.
+written. That h5py hands the array's memory over (h5py 3.x's file-object driver, HDF5 writing a
+large contiguous dataset without its sieve buffer) is not a promise of theirs: were it to stop,
+every byte would be copied (correct, one state's size of memory again), and the test of
+`lent_bytes` in tests/python/test_background_save.py fails so that it is seen.
 """
 
 from __future__ import annotations
@@ -58,8 +57,8 @@ class Pieces:
         while these pieces are in use. Small, non-contiguous or object arrays are not lent."""
         if array.nbytes >= _LEND_MIN_BYTES and array.flags.c_contiguous and not array.dtype.hasobject:
             flat = array.reshape(-1).view(np.uint8)
-            at = bisect.bisect_right(self._lent_starts, _address(flat))
-            self._lent_starts.insert(at, _address(flat))
+            at = bisect.bisect_right(self._lent_starts, address_of(flat))
+            self._lent_starts.insert(at, address_of(flat))
             self._lent.insert(at, flat)
 
     def window(self, base: int) -> PiecesWindow:
@@ -125,7 +124,7 @@ class Pieces:
         out[filled:] = bytes(len(out) - filled)
 
     def read_at(self, offset: int, count: int) -> bytes:
-        return b"".join(bytes(view) for view in self.views(offset, offset + count))
+        return b"".join(self.views(offset, offset + count))
 
     def crc32(self, start: int = 0, end: int | None = None, crc: int = 0) -> int:
         """The CRC-32 of the bytes from `start` to `end` (zlib's crc32 releases the GIL)."""
@@ -156,7 +155,7 @@ class Pieces:
     def _lent_view(self, source: memoryview) -> memoryview | None:
         if len(source) < _LEND_MIN_BYTES:
             return None
-        address = _address(source)
+        address = address_of(source)
         at = bisect.bisect_right(self._lent_starts, address) - 1
         if at < 0:
             return None
@@ -288,5 +287,6 @@ class PiecesSpan:
         return self.end - self.start
 
 
-def _address(buffer: Any) -> int:
+def address_of(buffer: Any) -> int:
+    """Where `buffer`'s bytes start in memory (0 when it has none)."""
     return np.frombuffer(buffer, np.uint8).ctypes.data if len(buffer) else 0

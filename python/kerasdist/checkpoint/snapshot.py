@@ -91,7 +91,7 @@ def snapshot_now(model: Any, memory: SaveMemory | None = None) -> Snapshot:
     where `builds_in_pieces`, else once in memory sized for it (`memory`'s file buffer, kept from
     one save to the next, else fresh); else with `model.save`."""
     if compat.keras_snapshot_supported():
-        return take_snapshot(model, None if builds_in_pieces() else memory, copy_values=False)
+        return take_snapshot(model, memory, copy_values=False)
     files: dict[str, FileContent] = {MODEL_FILE: keras_bytes_now(model), RNG_FILE: npz_bytes(seed_states(model))}
     return Snapshot(optimizer_step(model), signature(model), lambda: dict(files))
 
@@ -154,7 +154,7 @@ def _keras_bytes(recorded: compat.RecordedSave, space: _SaveSpace | None = None,
     writer to compute (`crc_later`, where compat supports it); else with the zip's own CRC-32,
     built in `space`'s file buffer (valid until its next save) or in fresh memory."""
     about = _file_bytes_about(recorded)
-    crc_later = crc_later and compat.zip_crc_later_supported()
+    crc_later = crc_later and builds_in_pieces()
     file: _FileBuffer | Pieces
     if crc_later:
         file = Pieces()  # the values lent as h5py is handed each (`compat.WeightsFile.lend`)

@@ -20,10 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc, finished
-from kerasdist.checkpoint.pieces import Pieces
+from kerasdist.checkpoint.checksums import Content, FileContent, PendingCrc
+from kerasdist.checkpoint.pieces import Pieces, address_of
 
 
 def write_durably(path: Path, data: FileContent) -> None:
@@ -35,8 +33,8 @@ def write_durably(path: Path, data: FileContent) -> None:
     if len(content) >= _DIRECT_MIN_BYTES and _write_direct(path, content, pending):
         return
     if pending is not None:
-        pending.finish()
-    _write_and_fsync(path, content if isinstance(content, Pieces) else finished(data), "wb")
+        pending.finish()  # its fields filled in, in `content`
+    _write_and_fsync(path, content, "wb")
 
 
 def _write_and_fsync(path: Path, data: Any, mode: str) -> None:
@@ -66,7 +64,7 @@ def _write_direct(path: Path, data: Content | Pieces, pending: PendingCrc | None
         return False
     aligned = len(data) - len(data) % _DIRECT_ALIGN
     source = data if isinstance(data, Pieces) else memoryview(data).cast("B")
-    in_place = not isinstance(source, Pieces) and _address(source) % _DIRECT_ALIGN == 0  # no copy
+    in_place = not isinstance(source, Pieces) and address_of(source) % _DIRECT_ALIGN == 0  # no copy
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o666)
     except OSError as error:
@@ -125,9 +123,6 @@ def _write_at(fd: int, source: memoryview | Pieces, start: int, end: int, in_pla
         chunk[:] = source[start:end]
     _write_all(fd, chunk)
 
-
-def _address(view: memoryview) -> int:
-    return np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
 
 
 def _write_all(fd: int, view: memoryview) -> None:
