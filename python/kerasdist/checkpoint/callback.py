@@ -10,6 +10,7 @@ callback follows the fit (epoch, step, history) and tells each part what happene
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.recorder = RunRecorder()
         self.saver.on_committed = self.recorder.committed
         self.run = run if run is not None else RunRecord()
+        self.source: Any = None  # the data the trainer reads itself, whose position checkpoints keep
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
         self.tensorboard_dir: str | None = None
         # a trainer whose steps run asynchronously (ps_fit) sets this: finish the steps in flight
@@ -141,8 +143,13 @@ class CheckpointCallback(keras.callbacks.Callback):
     def use_run(self, run: RunRecord) -> None:
         """Record `run` in the checkpoints from now on (resume_fit tells a callback the user made
         what its data is; settings the callback was given are kept unless `run` has some)."""
-        self.run = run if run.settings or not self.run.settings else RunRecord(
-            self.run.settings, run.global_batch_size, run.epoch_order)
+        kept = run.settings or not self.run.settings
+        self.run = run if kept else dataclasses.replace(run, settings=self.run.settings)
+
+    def use_input(self, source: Any) -> None:
+        """Keep `source`'s position (a `data.resumable.ResumableInput`, which the trainer reads
+        one batch per step) in every checkpoint from now on; None: no position."""
+        self.source = source
 
     def wants_settled_state(self) -> bool:
         """Whether the next batch end saves a checkpoint on preemption, so a trainer that runs
@@ -311,7 +318,9 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.policy.saving()
             self._saved_step = optimizer_step(self.model)
             state = self.others.checkpointed(self.model, mid_epoch=step > 0, one_worker=self._one_worker)
-            return Progress.of(epoch, step, self._history, logs, self._task, self.run, callbacks=state)
+            position = self.source.state() if self.source is not None else None
+            return Progress.of(epoch, step, self._history, logs, self._task, self.run, callbacks=state,
+                               input=position)
 
         in_background = self.options.async_save and not (final or self.hold.preempted)
         try:

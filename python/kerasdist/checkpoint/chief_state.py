@@ -9,7 +9,8 @@ none (node-local scratch, a pod's own disk), an older copy, or a directory of it
 So under multi-worker only the chief reads checkpoints: it restores its newest valid one as on a
 single host, then sends every worker, in one message, the checkpoint's record (the resume point
 and history) or the error it met, the restored state (the bytes of every variable: weights,
-optimizer slots and counters, random-generator states) and the other callbacks' state. The
+optimizer slots and counters, random-generator states), the other callbacks' state and the
+position of the data's reader (every worker reads the same pipeline: `data/resumable.py`). The
 message is two all-reduce sums to which only the chief contributes, its parts' lengths and then
 their bytes as int64 words: adding zeros to integers is exact, so each worker receives the
 chief's bytes bit for bit. Workers therefore never restore from checkpoint files. They may
@@ -43,15 +44,16 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
     checkpoint restored (the chief's), or None when there is none."""
     strategy = context.strategy
     _build_optimizer_quietly(model)  # its variables are made by collectives: on every worker alike
-    parts = [b"", b"", b""]  # the header (record or error), the variables' bytes, the callbacks' state
+    # the header (record or error), the variables' bytes, the callbacks' state, the data's position
+    parts = [b"", b"", b"", b""]
     info = None
     if context.is_chief:
         try:
             info, parts = _chief_restore(manager, model)
         except Exception as err:
-            _broadcast_parts(strategy, True, [_json({"error": f"{type(err).__name__}: {err}"}), b"", b""])
+            _broadcast_parts(strategy, True, [_json({"error": f"{type(err).__name__}: {err}"}), b"", b"", b""])
             raise
-    text, state, callbacks = _broadcast_parts(strategy, context.is_chief, parts)
+    text, state, callbacks, position = _broadcast_parts(strategy, context.is_chief, parts)
     header = json.loads(text.decode())
     if "error" in header:
         raise ValueError(
@@ -62,18 +64,26 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
         return info
     _assign_state(state_variables(model), state, manager)
     info = CheckpointInfo(**header["checkpoint"])
-    manager.note_restored(model, info, callbacks if header["callbacks"] else None)
+    manager.note_restored(model, info, callbacks if header["callbacks"] else None,
+                          position if header.get("input") else None)
     return info
 
 
 def _chief_restore(manager: Any, model: Any) -> tuple[CheckpointInfo | None, list[bytes]]:
-    """The chief's restore, and what it sends: the header, the variables' bytes, the callbacks' state."""
+    """The chief's restore, and what it sends: the header, the variables' bytes, the callbacks'
+    state, the data's position."""
     info = manager.restore(model)
-    restored = manager.callback_state(model, read=False)
-    callbacks = restored[1] if restored is not None else None  # what the chief restored of the other callbacks
-    header = {"checkpoint": None if info is None else dataclasses.asdict(info), "callbacks": callbacks is not None}
+    callbacks, position = (_restored(manager.callback_state(model, read=False)),
+                           _restored(manager.input_state(model, read=False)))
+    header = {"checkpoint": None if info is None else dataclasses.asdict(info), "callbacks": callbacks is not None,
+              "input": position is not None}
     state = _state_bytes(state_variables(model)) if info is not None else b""
-    return info, [_json(header), state, callbacks or b""]
+    return info, [_json(header), state, callbacks or b"", position or b""]
+
+
+def _restored(kept: tuple[Any, bytes | None] | None) -> bytes | None:
+    """The bytes of what the chief restored (`manager.callback_state` / `input_state`), or None."""
+    return kept[1] if kept is not None else None
 
 
 def check_chief_checkpoint_is_seen(manager: Any, context: Any) -> None:

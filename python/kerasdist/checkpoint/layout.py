@@ -3,8 +3,9 @@ snapshot.
 
 A checkpoint is an entry `ckpt-<global step>/` holding `model.keras` (weights, optimizer state,
 config), `rng.npz` (the Keras seed-generator states that `load_model` does not restore), `callbacks.npz`
-(the other callbacks' state, when any has some) and `state.json`, its completion record
-(`record.py`), written last.
+(the other callbacks' state, when any has some), `input.bin` (the position of the data the
+trainer reads itself, `data/resumable.py`, when it keeps one) and `state.json`, its completion
+record (`record.py`), written last.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ MODEL_FILE = "model.keras"
 RNG_FILE = "rng.npz"
 # The state of the callbacks beside the checkpoint callback (`callback_state.py`), when any has state.
 CALLBACKS_FILE = "callbacks.npz"
+# The position of the training data's reader (`data/resumable.py`), when the data keeps one.
+INPUT_FILE = "input.bin"
 CHECKPOINT_PREFIX = "ckpt-"
 TEMP_PREFIX = ".tmp-ckpt-"
 # Local: a checkpoint displaced by a new save of the same step keeps a `ckpt-` name (so it is

@@ -32,7 +32,14 @@ import keras
 
 from kerasdist import compat
 from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
-from kerasdist.checkpoint.layout import CALLBACKS_FILE, MODEL_FILE, REPLACED_MARK, RNG_FILE, step_of
+from kerasdist.checkpoint.layout import (
+    CALLBACKS_FILE,
+    INPUT_FILE,
+    MODEL_FILE,
+    REPLACED_MARK,
+    RNG_FILE,
+    step_of,
+)
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.checkpoint.record import (
     CheckpointInfo,
@@ -166,14 +173,22 @@ class CheckpointManager:
         """The checkpoint `model` stands at (its step) and the state of the callbacks it kept
         (None when it kept none), or None when no checkpoint holds the model's step: the one the
         model was restored from, else (when `read`) the newest valid one if it is of this step."""
+        return self._kept(model, "callbacks", CALLBACKS_FILE, read)
+
+    def input_state(self, model: Any, read: bool = True) -> tuple[CheckpointInfo, bytes | None] | None:
+        """As `callback_state`, the position of the training data's reader the checkpoint kept
+        (`input.bin`, `data/resumable.py`), None when it kept none."""
+        return self._kept(model, "input", INPUT_FILE, read)
+
+    def _kept(self, model: Any, part: str, file: str, read: bool) -> tuple[CheckpointInfo, bytes | None] | None:
         restored = self._restored_into(model)
         if restored is not None:
-            return restored.info, restored.callbacks
+            return restored.info, getattr(restored, part)
         latest = self.latest() if read else None
         if latest is None or latest.global_step != optimizer_step(model):
             return None
         entry = self.store.entry_of(latest.path)
-        return latest, _kept_callbacks(functools.partial(self.store.read, entry, CALLBACKS_FILE))
+        return latest, _kept_file(functools.partial(self.store.read, entry, file))
 
     def best(self, better: Callable[[CheckpointInfo, CheckpointInfo | None], bool]) -> CheckpointInfo | None:
         """The epoch-end checkpoint that `better(candidate, best_so_far)` ranks first."""
@@ -189,14 +204,14 @@ class CheckpointManager:
         into a built `model`; returns it, or None when there is none."""
         started = time.perf_counter()
         self.create()
-        latest, blob = None, None
+        latest, callbacks, position = None, None, None
         with contextlib.closing(self._newest_files(model)) as newest:  # a download is removed, even on an error
             for latest, local in newest:
                 _load_weights(model, local / MODEL_FILE, verified=True)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
-                blob = _kept_callbacks((local / CALLBACKS_FILE).read_bytes)
+                callbacks, position = _kept_files(local)
         self.restores.append((time.time(), time.perf_counter() - started, latest))
-        self.note_restored(model, latest, blob)
+        self.note_restored(model, latest, callbacks, position)
         return latest
 
     def load_model(self, custom_objects: Any = None, safe_mode: bool = True) -> Any:
@@ -208,7 +223,7 @@ class CheckpointManager:
                 model = keras.models.load_model(local / MODEL_FILE, custom_objects=custom_objects, safe_mode=safe_mode)
                 restore_seed_states(model, local / RNG_FILE, latest.path)
                 self.restores.append((time.time(), time.perf_counter() - started, latest))
-                self.note_restored(model, latest, _kept_callbacks((local / CALLBACKS_FILE).read_bytes))
+                self.note_restored(model, latest, *_kept_files(local))
                 return model
         raise ValueError(
             f"checkpoint_dir {str(self.directory)!r} holds no valid checkpoint, and no build_fn "
@@ -258,12 +273,14 @@ class CheckpointManager:
                 _warn_damaged(self.store, entry, problem)
         return sorted(found, key=lambda candidate: _newness(candidate[0]), reverse=True)
 
-    def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None) -> None:
+    def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None,
+                      position: bytes | None = None) -> None:
         """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
         read; None: nothing to restore): its resume point is `info`, its callbacks' state
-        `callbacks`, and the model remembers this manager, so `resume_fit(model, data, epochs)`
-        needs no `checkpoint` argument (`model |> resume_fit(data, epochs = 5)` in R)."""
-        object.__setattr__(model, _RESTORED_ATTRIBUTE, Restored(self, info, callbacks))
+        `callbacks`, its data's position `position`, and the model remembers this manager, so
+        `resume_fit(model, data, epochs)` needs no `checkpoint` argument
+        (`model |> resume_fit(data, epochs = 5)` in R)."""
+        object.__setattr__(model, _RESTORED_ATTRIBUTE, Restored(self, info, callbacks, position))
 
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
@@ -309,12 +326,17 @@ def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
         warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
 
 
-def _kept_callbacks(read: Callable[[], bytes]) -> bytes | None:
-    """The callbacks' state a checkpoint kept: `read()` of its `callbacks.npz` (in its store, or in
-    the local copy a restore verified); None when it kept none."""
+def _kept_file(read: Callable[[], bytes]) -> bytes | None:
+    """A state a checkpoint may keep (`callbacks.npz`, `input.bin`): `read()` of it (in its store,
+    or in the local copy a restore verified); None when it kept none."""
     with contextlib.suppress(FileNotFoundError):
         return read()
     return None
+
+
+def _kept_files(local: Path) -> tuple[bytes | None, bytes | None]:
+    """The callbacks' state and the data's position a checkpoint's local files kept."""
+    return _kept_file((local / CALLBACKS_FILE).read_bytes), _kept_file((local / INPUT_FILE).read_bytes)
 
 
 def _ready_for(model: Any, store: Any, info: CheckpointInfo, record: dict[str, Any] | None = None) -> None:
@@ -400,11 +422,13 @@ def as_manager(checkpoint_dir: Any, model: Any = None,
 @dataclass(frozen=True)
 class Restored:
     """What a model was restored with: through which manager, from which checkpoint (None:
-    there was none), with which callbacks' state (`callbacks.npz`'s bytes, None if none)."""
+    there was none), with which callbacks' state (`callbacks.npz`'s bytes, None if none) and
+    which position of the data (`input.bin`'s bytes, None if none)."""
 
     manager: CheckpointManager
     info: CheckpointInfo | None
     callbacks: bytes | None = None
+    input: bytes | None = None
 
 
 _RESTORED_ATTRIBUTE = "_kerasdist_restored"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist.checkpoint.checksums import CHECKSUMS, FileContent, PendingCrc, describe
-from kerasdist.checkpoint.layout import CALLBACKS_FILE, RECORD_FILE
+from kerasdist.checkpoint.layout import CALLBACKS_FILE, INPUT_FILE, RECORD_FILE
 from kerasdist.checkpoint.model_state import plain
 from kerasdist.checkpoint.snapshot import Snapshot
 from kerasdist.checkpoint.store import Store
@@ -59,6 +59,8 @@ class CheckpointInfo:
             (data from `make_dataset`); a resume under another global batch is told apart by it.
         epoch_order: the name of the function that ordered its epochs (shuffled `make_dataset`
             data), when known; a resume whose kerasdist orders them otherwise is told apart by it.
+        steps_per_epoch: batches per epoch of the data that trained it, when the data could not
+            tell without a pass over it (a dataset with a filter); a resume reuses it.
         saved_at: when it was saved (seconds since the epoch, UTC), as its record says.
         size: bytes of its files, as its record lists them (the record itself not counted).
     """
@@ -73,6 +75,7 @@ class CheckpointInfo:
     settings: dict[str, Any] = field(default_factory=dict)
     global_batch_size: int | None = None
     epoch_order: str | None = None
+    steps_per_epoch: int | None = None
     saved_at: float | None = None
     size: int | None = None
 
@@ -90,11 +93,13 @@ class RunRecord:
         settings: the training settings (`speed.TrainingSettings.record()`), or empty.
         global_batch_size: samples per optimizer step, when known.
         epoch_order: the name of the function that orders the epochs, when known.
+        steps_per_epoch: batches per epoch, recorded when counting them takes a pass.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
     global_batch_size: int | None = None
     epoch_order: str | None = None
+    steps_per_epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class Progress:
         writer: the task that writes it ("worker:0"), or None outside a cluster.
         run: what the run records about itself.
         callbacks: the other callbacks' state (`callback_state.CallbackStates.encode`), or None.
+        input: the position of the data's reader (`data/resumable.py`), or None.
     """
 
     epoch: int
@@ -119,17 +125,18 @@ class Progress:
     writer: str | None = None
     run: RunRecord = field(default_factory=RunRecord)
     callbacks: bytes | None = None
+    input: bytes | None = None
 
     @classmethod
     def of(cls, epoch: int, step_in_epoch: int = 0, history: Any = None, metrics: Any = None,
            writer: str | None = None, run: RunRecord | None = None, callbacks: bytes | None = None,
-           **run_fields: Any) -> Progress:
+           input: bytes | None = None, **run_fields: Any) -> Progress:
         """The progress to record, copied: `run`, or its fields as keywords (`settings`,
         `global_batch_size`, `epoch_order`, as `CheckpointManager.save` takes them)."""
         if run is None:
             run = RunRecord(dict(run_fields.pop("settings", None) or {}), **run_fields)
         return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer, run,
-                   callbacks)
+                   callbacks, input)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,6 +213,7 @@ def _info_of(path: str, record: dict[str, Any]) -> CheckpointInfo:
         settings=dict(record.get("settings") or {}),
         global_batch_size=None if record.get("global_batch_size") is None else int(record["global_batch_size"]),
         epoch_order=record.get("epoch_order"),
+        steps_per_epoch=record.get("steps_per_epoch"),
         saved_at=None if record.get("saved_at") is None else float(record["saved_at"]),
         size=sum(int(item["size"]) for item in record["files"].values()),
     )
@@ -249,9 +257,13 @@ def commit(store: Store, taken: Snapshot, progress: Progress) -> CheckpointInfo:
     run = {"settings": dict(facts.settings)} if facts.settings else {}
     if facts.epoch_order:
         run["epoch_order"] = facts.epoch_order
+    if facts.steps_per_epoch:
+        run["steps_per_epoch"] = facts.steps_per_epoch
     files = taken.files_to_write()
     if progress.callbacks is not None:
         files = {**files, CALLBACKS_FILE: progress.callbacks}
+    if progress.input is not None:
+        files = {**files, INPUT_FILE: progress.input}
     record = {
         "format": FORMAT_VERSION,
         "epoch": progress.epoch,

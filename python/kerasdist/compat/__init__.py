@@ -22,13 +22,17 @@ Keras and TensorFlow (tools/upstream_check.py).
   heartbeat timeout (`configure_coordination`);
 - `tf_cluster`: the preemption handler's GCE probe (`gce_metadata_probe_off`) and TensorFlow's
   SlurmClusterResolver on CPU-only nodes (`slurm_resolver`);
-- `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`).
+- `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
+- `tf_data_state`: a dataset's graph (`dataset_graph`) and an iterator's position as bytes
+  (`iterator_state`, `restore_iterator_state`; `SYMBOLIC_REFUSED`);
+- `keras_data`: Keras's fit fed one batch per step from kerasdist's stream (`keras_stream`).
 
 Callers use the names below (`from kerasdist import compat; compat.map_on_cpu(...)`); tests that
 look inside a workaround import its module.
 """
 
 from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
+from kerasdist.compat.keras_data import KERAS_STREAM_VERSIONS, keras_stream, keras_takes_streams
 from kerasdist.compat.keras_loading import (
     KERAS_DEFERRED_INIT_VERSIONS,
     KERAS_LOAD_IN_PLACE_VERSIONS,
@@ -96,6 +100,13 @@ from kerasdist.compat.tf_data import (
     map_on_cpu,
     tensorflow_optimizes_data_functions,
 )
+from kerasdist.compat.tf_data_state import (
+    SYMBOLIC_REFUSED,
+    dataset_graph,
+    iterator_state,
+    restore_iterator_state,
+    tensorflow_iterator_state_supported,
+)
 from kerasdist.compat.tf_distribute import (
     COORDINATION_CONFIG_VERSIONS,
     LATE_COLLECTIVES_MESSAGE,
@@ -128,4 +139,9 @@ __all__ = [
     "tensorflow_reads_into_tensors",
     "variable_bytes",
     "version_within", "warm_saving_skipsets", "write_keras_zip", "zip_crc_later_supported",
+]
+# The data users bring, resumable (data/resumable.py): tf.data's graph and iterator state, Keras's stream.
+__all__ += [
+    "KERAS_STREAM_VERSIONS", "SYMBOLIC_REFUSED", "dataset_graph", "iterator_state", "keras_stream",
+    "keras_takes_streams", "restore_iterator_state", "tensorflow_iterator_state_supported",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,12 @@ from kerasdist.checkpoint import (
 from kerasdist.checkpoint.callback import refuse_backup_and_restore
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
+from kerasdist.data.resumable import (
+    DatasetInput,
+    ResumableInput,
+    resumable_input,
+    say_how_it_resumes,
+)
 from kerasdist.monitoring import monitored
 from kerasdist.preemption import exit_on_lost_peer
 from kerasdist.step_guard import check_step_functions
@@ -114,24 +120,49 @@ def resume_fit(
     if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
                               validation_data, validation_steps, verbose)
-    if not callable(data) and not isinstance(data, tf.data.Dataset):
-        raise ValueError(f"data must be a tf.data.Dataset or a function of the epoch, got {type(data).__name__}.")
-    data = _epochs_of_planned(data)
-    epoch_data = data if callable(data) else (lambda epoch: data)
-    start = resume_point(checkpoint, model, data(0) if _epoch_function(data) else data)
     # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
     fit_args = FitArgs([*callbacks, checkpoint], validation_data, verbose=verbose)
-    fit = _KerasFit(model, epoch_data, steps_per_epoch, checkpoint.every_steps, context.num_replicas, fit_args)
+    data = _epochs_of_planned(data)
+    source = None if isinstance(data, EpochRange) or _made_by_make_dataset(data) else resumable_input(
+        data, steps_per_epoch)
+    if source is not None:
+        return _resume_reading(model, source, epochs, checkpoint, context, fit_args)
+    if not callable(data) and not isinstance(data, tf.data.Dataset):
+        raise ValueError(
+            "data must be a tf.data.Dataset of batches, a keras.utils.PyDataset, a Python generator of "
+            f"batches or a function of the epoch, got {type(data).__name__}."
+        )
+    start = resume_point(checkpoint, model, data(0) if _epoch_function(data) else data)
+    fit = _KerasFit(model, _epoch_datasets(data), steps_per_epoch, checkpoint.every_steps, context.num_replicas,
+                    fit_args)
     with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
         return train_from(start, epochs, checkpoint, model, fit)
 
 
-class _KerasFit:
-    """Keras `fit` over one segment of a resumed run (`train_from`)."""
+def _resume_reading(model: Any, source: ResumableInput, epochs: int, checkpoint: CheckpointCallback,
+                    context: Any, fit_args: FitArgs) -> keras.callbacks.History:
+    """resume_fit on data kerasdist reads itself (`data/resumable.py`): its reader put where the
+    checkpoint left it, then one batch per step, its position in every checkpoint."""
+    say_how_it_resumes(source)
+    if isinstance(source, DatasetInput):
+        latest = checkpoint.manager.resume_point(model)
+        source.count_steps(latest.steps_per_epoch if latest is not None else None)
+    start = resume_point(checkpoint, model, source)
+    checkpoint.use_input(source)
+    source.start(context, start.input, start.epoch, start.skip)
+    fit = _KerasFit(model, lambda first, last, skip: source.keras_input(), source.steps_per_epoch,
+                    checkpoint.every_steps, context.num_replicas, fit_args)
+    with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
+        return train_from(start, epochs, checkpoint, model, fit, steps=source.steps_per_epoch)
 
-    def __init__(self, model: Any, epoch_data: EpochData, steps_per_epoch: int | None, every_steps: int | None,
-                 num_replicas: int, fit_args: FitArgs):
-        self.model, self.epoch_data, self.fit_args = model, epoch_data, fit_args
+
+class _KerasFit:
+    """Keras `fit` over one segment of a resumed run (`train_from`), on `data(first, last, skip)`:
+    the batches of epochs first..last-1, less `skip` at the start."""
+
+    def __init__(self, model: Any, data: Callable[[int, int, int], Any], steps_per_epoch: int | None,
+                 every_steps: int | None, num_replicas: int, fit_args: FitArgs):
+        self.model, self.data, self.fit_args = model, data, fit_args
         self._steps_per_epoch, self._every_steps, self._num_replicas = steps_per_epoch, every_steps, num_replicas
         self._steps: int | None = None
 
@@ -141,7 +172,7 @@ class _KerasFit:
         if self._steps is None:
             # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
             # optimizer iteration more than the batches it trained on, which would shift every later step.
-            self._steps = self._steps_per_epoch or epoch_steps(self.epoch_data(epoch), "data")
+            self._steps = self._steps_per_epoch or epoch_steps(self.data(epoch, epoch + 1, 0), "data")
             check_steps_per_execution(model_steps_per_execution(self.model), self._steps, self._every_steps,
                                       self._num_replicas)
         return self._steps
@@ -151,18 +182,30 @@ class _KerasFit:
         if not segment.skip:
             # One stream over the segment's epochs: with steps_per_epoch Keras keeps one iterator
             # across epochs, so epoch e gets exactly data(e).
-            return self.model.fit(_epochs(self.epoch_data, segment.first, segment.last), initial_epoch=segment.first,
+            return self.model.fit(self.data(segment.first, segment.last, 0), initial_epoch=segment.first,
                                   epochs=segment.last, steps_per_epoch=steps, **self.fit_args.for_keras())
         # The rest of the epoch in executions that divide it (a checkpoint of a run with another
         # steps_per_execution, or of a preemption, may stop anywhere).
         per_execution = model_steps_per_execution(self.model)
         set_steps_per_execution(self.model, math.gcd(per_execution, segment.skip))
         try:
-            return self.model.fit(_epochs(self.epoch_data, segment.first, segment.last, segment.skip),
+            return self.model.fit(self.data(segment.first, segment.last, segment.skip),
                                   initial_epoch=segment.first, epochs=segment.last,
                                   steps_per_epoch=steps - segment.skip, **self.fit_args.for_keras())
         finally:
             set_steps_per_execution(self.model, per_execution)
+
+
+def _made_by_make_dataset(data: Any) -> bool:
+    """make_dataset's data, whose every epoch is rebuilt at the point resumed (a pure function of
+    the seed and the epoch): it keeps no reader's position."""
+    from kerasdist.data import dataset_info
+
+    try:
+        dataset_info(data)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _epoch_function(data: Any) -> bool:
@@ -226,11 +269,20 @@ def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:
     return CheckpointCallback(checkpoint)
 
 
-def _epochs(epoch_data: EpochData, first: int, last: int, skip: int = 0) -> tf.data.Dataset:
-    """The batches of epochs first..last-1 as one dataset, less `skip` at the start."""
-    if isinstance(epoch_data, EpochRange):
-        return epoch_data.make(first, last, skip)
-    stream = epoch_data(first).skip(skip) if skip else epoch_data(first)
-    for epoch in range(first + 1, last):
-        stream = stream.concatenate(epoch_data(epoch))
-    return stream
+def _epoch_datasets(data: EpochRange | EpochData) -> Callable[[int, int, int], tf.data.Dataset]:
+    """`data(first, last, skip)` for `_KerasFit`: epochs first..last-1 as one dataset, less `skip`
+    at the start (one pipeline over the range for an `EpochRange`, else each epoch's
+    concatenated)."""
+    if isinstance(data, EpochRange):
+        return data.make
+    if isinstance(data, tf.data.Dataset):  # make_dataset's stream: the same dataset every epoch
+        dataset = data
+        data = lambda epoch: dataset  # noqa: E731
+
+    def epochs(first: int, last: int, skip: int = 0) -> tf.data.Dataset:
+        stream = data(first).skip(skip) if skip else data(first)
+        for epoch in range(first + 1, last):
+            stream = stream.concatenate(data(epoch))
+        return stream
+
+    return epochs

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import CheckpointCallback, CheckpointInfo, CheckpointWarning, RunRecord
 from kerasdist.data import dataset_info
+from kerasdist.data.resumable import DatasetInput, ResumableInput
 from kerasdist.validation import integer
 
 EpochData = Callable[[int], tf.data.Dataset]
@@ -46,6 +47,7 @@ class ResumePoint:
         history: per-epoch logs of the epochs done, earlier runs included.
         metrics: the logs when the checkpoint was saved (a mid-epoch checkpoint's running means).
         checkpoint: the checkpoint it comes from, or None for a fresh start.
+        input: the position of the data's reader the checkpoint kept (`data/resumable.py`), or None.
     """
 
     epoch: int = 0
@@ -53,6 +55,7 @@ class ResumePoint:
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: CheckpointInfo | None = None
+    input: bytes | None = None
 
 
 class EpochRange:
@@ -88,8 +91,9 @@ def resume_point(checkpoint: CheckpointCallback, model: Any, data: Any = None,
     if point is None:
         return ResumePoint()
     check_epoch_order(point, run.epoch_order)
+    kept = checkpoint.manager.input_state(model) if isinstance(data, ResumableInput) else None
     return ResumePoint(point.epoch, batches_to_skip(point, run.global_batch_size), list(point.history),
-                       dict(point.metrics), point)
+                       dict(point.metrics), point, kept[1] if kept is not None else None)
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,9 @@ def run_record_of(data: Any, settings: dict[str, Any] | None = None) -> RunRecor
     settings = dict(settings or {})
     if isinstance(data, EpochRange):
         return RunRecord(settings, data.global_batch_size, data.epoch_order)
+    if isinstance(data, ResumableInput):  # its steps recorded where knowing them takes a pass
+        counted = data.steps_per_epoch if isinstance(data, DatasetInput) and data.counted else None
+        return RunRecord(settings, data.global_batch_size, None, counted)
     try:
         info = dataset_info(data)
     except (ValueError, TypeError):
