@@ -25,14 +25,21 @@ Keras and TensorFlow (tools/upstream_check.py).
 - `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
 - `tf_data_state`: a dataset's graph (`dataset_graph`) and an iterator's position as bytes
   (`iterator_state`, `restore_iterator_state`; `SYMBOLIC_REFUSED`);
-- `keras_data`: Keras's fit fed one batch per step from kerasdist's stream (`keras_stream`).
+- `keras_data`: Keras's fit fed one batch per step from kerasdist's stream (`keras_stream`), and
+  `model.fit` with a kerasdist checkpoint callback resumed by kerasdist (`route_fit`).
 
 Callers use the names below (`from kerasdist import compat; compat.map_on_cpu(...)`); tests that
 look inside a workaround import its module.
 """
 
 from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
-from kerasdist.compat.keras_data import KERAS_STREAM_VERSIONS, keras_stream, keras_takes_streams
+from kerasdist.compat.keras_data import (
+    KERAS_STREAM_VERSIONS,
+    fit_unrouted,
+    keras_stream,
+    keras_takes_streams,
+    route_fit,
+)
 from kerasdist.compat.keras_loading import (
     KERAS_DEFERRED_INIT_VERSIONS,
     KERAS_LOAD_IN_PLACE_VERSIONS,
@@ -142,6 +149,7 @@ __all__ = [
 ]
 # The data users bring, resumable (data/resumable.py): tf.data's graph and iterator state, Keras's stream.
 __all__ += [
-    "KERAS_STREAM_VERSIONS", "SYMBOLIC_REFUSED", "dataset_graph", "iterator_state", "keras_stream",
-    "keras_takes_streams", "restore_iterator_state", "tensorflow_iterator_state_supported",
+    "KERAS_STREAM_VERSIONS", "SYMBOLIC_REFUSED", "dataset_graph", "fit_unrouted", "iterator_state",
+    "keras_stream", "keras_takes_streams", "restore_iterator_state", "route_fit",
+    "tensorflow_iterator_state_supported",
 ]

@@ -12,17 +12,24 @@ Keras 3.15 gives this through three of its internals, checked by tests/python/te
 Before fit's loop, Keras under a strategy peeks at one batch to build the model
 (`_maybe_symbolic_build`) through an iterator it then drops (`epoch_iterator.reset()`): what that
 first iterator pulled is handed out again by the next one.
+
+`route_fit` lets `model.fit(data, callbacks=[..., checkpoint_callback(dir), ...])` go through
+kerasdist's resume (Keras's fit method replaced in its trainer class, as `keras_training` does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter
 
+from kerasdist.compat.keras_training import TRAINER
 from kerasdist.compat.versions import version_within
 
 # Keras releases whose fit takes an adapter and steps a Python iterator as above (3.15.1 checked).
@@ -113,3 +120,45 @@ class _StreamAdapter(data_adapter.DataAdapter):
     @property
     def partial_batch_size(self) -> None:
         return None
+
+
+# -- fit with a kerasdist checkpoint callback --------------------------------------------------
+
+_original_fit = TRAINER.fit
+_router: Callable[[Any, dict[str, Any]], Any] | None = None
+_unrouted = threading.local()
+
+
+def route_fit(router: Callable[[Any, dict[str, Any]], Any]) -> None:
+    """Make `model.fit(...)` first ask `router(model, arguments)` (every argument of fit by name,
+    defaults filled in): a result other than None is fit's result. kerasdist's own calls of fit
+    (inside `fit_unrouted()`) are never routed."""
+    global _router
+    _router = router
+    TRAINER.fit = _routed_fit
+
+
+@contextlib.contextmanager
+def fit_unrouted() -> Iterator[None]:
+    """Within this block (on this thread), `model.fit` is Keras's own."""
+    before = getattr(_unrouted, "active", False)
+    _unrouted.active = True
+    try:
+        yield
+    finally:
+        _unrouted.active = before
+
+
+def _routed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _router is not None and not getattr(_unrouted, "active", False):
+        bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        routed = _router(self, arguments)
+        if routed is not None:
+            return routed
+    return _original_fit(self, *args, **kwargs)
+
+
+_FIT_SIGNATURE = inspect.signature(inspect.unwrap(_original_fit))

@@ -29,6 +29,12 @@ from kerasdist.checkpoint import (
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
+from kerasdist.data.resumable import (
+    DatasetInput,
+    ResumableInput,
+    resumable_input,
+    say_how_it_resumes,
+)
 from kerasdist.monitoring import monitored
 from kerasdist.preemption import exit_on_lost_peer
 from kerasdist.step_guard import is_r_function
@@ -181,13 +187,15 @@ def custom_fit(
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
         checkpoint = CheckpointCallback(manager, options)
-        start = resume_point(checkpoint, model, data, settings.record())
+        pipeline.count_steps(manager.resume_point(model))
+        start = resume_point(checkpoint, model, pipeline.source or data, settings.record())
         callbacks = monitored(callbacks, context, checkpoint)
-        pipeline.strategy = context.strategy
+        pipeline.start(context, start, checkpoint)
         with context.strategy.scope():
             apply_to_optimizer(optimizer, settings)
             optimizer.build(model.trainable_variables)
-            train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile)
+            train_function = _train_function(context.strategy, model, optimizer, step_fn, settings.jit_compile,
+                                             reads_itself=pipeline.source is not None)
             # A mid-epoch checkpoint's metrics are the running means of the batches before it:
             # the resumed epoch's averages then cover the whole epoch, as if never interrupted.
             partial = dict(start.metrics) if start.skip else {}
@@ -240,9 +248,11 @@ def _run(model, pipeline, train_function, segment, checkpoint, callbacks, verbos
     return history
 
 
-def _train_function(strategy, model, optimizer, step_fn, jit_compile):
+def _train_function(strategy, model, optimizer, step_fn, jit_compile, reads_itself=False):
     """One `tf.function`: the next batch of the distributed iterator, `step_fn` on every
-    replica, the returned scalars summed across replicas."""
+    replica, the returned scalars summed across replicas. `reads_itself`: the iterator is
+    kerasdist's reader of the data (`data/resumable.py`), whose next batch is taken outside the
+    function, just before the step."""
 
     def replica_step(batch):
         return step_fn(model, optimizer, batch)
@@ -250,9 +260,8 @@ def _train_function(strategy, model, optimizer, step_fn, jit_compile):
     if jit_compile:
         replica_step = tf.function(replica_step, jit_compile=True, reduce_retracing=True)
 
-    @tf.function
-    def train_function(iterator):
-        outputs = strategy.run(replica_step, args=(next(iterator),))
+    def step(batch):
+        outputs = strategy.run(replica_step, args=(batch,))
         if not isinstance(outputs, Mapping) or not outputs:
             raise ValueError(
                 "step_fn must return a dict of scalars, e.g. {'loss': loss} (scaled with "
@@ -261,7 +270,10 @@ def _train_function(strategy, model, optimizer, step_fn, jit_compile):
         return {str(name): tf.cast(strategy.reduce("SUM", value, axis=None), tf.float32)
                 for name, value in outputs.items()}
 
-    return train_function
+    if reads_itself:
+        step_on_batch = tf.function(step, reduce_retracing=True)
+        return lambda source: step_on_batch(source.next_batch())
+    return tf.function(lambda iterator: step(next(iterator)))
 
 
 class _Pipeline:
@@ -275,7 +287,10 @@ class _Pipeline:
         self.data = data
         self._stream = None
         self._rebuild = one_epoch_rebuild(data)
-        if isinstance(data, tf.data.Dataset):
+        self.source = _read_as_it_is(data, steps_per_epoch)  # data kerasdist reads itself, if so
+        if self.source is not None:
+            self.steps, self.is_stream, self.first_epoch = self.source.steps_per_epoch, True, 0
+        elif isinstance(data, tf.data.Dataset):
             self.steps = steps_per_epoch or _made_steps(data) or epoch_steps(data, "data")
             self.first_epoch, self.is_stream = _stream_of(data, self.steps)
             self.is_stream = self.is_stream and self._rebuild is None
@@ -290,7 +305,22 @@ class _Pipeline:
                 f"function of a tf.distribute.InputContext, got {type(data).__name__}."
             )
 
+    def count_steps(self, latest: Any) -> None:
+        """Batches per epoch of data that cannot tell without a pass (a checkpoint's record, if it has them)."""
+        if isinstance(self.source, DatasetInput):
+            self.steps = self.source.count_steps(latest.steps_per_epoch if latest is not None else None)
+
+    def start(self, context: Any, start: Any, checkpoint: CheckpointCallback) -> None:
+        """Training is about to start at `start` under `context`."""
+        self.strategy = context.strategy
+        if self.source is not None:
+            say_how_it_resumes(self.source)
+            checkpoint.use_input(self.source)
+            self.source.start(context, start.input, start.epoch, start.skip)
+
     def iterator(self, epoch: int, skip: int) -> Any:
+        if self.source is not None:  # its position is where the resume point put it
+            return self.source
         if self.is_stream:
             if self._stream is None:
                 offset = (epoch - self.first_epoch) * self.steps + skip
@@ -309,6 +339,14 @@ class _Pipeline:
             return dataset.skip(skip) if skip else dataset
 
         return iter(self.strategy.distribute_datasets_from_function(per_replica))
+
+
+def _read_as_it_is(data: Any, steps_per_epoch: int | None) -> ResumableInput | None:
+    """The data kerasdist reads itself (a batched dataset not from make_dataset, a PyDataset, a
+    Python generator), or None."""
+    if isinstance(data, tf.data.Dataset) and _made_steps(data) is not None:
+        return None  # make_dataset's: rebuilt at the point resumed
+    return resumable_input(data, steps_per_epoch)
 
 
 def _made_steps(dataset: tf.data.Dataset) -> int | None:

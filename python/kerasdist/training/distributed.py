@@ -27,6 +27,8 @@ from kerasdist.checkpoint import (
 )
 from kerasdist.context import context_of
 from kerasdist.data import DatasetOptions, PlannedDataset, replace_epochs
+from kerasdist.data.resumable import ResumableInput, resumable_input
+from kerasdist.data.structure import dataset_structure
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, select_strategy
 from kerasdist.training.resume import resume_fit
@@ -68,6 +70,7 @@ def distributed_fit(
     validation_data: Any = None,
     callbacks: Sequence[Any] | None = None,
     dataset_args: Mapping[str, Any] | None = None,
+    steps_per_epoch: int | None = None,
     verbose: Any = "auto",
     mixed_precision: bool = False,
     jit_compile: bool = False,
@@ -94,8 +97,12 @@ def distributed_fit(
     Args:
         build_fn: function with no arguments returning a compiled, built Keras model; called
             inside the strategy's scope.
-        x: the data, anything `make_dataset` takes (arrays, data frames, a dataset of
-            unbatched elements, file patterns).
+        x: the data: anything `make_dataset` takes (arrays, data frames, a dataset of
+            unbatched elements, file patterns), batched by it; or data of batches as Keras's
+            `fit` takes it, trained on as it is: a batched `tf.data.Dataset` (each batch one
+            global batch, split over the replicas), a `keras.utils.PyDataset`, a Python
+            generator. A restart continues either at the next unseen batch (`resume_rule` says
+            how, for data of batches).
         y: the targets, as `make_dataset` takes them (None when `x` holds them).
         epochs: total number of epochs, counting those done by earlier (interrupted) runs.
         checkpoint_dir: directory of checkpoints, created if missing; or an object-store URL
@@ -115,6 +122,8 @@ def distributed_fit(
             checkpoints are added by distributed_fit itself.
         dataset_args: more arguments for `make_dataset`, e.g. {"drop_remainder": True}: a
             dict of `DatasetOptions` fields (a key that is not one is refused, naming it).
+        steps_per_epoch: batches per epoch of data of batches that cannot tell (a Python
+            generator; a dataset with a filter is counted once, by a pass over it).
         verbose: passed to `fit`.
         **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
             storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
@@ -151,7 +160,15 @@ def distributed_fit(
     # the store's one manager: a live model or callback of the same store shares what it verified
     checkpoints = manager_for(checkpoint_dir, checkpointing.storage_options, create=False)
 
+    source = _data_read_as_it_is(x, y, sample_weight, validation_split, dataset_args, steps_per_epoch)
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
+    if source is not None:
+        _check_batch_args(source, batch_size, per_replica_batch_size, context)
+        return _fit_data_as_it_is(build_fn, source, epochs, checkpoints, checkpointing, settings, context,
+                                  validation_data, callbacks, verbose)
+    if steps_per_epoch is not None:
+        raise ValueError("steps_per_epoch is for data of batches (x batched, a PyDataset, a generator); "
+                         "make_dataset knows the steps of the data it batches.")
     options = options.replaced(strategy=context)
 
     # Plan once (checks the data, reads the source, sizes the epochs), then build only the
@@ -186,6 +203,79 @@ def distributed_fit(
         epoch_range = EpochRange(epochs_data, run.global_batch_size, run.epoch_order)
         return resume_fit(model, epoch_range, epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+
+
+def _data_read_as_it_is(x: Any, y: Any, sample_weight: Any, validation_split: Any, dataset_args: Any,
+                        steps_per_epoch: Any) -> ResumableInput | None:
+    """`x` when it is data Keras takes as it is (a batched tf.data.Dataset, a PyDataset, a Python
+    generator): read as it is, not through make_dataset; checked against the arguments that
+    only make_dataset's data takes. None for anything else (make_dataset's input)."""
+    if isinstance(x, tf.data.Dataset) and not dataset_structure(x).batched:
+        return None  # single samples: make_dataset batches them
+    source = resumable_input(x, steps_per_epoch)
+    if source is None:
+        return None
+    for name, value in (("y", y), ("sample_weight", sample_weight), ("validation_split", validation_split),
+                        ("dataset_args", dataset_args)):
+        if value is not None:
+            raise ValueError(
+                f"{name} cannot be given with x {_kind_of_data(x)}: "
+                + ("put the targets and weights in its elements." if name in ("y", "sample_weight") else
+                   "give validation_data instead." if name == "validation_split" else
+                   "dataset_args are make_dataset's options, and x is trained on as it is.")
+            )
+    return source
+
+
+def _kind_of_data(x: Any) -> str:
+    if isinstance(x, tf.data.Dataset):
+        return "that is a batched tf.data.Dataset"
+    return f"that is a {type(x).__name__}"
+
+
+def _check_batch_args(source: ResumableInput, batch_size: Any, per_replica_batch_size: Any, context: Any) -> None:
+    """batch_size and per_replica_batch_size against the batches `source` already holds: left out,
+    or the same global batch."""
+    given = {"batch_size": batch_size, "per_replica_batch_size": per_replica_batch_size}
+    for name, value in given.items():
+        if value is None:
+            continue
+        globally = value * context.num_replicas if name == "per_replica_batch_size" else value
+        held = source.global_batch_size
+        if held is not None and globally == held:
+            continue
+        holds = f"batches of {held} samples" if held is not None else "batches already (of no fixed size)"
+        raise ValueError(
+            f"{name}={value} does not fit x, which holds {holds}"
+            + (f" ({globally} over {context.num_replicas} replicas)" if name == "per_replica_batch_size" else "")
+            + ": leave batch_size and per_replica_batch_size out to train on x's batches as they are "
+            "(each one global batch, split over the replicas), or give x unbatched (without its "
+            "batch()) for distributed_fit to batch."
+        )
+
+
+def _fit_data_as_it_is(build_fn: Any, source: ResumableInput, epochs: int, checkpoints: Any, checkpointing: Any,
+                       settings: TrainingSettings, context: Any, validation_data: Any, callbacks: list[Any],
+                       verbose: Any) -> keras.callbacks.History:
+    """distributed_fit on data read as it is: the model made or restored, then `resume_fit` on
+    it (its reader put where the checkpoint left it)."""
+    if isinstance(validation_data, (tuple, list)):
+        raise ValueError("validation_data must be a batched tf.data.Dataset (as x is) when x is trained on as it is.")
+    check_jit(settings, context)
+    check_resumed_settings_of(checkpoints, settings)
+    with precision_policy(settings):
+        model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
+        model.jit_compile = settings.jit_compile
+        check_step_functions(model, context.strategy)
+        checkpoint = CheckpointCallback(checkpoints, checkpointing, run=RunRecord(settings.record()))
+        if settings.steps_per_execution not in ("auto", 1):
+            raise ValueError(
+                f"steps_per_execution={settings.steps_per_execution}: x is read one batch per step, so "
+                "only 1 (or 'auto') is possible with it."
+            )
+        set_steps_per_execution(model, 1)
+        return resume_fit(model, source, epochs, checkpoint, callbacks=callbacks, validation_data=validation_data,
+                          verbose=verbose)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

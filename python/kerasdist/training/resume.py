@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections.abc
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +13,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerasdist import compat
 from kerasdist.checkpoint import (
     CheckpointCallback,
     CheckpointManager,
+    CheckpointWarning,
     as_manager,
     manager_of,
 )
@@ -111,20 +115,28 @@ def resume_fit(
     """
     check_total_epochs(epochs)
     callbacks = list(callbacks or [])
+    checkpoint = _checkpoint_of(model, checkpoint)
+    # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
+    return _resume(model, data, epochs, checkpoint, [*callbacks, checkpoint], steps_per_epoch, validation_data,
+                   validation_steps, verbose)
+
+
+def _resume(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallback, callbacks: list[Any],
+            steps_per_epoch: int | None, validation_data: Any, validation_steps: int | None,
+            verbose: Any) -> keras.callbacks.History:
+    """resume_fit with its checkpoint callback among `callbacks`, in their order."""
     for index, callback in enumerate(callbacks):
         refuse_backup_and_restore(callback, index)
-    checkpoint = _checkpoint_of(model, checkpoint)
     context = context_of(model.distribute_strategy)
     callbacks = monitored(callbacks, context, checkpoint)
     check_step_functions(model, context.strategy)
     if context.is_parameter_server:
         return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
                               validation_data, validation_steps, verbose)
-    # The checkpoint callback comes last, so an epoch-end checkpoint holds the others' state after that epoch.
-    fit_args = FitArgs([*callbacks, checkpoint], validation_data, verbose=verbose)
+    fit_args = FitArgs(callbacks, validation_data, verbose=verbose)
     data = _epochs_of_planned(data)
-    source = None if isinstance(data, EpochRange) or _made_by_make_dataset(data) else resumable_input(
-        data, steps_per_epoch)
+    source = data if isinstance(data, ResumableInput) else None if (
+        isinstance(data, EpochRange) or _made_by_make_dataset(data)) else resumable_input(data, steps_per_epoch)
     if source is not None:
         return _resume_reading(model, source, epochs, checkpoint, context, fit_args)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
@@ -178,6 +190,10 @@ class _KerasFit:
         return self._steps
 
     def __call__(self, segment: Segment) -> keras.callbacks.History:
+        with compat.fit_unrouted():
+            return self._fit(segment)
+
+    def _fit(self, segment: Segment) -> keras.callbacks.History:
         steps = self.steps(segment.first)
         if not segment.skip:
             # One stream over the segment's epochs: with steps_per_epoch Keras keeps one iterator
@@ -194,6 +210,45 @@ class _KerasFit:
                                   steps_per_epoch=steps - segment.skip, **self.fit_args.for_keras())
         finally:
             set_steps_per_execution(self.model, per_execution)
+
+
+# fit's arguments resume_fit has no counterpart for, at their defaults (a fit that gives one is Keras's own).
+_KERAS_ONLY = {"y": None, "batch_size": None, "validation_split": 0.0, "class_weight": None,
+               "sample_weight": None, "initial_epoch": 0, "validation_batch_size": None, "validation_freq": 1}
+
+
+def fit_with_checkpoints(model: Any, arguments: dict[str, Any]) -> keras.callbacks.History | None:
+    """`model.fit(...)` given a kerasdist checkpoint callback: resumed as `resume_fit` resumes
+    (restored at the newest checkpoint, the data at its next unseen batch), the callbacks in the
+    order given; None (Keras's own fit) for data resume_fit does not take (arrays) or arguments it
+    has no counterpart for, which a warning names."""
+    callbacks = arguments.get("callbacks")
+    ours = [c for c in callbacks or () if isinstance(c, CheckpointCallback)]
+    data = arguments.get("x")
+    if len(ours) != 1 or not isinstance(callbacks, (list, tuple)) or not _resumable_kind(data):
+        return None
+    given = [name for name, default in _KERAS_ONLY.items() if arguments.get(name) != default]
+    if given:
+        warnings.warn(
+            f"model.fit with a kerasdist checkpoint callback and {', '.join(given)}: Keras's own fit "
+            "runs, which saves checkpoints but restarts at the first batch of the first epoch; "
+            "without those arguments (or with kerasdist.resume_fit) it continues at the next unseen batch.",
+            CheckpointWarning, stacklevel=4,
+        )
+        return None
+    check_total_epochs(arguments["epochs"])
+    return _resume(model, data, arguments["epochs"], ours[0], list(callbacks), arguments["steps_per_epoch"],
+                   arguments["validation_data"], arguments["validation_steps"], arguments["verbose"])
+
+
+def _resumable_kind(data: Any) -> bool:
+    """Data resume_fit continues at its next unseen batch: a dataset (make_dataset's or one of
+    batches), a PyDataset, a Python generator."""
+    return isinstance(data, (tf.data.Dataset, keras.utils.PyDataset, ResumableInput)) or (
+        isinstance(data, collections.abc.Iterator) and not isinstance(data, tf.data.Iterator))
+
+
+compat.route_fit(fit_with_checkpoints)
 
 
 def _made_by_make_dataset(data: Any) -> bool:
@@ -242,7 +297,7 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
             )
     steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
     start = resume_point(checkpoint, model)  # data under parameter servers records nothing
-    fit_args = FitArgs([*callbacks, checkpoint], validation_data, validation_steps, verbose)
+    fit_args = FitArgs(callbacks, validation_data, validation_steps, verbose)
 
     def fit(segment: Segment) -> keras.callbacks.History:
         return ps_fit(model, data, segment.last, initial_epoch=segment.first,

@@ -1,0 +1,237 @@
+"""Trains on the data users bring (tests/cases/user_data.json's kinds), under 2 CPU replicas, with
+every trainer; test_user_data.py compares uninterrupted and resumed runs.
+
+usage: train_user_data.py TRAINER ROOT KIND[,KIND...] [--kill-at STEP | --sigterm-at STEP]
+       [--workers-data DIR]
+
+Each kind trains in ROOT/KIND (its checkpoints, every 4 steps, all kept) and writes
+ROOT/KIND/result.npz (the weights, the loss history) and ROOT/KIND/warnings.json (the messages
+of the InputWarnings raised). --kill-at SIGKILLs the process after that optimizer step's
+checkpoint is written (the first kind's run); --sigterm-at sends it SIGTERM then (a preemption:
+a save at the next step, exit 75).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import warnings
+from pathlib import Path
+
+import kerasdist
+
+if os.environ.get("TF_CONFIG") is None:
+    kerasdist.simulate_devices(2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from kerasdist.checkpoint import background  # noqa: E402
+from kerasdist.data.resumable import InputWarning  # noqa: E402
+
+tf.config.experimental.enable_op_determinism()
+EPOCHS, EVERY = 3, 4
+SAMPLES, FEATURES, BATCH = 96, 4, 16
+
+
+def samples():
+    rng = np.random.default_rng(0)
+    x = rng.random((SAMPLES, FEATURES), dtype=np.float32)
+    return x, (x.sum(axis=1) * 1.5).astype(np.int64) % 3
+
+
+def files(root: Path) -> Path:
+    """TFRecord, CSV, image and text files, the same bytes in every process (made once per root)."""
+    folder = root / "files"
+    if folder.exists():
+        return folder
+    from PIL import Image
+
+    x, y = samples()
+    (folder / "records").mkdir(parents=True)
+    for part in range(3):
+        rows = range(part * 32, (part + 1) * 32)
+        with tf.io.TFRecordWriter(str(folder / "records" / f"part-{part}.tfrecord")) as writer:
+            for i in rows:
+                features = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i])),
+                            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y[i]]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+        with open(folder / "records" / f"part-{part}.csv", "w") as handle:
+            handle.write("a,b,c,d,label\n" + "".join(
+                ",".join(f"{v:.6f}" for v in x[i]) + f",{y[i]}\n" for i in rows))
+    for i in range(SAMPLES):
+        for kind, suffix in (("images", "png"), ("texts", "txt")):
+            (folder / kind / f"class_{y[i]}").mkdir(parents=True, exist_ok=True)
+        pixels = (np.outer(x[i], x[i][::-1])[:, :, None].repeat(3, 2) * 255).astype("uint8")
+        Image.fromarray(np.kron(pixels, np.ones((2, 2, 1), "uint8"))).save(folder / "images" / f"class_{y[i]}/{i}.png")
+        words = " ".join(f"w{int(v * 10)}" for v in x[i])
+        (folder / "texts" / f"class_{y[i]}" / f"{i}.txt").write_text(words)
+    return folder
+
+
+def parse_record(record):
+    parsed = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+                                                  "y": tf.io.FixedLenFeature([], tf.int64)})
+    return parsed["x"], parsed["y"]
+
+
+def parse_csv(line):
+    columns = tf.io.decode_csv(line, [[0.0]] * FEATURES + [[0]])
+    return tf.stack(columns[:FEATURES]), tf.cast(columns[FEATURES], tf.int64)
+
+
+def text_features(text, label):
+    words = tf.strings.split(text)
+    return tf.reduce_sum(tf.one_hot(tf.strings.to_hash_bucket_fast(words, FEATURES), FEATURES), axis=0), label
+
+
+class Shuffled(keras.utils.PyDataset):
+    """Batches by index; its order changes at every epoch end (so it depends on the epochs before)."""
+
+    def __init__(self):
+        super().__init__()
+        self.x, self.y = samples()
+        self.order = np.arange(SAMPLES)
+        self.rng = np.random.default_rng(11)
+
+    def __len__(self):
+        return SAMPLES // BATCH
+
+    def __getitem__(self, index):
+        rows = self.order[index * BATCH:(index + 1) * BATCH]
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self):
+        self.rng.shuffle(self.order)
+
+
+def cycling_batches():
+    """A generator that yields the same batches every epoch."""
+    x, y = samples()
+    while True:
+        for start in range(0, SAMPLES, BATCH):
+            yield x[start:start + BATCH], y[start:start + BATCH]
+
+
+def dataset(kind: str, root: Path):
+    """The data of `kind` (seeded: the global seed is set first, as users do)."""
+    keras.utils.set_random_seed(21)
+    x, y = samples()
+    slices = tf.data.Dataset.from_tensor_slices((x, y))
+    if kind == "slices-batch":
+        return slices.batch(BATCH)
+    if kind == "shuffle-reshuffled":
+        return slices.shuffle(SAMPLES, seed=1).batch(BATCH)
+    if kind == "shuffle-once":
+        return slices.shuffle(SAMPLES, seed=1, reshuffle_each_iteration=False).batch(BATCH)
+    if kind == "map-filter":
+        return slices.map(lambda a, b: (a * 2.0, b)).filter(lambda a, b: a[0] > 0.1).shuffle(32, seed=2).batch(BATCH)
+    if kind == "padded-batch":
+        ragged = slices.map(lambda a, b: (a[:1 + tf.cast(b, tf.int32)], b))
+        return ragged.shuffle(SAMPLES, seed=3).padded_batch(BATCH, padded_shapes=([FEATURES], []))
+    if kind == "guide-cache-prefetch":  # Keras's multi-GPU guide: shuffle, batch, cache, prefetch
+        return slices.shuffle(SAMPLES, seed=4).batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
+    if kind == "interleave-tfrecord":
+        names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.tfrecord"), shuffle=True, seed=5)
+        records = names.interleave(tf.data.TFRecordDataset, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        return records.map(parse_record).shuffle(40, seed=6).batch(BATCH).prefetch(2)
+    if kind == "interleave-csv":
+        names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.csv"), shuffle=True, seed=7)
+        lines = names.interleave(lambda name: tf.data.TextLineDataset(name).skip(1), cycle_length=3)
+        return lines.map(parse_csv).shuffle(40, seed=8).batch(BATCH)
+    if kind == "image-directory":
+        return keras.utils.image_dataset_from_directory(files(root) / "images", image_size=(8, 8), batch_size=BATCH,
+                                                        seed=9, verbose=False)
+    if kind == "text-directory":
+        texts = keras.utils.text_dataset_from_directory(files(root) / "texts", batch_size=None, seed=10,
+                                                        verbose=False)
+        return texts.map(text_features).batch(BATCH)
+    if kind == "timeseries":
+        return keras.utils.timeseries_dataset_from_array(x, y[FEATURES - 1:], sequence_length=FEATURES,
+                                                         batch_size=BATCH, shuffle=True, seed=12)
+    if kind == "py-dataset":
+        return Shuffled()
+    if kind == "python-generator":
+        return cycling_batches()
+    if kind == "from-generator":
+        signature = (tf.TensorSpec([None, FEATURES], tf.float32), tf.TensorSpec([None], tf.int64))
+        return tf.data.Dataset.from_generator(lambda: ((a, b) for a, b in zip(
+            np.split(x, SAMPLES // BATCH), np.split(y, SAMPLES // BATCH), strict=True)), output_signature=signature)
+    if kind == "stateful-random-map":
+        return slices.map(lambda a, b: (a + tf.random.uniform([FEATURES], maxval=0.01), b)).batch(BATCH)
+    raise SystemExit(f"unknown kind {kind}")
+
+
+def input_shape(kind: str):
+    return {"image-directory": (8, 8, 3), "timeseries": (FEATURES, FEATURES)}.get(kind, (FEATURES,))
+
+
+def build(kind: str):
+    def build_model():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input(input_shape(kind)), keras.layers.Flatten(),
+                                  keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+    return build_model
+
+
+class Interrupt(keras.callbacks.Callback):
+    """SIGKILL (or SIGTERM) this process once optimizer step `at` is done and its checkpoint written."""
+
+    def __init__(self, at: int, sig: int):
+        super().__init__()
+        self.at, self.sig = at, sig
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.at:
+            if self.sig == signal.SIGKILL:
+                background.wait_for_all()
+            os.kill(os.getpid(), self.sig)
+
+
+def train(trainer: str, kind: str, folder: Path, root: Path, interrupt: list) -> keras.callbacks.History:
+    data = dataset(kind, root)
+    steps = {"python-generator": SAMPLES // BATCH}.get(kind)
+    if trainer == "distributed_fit":
+        return kerasdist.distributed_fit(build(kind), data, epochs=EPOCHS, checkpoint_dir=folder, every_steps=EVERY,
+                                         keep=100, callbacks=interrupt, verbose=0, steps_per_epoch=steps)
+    strategy = tf.distribute.get_strategy() if os.environ.get("TF_CONFIG") else kerasdist.select_strategy()
+    if trainer == "custom_fit":
+        return kerasdist.custom_fit(build(kind), data, epochs=EPOCHS, checkpoint_dir=folder, strategy=strategy,
+                                    every_steps=EVERY, keep=100, callbacks=interrupt, verbose=0,
+                                    steps_per_epoch=steps)
+    with strategy.scope():
+        model = kerasdist.make_or_restore_model(folder, build(kind))
+    checkpoint = kerasdist.checkpoint_callback(folder, every_steps=EVERY, keep=100)
+    if trainer == "resume_fit":
+        return kerasdist.resume_fit(model, data, EPOCHS, checkpoint, callbacks=interrupt, verbose=0,
+                                    steps_per_epoch=steps)
+    assert trainer == "fit"
+    return model.fit(data, epochs=EPOCHS, callbacks=[*interrupt, checkpoint], verbose=0, steps_per_epoch=steps)
+
+
+def main(argv: list[str]) -> None:
+    trainer, root, kinds = argv[0], Path(argv[1]), argv[2].split(",")
+    interrupt = []
+    if "--kill-at" in argv:
+        interrupt = [Interrupt(int(argv[argv.index("--kill-at") + 1]), signal.SIGKILL)]
+    if "--sigterm-at" in argv:
+        interrupt = [Interrupt(int(argv[argv.index("--sigterm-at") + 1]), signal.SIGTERM)]
+    for kind in kinds:
+        folder = root / kind
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InputWarning)
+            history = train(trainer, kind, folder, root, interrupt)
+        said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "warnings.json").write_text(json.dumps(said))
+        np.savez(folder / "result.npz", *history.model.get_weights(), loss=np.array(history.history["loss"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
