@@ -12,15 +12,15 @@ import time
 import s3fs
 
 import kerasdist
+from _common import start_s3_test_server
 from bench_checkpoint_scale import build_model, parse_size, prepared_model, width_for
 from kerasdist.checkpoint import save_checkpoint
-from kerasdist.s3_test_server import start_s3_server
 
 
 def main(size: str) -> dict:
     width = width_for(parse_size(size))
     model = prepared_model(width)
-    server = start_s3_server()
+    server = start_s3_test_server()
     try:
         options = server.storage_options()
         url = f"s3://{server.make_bucket()}/run"

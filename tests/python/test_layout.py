@@ -7,6 +7,7 @@ modules share has a public name in the module that owns it."""
 from __future__ import annotations
 
 import ast
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +241,34 @@ def test_only_the_stores_tell_a_local_directory_from_an_object_store():
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
              and node.args and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "directory"]
     assert found == []
+
+
+TESTING = ROOT / "tests" / "kerasdist_testing"  # the object-store servers the tests start
+
+
+def test_the_test_servers_live_outside_the_package_and_no_module_of_it_imports_them():
+    assert {p.name for p in TESTING.glob("*.py")} >= {"s3_test_server.py", "gcs_test_server.py", "server_process.py"}
+    assert not [p for p in MODULES if "server" in p.stem and "test" in p.stem]
+    importing = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in MODULES
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, (ast.Import, ast.ImportFrom))
+                 and any(name.startswith("kerasdist_testing") for name in
+                         [getattr(node, "module", None) or "", *(alias.name for alias in node.names)])]
+    assert importing == []
+
+
+def test_import_kerasdist_loads_no_test_server_and_the_wheel_ships_none(tmp_path):
+    from hatchling.build import build_wheel
+
+    from conftest import run_python  # a fresh process, with the servers' folder on its path
+
+    done = run_python("import sys, kerasdist\n"
+                      "print(sorted(m for m in sys.modules if m.startswith('kerasdist') or 'server' in m))",
+                      env={"PYTHONPATH": f"{PACKAGE.parent}:{TESTING.parent}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert "kerasdist.checkpoint.store.object" in loaded  # what the import loads is listed
+    assert [m for m in loaded if m.startswith("kerasdist_testing") or "test_server" in m or "server_process" in m] == []
+    wheel = zipfile.ZipFile(tmp_path / build_wheel(str(tmp_path)))
+    assert "kerasdist/__init__.py" in wheel.namelist()  # the check reads the right wheel
+    assert [name for name in wheel.namelist() if "test" in name.split("/")[-1] or "server_process" in name] == []
