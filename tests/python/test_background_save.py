@@ -83,7 +83,7 @@ def zip_members(content: bytes) -> dict[str, bytes]:
 
 def test_keras_version_is_one_the_snapshot_was_checked_on():
     """Fails on a Keras the snapshot's use of saving internals was not checked on: check
-    checkpoint/snapshot.py against its saving_lib, then widen compat.KERAS_SNAPSHOT_VERSIONS."""
+    checkpoint/snapshot.py against its saving_lib, then widen keras_saving.KERAS_SNAPSHOT_VERSIONS."""
     assert compat.keras_snapshot_supported(), keras.__version__
     assert not compat.keras_snapshot_supported("3.16.0")
 

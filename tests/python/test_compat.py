@@ -3,7 +3,9 @@ increments made atomic for parameter-server steps (`compat.keras_variables`), `m
 halves for background snapshots (`compat.keras_saving`), `load_weights` reading in place and a
 build restored at once (`compat.keras_loading`). Each fails when upstream changes: first where the
 workaround stops being needed or stops working, then where its version gate ends (make
-upstream-check runs them on the next Keras, tools/upstream_check.py)."""
+upstream-check runs them on the next Keras, tools/upstream_check.py). At the end, the canaries of
+the private names kerasdist reads through compat (no patch, no gate): they fail when upstream
+renames one or changes what it holds."""
 
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ def test_the_recorded_walk_replayed_writes_model_saves_files():
     writes, member for member, byte for byte (metadata.json holds the time), for a model with an
     optimizer state and one with assets. Fails once Keras's saving internals move or write
     something else, then where the version gate ends (check checkpoint/snapshot.py, then widen
-    compat.KERAS_SNAPSHOT_VERSIONS). One test, not parametrized: make upstream-check runs it by name."""
+    keras_saving.KERAS_SNAPSHOT_VERSIONS). One test, not parametrized: make upstream-check runs it by name."""
     for model in (_dense_model(), _lookup_model()):
         expected = _members(compat.keras_model_bytes(model))
         recorded = compat.record_save(model, _copied)
@@ -169,7 +171,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     model and one with nested layers and an asset, and leave no file open. Outside the Keras
     versions checked, and for a compressed member, it is `load_weights` itself. Fails once Keras's
     loading internals move or load something else, then where the version gate ends (widen
-    compat.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
+    keras_loading.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
     from kerasdist.compat import keras_loading
 
     for model in (_dense_model(), _lookup_model()):
@@ -246,7 +248,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     a plain build gives; assigned ones keep what was assigned; a SeedGenerator-seeded initializer
     and non-random ones run as usual; Keras's Variable is as it was afterwards. Fails once Keras
     makes or assigns variables elsewhere, or its initializers draw seeds differently, then where
-    the version gate ends (widen compat.KERAS_DEFERRED_INIT_VERSIONS). make upstream-check runs it
+    the version gate ends (widen keras_loading.KERAS_DEFERRED_INIT_VERSIONS). make upstream-check runs it
     by name."""
     from keras.src.backend import Variable as BackendVariable
     from keras.src.backend.common.variables import Variable as CommonVariable
@@ -286,7 +288,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
 
 
 def _large_model(seed: int = 11) -> keras.Model:
-    """Variables of 1 MiB and more (compat.UNFILLED_FROM_BYTES: a random kernel, a ones one,
+    """Variables of 1 MiB and more (keras_loading.UNFILLED_FROM_BYTES: a random kernel, a ones one,
     Adam's slots of both), a float16 kernel, batch normalization's statistics; Adam built."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((1024,))
@@ -319,7 +321,7 @@ def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, mo
     value's size (Keras's store made one and copied it, TensorFlow copied it again), and loads
     what `load_weights` loads bit for bit; outside the TensorFlow versions checked, Keras's
     arrays as before. Fails once TensorFlow copies either way, then where the version gate ends
-    (widen compat.TF_TENSOR_VIEW_VERSIONS). make upstream-check runs it by name."""
+    (widen keras_loading.TF_TENSOR_VIEW_VERSIONS). make upstream-check runs it by name."""
     import tracemalloc
 
     from keras.src.backend import Variable as BackendVariable
@@ -388,3 +390,101 @@ def test_large_variables_about_to_be_restored_start_unfilled(monkeypatch):
             break
     assert max(grown) >= 16 << 20, grown
     assert _state(model) == plain
+
+
+# -- what kerasdist reads of Keras and TensorFlow that they keep private (accessors, no patch) ------
+# Each canary fails when upstream renames or changes what the accessor reads.
+
+def _compiled(model: keras.Model, **compile_args) -> keras.Model:
+    model.compile(optimizer="sgd", loss="mse", **compile_args)
+    return model
+
+
+def test_canary_layers_within_reaches_nested_models_layers():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="inner_dense")], name="inner")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="outer_dense")(inner(inputs)))
+    names = [layer.name for layer in compat.layers_within(model)]
+    assert names[0] == model.name and {"inner", "inner_dense", "outer_dense"} <= set(names)
+    assert model.name not in [layer.name for layer in compat.layers_within(model, include_self=False)]
+    assert compat.layers_within(object()) == []
+
+
+def test_canary_compiled_metrics_and_wrapped_functions_are_what_compile_was_given():
+    def my_metric(y_true, y_pred):
+        return keras.ops.mean(y_pred)
+
+    def my_loss(y_true, y_pred):
+        return keras.ops.mean((y_true - y_pred) ** 2)
+
+    model = _compiled(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
+                      metrics=["mae", my_metric], weighted_metrics=[my_metric])
+    assert compat.compiled_metrics(model) == (["mae", my_metric], [my_metric])
+    assert compat.compiled_metrics(keras.Sequential([keras.layers.Dense(1)])) == (None, None)
+    from keras.src.losses.losses import LossFunctionWrapper  # what Keras's losses of a function are
+
+    assert compat.wrapped_function(LossFunctionWrapper(my_loss)) is my_loss
+    assert isinstance(keras.losses.MeanSquaredError(), LossFunctionWrapper)
+    assert compat.wrapped_function(keras.metrics.MeanMetricWrapper(my_metric)) is my_metric
+
+
+def test_canary_the_optimizer_batch_counter_counts_batches_under_gradient_accumulation():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
+    model.fit(np.zeros((8, 3), "float32"), np.zeros(8, "float32"), batch_size=2, verbose=0)
+    assert int(compat.optimizer_batch_counter(model.optimizer).numpy()) == 4  # batches
+    assert int(model.optimizer.iterations.numpy()) == 2  # applied updates
+
+
+def test_canary_a_symbolic_build_makes_every_variable_without_a_step():
+    model = _compiled(keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)]), metrics=["mae"])
+    compat.symbolic_build(model, (np.zeros((4, 3), "float32"), np.zeros((4, 1), "float32")))
+    assert model.built and model.optimizer.built and model.metrics_variables
+    assert int(model.optimizer.iterations.numpy()) == 0  # no step taken
+
+
+def test_canary_a_variable_made_under_a_strategy_gives_its_replicas():
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        variable = keras.Variable(np.zeros(3, "float32"))
+    (replica,) = compat.replica_variables(variable)
+    assert replica is not variable and isinstance(replica, tf.Variable)
+    replica.assign([1.0, 2.0, 3.0])
+    assert variable.numpy().tolist() == [1.0, 2.0, 3.0]
+    plain = keras.Variable(0.0)
+    assert compat.replica_variables(plain) == (plain,)
+
+
+def test_canary_tensorboard_keeps_its_open_writers_where_kerasdist_flushes_them(tmp_path):
+    board = keras.callbacks.TensorBoard(str(tmp_path / "logs"))
+    seen = []
+    watch = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        compat.tensorboard_writers(board)))
+    model = _compiled(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))
+    model.fit(np.zeros((4, 3), "float32"), np.zeros(4, "float32"), verbose=0, callbacks=[board, watch])
+    assert seen[0] and all(callable(getattr(writer, "flush", None)) for writer in seen[0])
+
+
+def test_canary_the_coordination_service_calls_kerasdist_makes_are_tensorflows():
+    """`coordination_key_exists` and `wait_at_coordination_barrier` (the preemption agreement's)
+    call TensorFlow's private eager context; without a coordination service (one process), a key
+    is not there and a barrier refuses (the multi-worker tests use them with one)."""
+    import inspect
+
+    from tensorflow.python.eager import context
+
+    assert list(inspect.signature(context.Context.get_config_key_value).parameters) == [
+        "self", "key", "timeout_in_ms"]
+    assert list(inspect.signature(context.Context.wait_at_barrier).parameters) == [
+        "self", "barrier_id", "timeout_in_ms"]
+    assert compat.coordination_key_exists("kerasdist-canary", 10) is False
+    try:
+        compat.wait_at_coordination_barrier("kerasdist-canary", 10)
+    except tf.errors.FailedPreconditionError as err:
+        assert "not enabled" in str(err)
+    else:
+        raise AssertionError("a barrier without a coordination service returned")
+
+
+def test_canary_slurm_host_lists_are_read_as_the_slurm_resolver_reads_them():
+    assert compat.slurm_tasks_per_host("n[1-2],m3", "2(x2),1") == {"n1": 2, "n2": 2, "m3": 1}
+    assert compat.slurm_tasks_per_host("a[01-03]", "1(x3)") == {"a01": 1, "a02": 1, "a03": 1}

@@ -30,7 +30,7 @@ again); where the writer computes the zip's CRC-32 (`builds_in_pieces`), the zip
 instead, its large values views of the recorded ones (`pieces.py`): no buffer of the file's size.
 
 The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
-Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
+Keras versions checked (`compat.keras_saving.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
 files at once with `model.save` (correct, not cheap), and tests/python/test_compat.py and
 test_background_save.py fail so that the shim is checked again.
 """
