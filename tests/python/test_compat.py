@@ -10,6 +10,7 @@ renames one or changes what it holds."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 import zlib
@@ -302,18 +303,6 @@ def _large_model(seed: int = 11) -> keras.Model:
     return model
 
 
-def _resident_bytes(trim: bool = False) -> int:
-    """This process's resident memory; `trim`: freed heap memory given back first (malloc_trim),
-    so that memory filled next counts even where freed memory is reused."""
-    if trim:
-        import ctypes
-        import gc
-
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, monkeypatch):
     """Why compat.load_keras_weights reads each value once, into the memory its variable keeps:
     TensorFlow's `_numpy()` of a new CPU tensor is a writable view of the tensor's memory, and a
@@ -358,38 +347,82 @@ def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, mo
         assert BackendVariable.__dict__.get("_convert_to_tensor") is converts  # Keras's own again
 
 
-def test_large_variables_about_to_be_restored_start_unfilled(monkeypatch):
+# Run in a process of its own, where nothing else allocates: which pages of each large variable's
+# buffer are resident (mincore), inside the deferred build, with the TensorFlow gate as checked and
+# closed. Large allocations are fresh mappings (a fixed mmap threshold), and freed heap memory is
+# given back first (malloc_trim), so a page is resident only once something wrote (or read) it.
+UNFILLED_PROBE = """
+import ctypes, json, mmap, sys
+sys.path.insert(0, sys.argv[1])
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: 1 MiB, and no longer raised as memory is freed
+import gc
+import numpy as np
+from kerasdist import compat
+from kerasdist.compat import keras_loading
+from test_compat import _large_model, _state
+
+def resident(variables):
+    # (resident pages, pages) of the variables' buffers; the arrays are views, nothing is read
+    found = total = 0
+    for variable in variables:
+        array = variable.value.read_value()._numpy()
+        start = array.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+        length = array.ctypes.data + array.nbytes - start
+        pages = (ctypes.c_ubyte * (-(-length // mmap.PAGESIZE)))()
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), pages) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        found, total = found + sum(page & 1 for page in pages), total + len(pages)
+    return found, total
+
+def deferred_build(assign_first):
+    gc.collect()
+    libc.malloc_trim(0)
+    with compat.initializers_deferred() as deferred:
+        model = _large_model()
+        large = [v for v in [*model.weights, *model.optimizer.variables]
+                 if compat.variable_bytes(v) >= keras_loading.UNFILLED_FROM_BYTES]
+        pages = resident(large)
+        if assign_first:
+            first = model.layers[1].kernel
+            first.assign(np.full(first.shape, 2.0, "float32"))
+    state = _state(model)
+    return {"deferred": deferred.deferred, "large": len(large), "resident": pages,
+            "first_assigned": bool((model.layers[1].kernel.numpy() == 2.0).all()),
+            "rest_as_plain": state[1:] == plain[1:], "all_as_plain": state == plain}
+
+plain = _state(_large_model())
+checked = deferred_build(assign_first=True)
+keras_loading.TF_TENSOR_VIEW_VERSIONS = ((2, 0), (2, 1))  # a TensorFlow not checked
+print(json.dumps({"checked": checked, "not_checked": deferred_build(assign_first=False)}))
+"""
+
+
+def test_large_variables_about_to_be_restored_start_unfilled():
     """Inside `initializers_deferred`, a variable of 1 MiB or more whose initializer is random
     with an int seed or constant (zeros, ones: Adam's slots) starts with its memory unfilled (none
-    of it touched: the restore's value replaces it), and one no assignment reached gets its
+    of its pages touched: the restore's value replaces it), and one no assignment reached gets its
     initializer's values at the block's end, as a plain build gives them; outside the TensorFlow
     versions checked they start filled. Fails once `tf.raw_ops.Empty` fills or Keras makes
-    variables elsewhere (see test_deferred_initializers_give_the_values_of_a_plain_build)."""
-    from kerasdist.compat import keras_loading
+    variables elsewhere (see test_deferred_initializers_give_the_values_of_a_plain_build).
+    Measured by page, in a process of its own (UNFILLED_PROBE): a test process's resident memory
+    also moves with what other threads free and reuse meanwhile."""
+    from conftest import run_python
 
-    plain = _state(_large_model())
-    with compat.initializers_deferred() as deferred:
-        before = _resident_bytes(trim=True)
-        model = _large_model()
-        grown = _resident_bytes() - before
-        first = model.layers[1].kernel
-        first.assign(np.full(first.shape, 2.0, "float32"))
-    assert deferred.deferred == 2 + 4 + 1  # two large kernels, their Adam slots, the small random one
-    assert grown < 8 << 20, grown  # filled: 4 + 4 (kernels) + 16 (slots) MiB and more
-    state = _state(model)
-    assert (first.numpy() == 2.0).all() and state[1:] == plain[1:]  # the rest as a plain build makes it
-    monkeypatch.setattr(keras_loading, "TF_TENSOR_VIEW_VERSIONS", ((2, 0), (2, 1)))
-    grown = []
-    for _ in range(3):  # the largest of up to three builds: memory another thread frees meanwhile
-        with compat.initializers_deferred() as deferred:  # shrank one reading by 7 MiB in a full run
-            before = _resident_bytes(trim=True)
-            model = _large_model()
-            grown.append(_resident_bytes() - before)
-        assert deferred.deferred == 2  # the random kernels as zeros, the rest filled
-        if grown[-1] >= 16 << 20:
-            break
-    assert max(grown) >= 16 << 20, grown
-    assert _state(model) == plain
+    done = run_python(UNFILLED_PROBE, str(Path(__file__).parent))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    checked, not_checked = result["checked"], result["not_checked"]
+    # two large kernels (a random one, a ones one) and their four Adam slots: 6 x 4 MiB
+    assert checked["large"] == not_checked["large"] == 6
+    assert checked["deferred"] == 2 + 4 + 1  # the large ones and the small random kernel
+    found, pages = checked["resident"]
+    assert pages >= 6 * 1024 and found <= 2 * checked["large"], checked  # at most a page at each end
+    assert checked["first_assigned"] and checked["rest_as_plain"]  # the rest as a plain build makes it
+    assert not_checked["deferred"] == 2  # the random kernels as zeros, the rest filled at once
+    found, pages = not_checked["resident"]
+    assert found == pages, not_checked  # filled: every page written
+    assert not_checked["all_as_plain"]
 
 
 # -- what kerasdist reads of Keras and TensorFlow that they keep private (accessors, no patch) ------
