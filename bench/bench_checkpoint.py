@@ -149,7 +149,7 @@ def measure(args: argparse.Namespace, server) -> None:
     # or without checkpoints), which buried the save's cost in noise. Without tf.data's autotuning:
     # with it, about half the fits, of every variant, ended only at the autotune thread's next
     # wake-up (it sleeps 10 ms, then twice as long each time: 10.23, 20.47, 40.95, 81.91 s after
-    # the iterator started), after the last epoch (bench/README.md, 2026-11-25).
+    # the iterator started), after the last epoch (bench/history/2026-11-25-checkpoints.md).
     untuned = tf.data.Options()
     untuned.autotune.enabled = False
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().repeat().prefetch(2).with_options(untuned)
