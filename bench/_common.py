@@ -12,11 +12,13 @@ import operator
 import os
 import platform
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TESTS = Path(__file__).resolve().parents[1] / "tests"  # kerasdist_testing: the tests' S3 server
 
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 
@@ -32,6 +34,16 @@ def device_name() -> str:
     except Exception:  # the device is still worth naming without TensorFlow
         names = []
     return f"{len(names)} x {names[0]} + {cpu}" if names else f"{cpu}, no GPU"
+
+
+def start_s3_test_server() -> Any:
+    """The tests' S3 server (tests/kerasdist_testing, which the package does not ship), started;
+    call `.stop()` when done."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from kerasdist_testing.s3_test_server import start_s3_server
+
+    return start_s3_server()
 
 
 def figure(name: str, values: Sequence[float], target: str | None, what: str, **extra: Any) -> dict:

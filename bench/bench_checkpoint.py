@@ -21,7 +21,7 @@ writer thread keeps normal priority instead of SCHED_IDLE (how they ran before),
 The checkpoints go to --dest: a local directory (default a temporary one) or an object-store URL
 (`s3://bucket/prefix`, configured by the standard AWS_* environment variables; target <= 1.05),
 so local and S3 saves are measured the same way. `--s3-test-server` starts kerasdist's S3 test
-server (SeaweedFS on 127.0.0.1, `kerasdist.s3_test_server`) and saves there: `shared` on the
+server (SeaweedFS on 127.0.0.1, `tests/kerasdist_testing`) and saves there: `shared` on the
 benchmark's cores, `idle` the same in the SCHED_IDLE class (it takes only the CPU training
 leaves), `apart` on a core of its own, the last one, with the benchmark pinned to the others
 before TensorFlow sizes its thread pools by them: a training machine with one core fewer and
@@ -67,7 +67,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kerasdist  # noqa: E402
-from _common import figure, write_result  # noqa: E402  (bench/ is the script's directory)
+from _common import figure, start_s3_test_server, write_result  # noqa: E402  (bench/ is the script's directory)
 from _training import EpochTimes, interleaved  # noqa: E402
 from kerasdist.checkpoint import background  # noqa: E402
 
@@ -94,7 +94,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--dest", type=str, default=None,
                         help="where the checkpoints go: a directory or an s3:// URL (default: a temporary directory)")
     parser.add_argument("--s3-test-server", choices=("shared", "idle", "apart"), default=None,
-                        help="save to kerasdist's S3 test server on this machine: on the benchmark's cores "
+                        help="save to the tests' S3 server on this machine: on the benchmark's cores "
                              "(shared), the same in the idle class (idle) or on a core of its own (apart)")
     parser.add_argument("--with-equal-priority-writer", action="store_true",
                         help="also time background saves whose writer keeps normal priority")
@@ -116,14 +116,12 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _s3_test_server(where: str | None):
-    """kerasdist's S3 test server placed as `--s3-test-server` says, reached through the AWS_*
+    """The tests' S3 server placed as `--s3-test-server` says, reached through the AWS_*
     variables; or None."""
     if where is None:
         yield None
         return
-    from kerasdist.s3_test_server import start_s3_server
-
-    server = start_s3_server()
+    server = start_s3_test_server()
     try:
         for thread in os.listdir(f"/proc/{server.process.pid}/task"):  # Go starts new ones from these
             if where == "idle":
@@ -151,7 +149,7 @@ def measure(args: argparse.Namespace, server) -> None:
     # or without checkpoints), which buried the save's cost in noise. Without tf.data's autotuning:
     # with it, about half the fits, of every variant, ended only at the autotune thread's next
     # wake-up (it sleeps 10 ms, then twice as long each time: 10.23, 20.47, 40.95, 81.91 s after
-    # the iterator started), after the last epoch (bench/README.md, 2026-11-25).
+    # the iterator started), after the last epoch (bench/history/2026-11-25-checkpoints.md).
     untuned = tf.data.Options()
     untuned.autotune.enabled = False
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().repeat().prefetch(2).with_options(untuned)
@@ -203,7 +201,7 @@ def measure(args: argparse.Namespace, server) -> None:
         s3_server_cpu_seconds_per_save={name: [round(seconds / args.epochs, 3) for seconds in calls[1:]]
                                         for name, calls in server_seconds.items()} if server else None,
         destination=str(args.dest or "local temporary directory")
-        + (f" (kerasdist's S3 test server on this machine, --s3-test-server {args.s3_test_server})" if server else ""),
+        + (f" (the tests' S3 server on this machine, --s3-test-server {args.s3_test_server})" if server else ""),
         cpus=sorted(os.sched_getaffinity(0)),
         repeats=args.repeats, epochs_per_fit=args.epochs, samples=args.samples, batch_size=BATCH,
         load_average=[round(v, 2) for v in os.getloadavg()],

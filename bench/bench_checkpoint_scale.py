@@ -452,17 +452,17 @@ def profile_restore(directory: str, width: int) -> dict:
 # -- the S3 path (--s3 SIZE) ----------------------------------------------------------------------
 
 def s3_rounds(state_bytes: int, repeats: int) -> dict:
-    """kerasdist's save and restore on an S3 store (kerasdist's SeaweedFS test server on 127.0.0.1,
+    """kerasdist's save and restore on an S3 store (the tests' SeaweedFS server on 127.0.0.1,
     on the same cores), each beside a plain upload and download of the same bytes (the checkpoint's
     model.keras) with the same client (s3fs, as the object store uses it)."""
     import kerasdist
+    from _common import start_s3_test_server
     from kerasdist.checkpoint import save_checkpoint
-    from kerasdist.s3_test_server import start_s3_server
 
     width = width_for(state_bytes)
     model = prepared_model(width)
     actual = sum(v.numpy().nbytes for v in [*model.weights, *model.optimizer.variables])
-    server = start_s3_server()
+    server = start_s3_test_server()
     seconds: dict[str, list[float]] = {}
     load = [os.getloadavg()]
 

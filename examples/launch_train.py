@@ -1,6 +1,6 @@
 """A training script for the launcher: every worker runs this same file.
 
-    python -m kerasdist launch -n 2 --max-restarts 3 -- examples/launch_train.py --epochs 5
+    kerasdist launch -n 2 --max-restarts 3 -- examples/launch_train.py --epochs 5
 
 select_strategy() reads the TF_CONFIG the launcher gives each process and picks "multi_worker";
 the chief (worker 0) writes a checkpoint every epoch, so a group the launcher restarts after a

@@ -25,8 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Files outside docs/ that the guides link to, and their pages on the site.
-ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "bench/README.md": "benchmarks.md",
-              "bench/results/summary.md": "bench-latest.md", "ARCHITECTURE.md": "architecture.md"}
+ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "RELIABILITY-history.md": "reliability-history.md",
+              "bench/README.md": "benchmarks.md", "bench/results/summary.md": "bench-latest.md",
+              "ARCHITECTURE.md": "architecture.md"}
+ROOT_LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 GUIDES = ["install", "strategies", "training", "checkpoints", "data", "custom-loops", "evaluation",
           "multi-worker", "upstream", "clusters", "parameter-servers", "cli"]
 LINK = re.compile(r"\]\(\.\./(?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
@@ -115,7 +117,7 @@ def stage_guides(staging: Path, docs: Path) -> None:
         (staging / page.name).write_text(rewrite_links(page.read_text(), staging))
     shutil.copytree(docs / "images", staging / "images")
     for source, page in ROOT_PAGES.items():
-        (staging / page).write_text((ROOT / source).read_text())
+        (staging / page).write_text(rewrite_root_links((ROOT / source).read_text()))
     (staging / "history").mkdir()  # bench/README.md's earlier runs, linked as history/NAME.md
     for page in sorted((ROOT / "bench" / "history").glob("*.md")):
         shutil.copy(page, staging / "history" / page.name)
@@ -152,6 +154,14 @@ def stage_articles(staging: Path, mode: str) -> list[str]:
             text = text[:end] + "\n" + SHOWN_ONLY.format(name=page[:-3]) + text[end:]
         (folder / page).write_text(text)
     return [f"articles/{page}" for page in pages]
+
+
+def rewrite_root_links(text: str) -> str:
+    """Links between the records beside docs/ (RELIABILITY.md and its history): to their site pages."""
+    def rewrite(match: re.Match[str]) -> str:
+        page = ROOT_PAGES.get(match["target"])
+        return f"]({page}{match['anchor'] or ''})" if page else match[0]
+    return ROOT_LINK.sub(rewrite, text)
 
 
 def rewrite_links(text: str, staging: Path) -> str:

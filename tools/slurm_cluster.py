@@ -392,7 +392,8 @@ PartitionName=high PriorityTier=10 {partition}
         """A SeaweedFS S3 server on the cluster's network (the controller's namespace, the bridge's
         address), which every host reaches and nothing outside the cluster does: storage the
         hosts share when they share no disk. Stop it with `.stop()`."""
-        from kerasdist.s3_test_server import S3TestServer, weed_binary
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' servers
+        from kerasdist_testing.s3_test_server import S3TestServer, weed_binary
 
         weed = weed_binary()
         if weed is None:

@@ -61,6 +61,25 @@ CANARIES = {
         "test_preemption.py::test_upstream_handler_still_does_nothing_on_gce_cpu_vms",
     "SlurmClusterResolver on CPU-only nodes":
         "test_strategy.py::test_upstream_slurm_resolver_still_fails_on_cpu_only_nodes",
+    # private names read, no patch: each accessor's canary
+    "a model's layers at every depth (layers_within)":
+        "test_compat.py::test_canary_layers_within_reaches_nested_models_layers",
+    "compile()'s metrics and Keras's function wrappers (compiled_metrics, wrapped_function)":
+        "test_compat.py::test_canary_compiled_metrics_and_wrapped_functions_are_what_compile_was_given",
+    "the optimizer's batch counter (optimizer_batch_counter)":
+        "test_compat.py::test_canary_the_optimizer_batch_counter_counts_batches_under_gradient_accumulation",
+    "a model built from one batch (symbolic_build, ps)":
+        "test_compat.py::test_canary_a_symbolic_build_makes_every_variable_without_a_step",
+    "a variable's replicas (replica_variables)":
+        "test_compat.py::test_canary_a_variable_made_under_a_strategy_gives_its_replicas",
+    "ModelCheckpoint's and TensorBoard's private state, TensorBoard's writers":
+        "test_callback_state.py::test_canary_keras_callbacks_keep_state_in_the_attributes_kerasdist_saves_and_reset_it_each_fit",
+    "TensorBoard's open writers (tensorboard_writers)":
+        "test_compat.py::test_canary_tensorboard_keeps_its_open_writers_where_kerasdist_flushes_them",
+    "the coordination service's key-value store and barrier (preemption agreement)":
+        "test_compat.py::test_canary_the_coordination_service_calls_kerasdist_makes_are_tensorflows",
+    "Slurm host lists (slurm_tasks_per_host)":
+        "test_compat.py::test_canary_slurm_host_lists_are_read_as_the_slurm_resolver_reads_them",
 }
 
 

@@ -114,17 +114,13 @@ def slurm_cluster(env: Mapping[str, str], port_base: int = SLURM_PORT_BASE) -> d
     """The worker addresses of a Slurm job step, laid out as TensorFlow's SlurmClusterResolver
     does (hosts sorted, task k of a node on port_base + k), parsed with TensorFlow's own helpers.
     Empty when the step's node list is not in the environment."""
-    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
-        expand_hostlist,
-        expand_tasks_per_node,
-    )
+    from kerasdist import compat
 
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     tasks = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if not nodes or not tasks:
         return {}
-    # Paired as SlurmClusterResolver pairs them (plain zip: a surplus host or count is dropped).
-    per_node = dict(zip(expand_hostlist(nodes), expand_tasks_per_node(tasks), strict=False))
+    per_node = compat.slurm_tasks_per_host(nodes, tasks)
     workers = [f"{host}:{port_base + k}" for host, count in sorted(per_node.items()) for k in range(count)]
     return {"worker": workers}
 

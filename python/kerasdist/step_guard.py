@@ -15,6 +15,8 @@ from typing import Any
 
 import keras
 
+from kerasdist import compat
+
 
 def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
     """Find R functions that TensorFlow would call inside the training step; refuse them if the
@@ -62,10 +64,10 @@ def _step_functions(model: Any) -> list[tuple[str, Any]]:
     """(where, value) for everything compile() and the layers put in the training step."""
     places: list[tuple[str, Any]] = []
     _flatten("loss", getattr(model, "loss", None), places)
-    compiled = getattr(model, "_compile_metrics", None)
-    _flatten("metrics", getattr(compiled, "_user_metrics", None), places)
-    _flatten("weighted_metrics", getattr(compiled, "_user_weighted_metrics", None), places)
-    layers = [model] + list(getattr(model, "_flatten_layers", lambda: [])(include_self=False))
+    metrics, weighted_metrics = compat.compiled_metrics(model)
+    _flatten("metrics", metrics, places)
+    _flatten("weighted_metrics", weighted_metrics, places)
+    layers = [model] + compat.layers_within(model, include_self=False)
     for layer in layers:
         name = "the model" if layer is model else f"layer {layer.name!r}"
         if isinstance(layer, keras.layers.Lambda):
@@ -103,7 +105,7 @@ def is_r_function(value: Any, depth: int = 0) -> bool:
     inner = [getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
     if isinstance(value, (keras.losses.Loss, keras.metrics.Metric)):
         # Keras LossFunctionWrapper / MeanMetricWrapper
-        inner.extend(getattr(value, attribute, None) for attribute in ("fn", "_fn"))
+        inner.append(compat.wrapped_function(value))
     for cell in getattr(value, "__closure__", None) or ():
         try:
             inner.append(cell.cell_contents)

@@ -83,7 +83,7 @@ def zip_members(content: bytes) -> dict[str, bytes]:
 
 def test_keras_version_is_one_the_snapshot_was_checked_on():
     """Fails on a Keras the snapshot's use of saving internals was not checked on: check
-    checkpoint/snapshot.py against its saving_lib, then widen compat.KERAS_SNAPSHOT_VERSIONS."""
+    checkpoint/snapshot.py against its saving_lib, then widen keras_saving.KERAS_SNAPSHOT_VERSIONS."""
     assert compat.keras_snapshot_supported(), keras.__version__
     assert not compat.keras_snapshot_supported("3.16.0")
 
@@ -444,7 +444,7 @@ def test_background_checkpoints_equal_synchronous_ones(tmp_path):
 
 def test_a_callbacks_synchronous_saves_build_no_buffer_of_the_files_size(tmp_path, monkeypatch):
     """Memory this VM has taken back after a save freed it costs seconds a GB to touch again
-    (bench/README.md, "First touches"): a callback's synchronous saves build their files as
+    (bench/README.md, checkpoints at scale): a callback's synchronous saves build their files as
     pieces, views of the variables' reads (#47), and allocate no buffer of the file's size (they
     used to keep one from save to save); the checkpoints are the ones a plain synchronous save
     writes."""
@@ -472,7 +472,7 @@ def test_a_callbacks_synchronous_saves_build_no_buffer_of_the_files_size(tmp_pat
 @pytest.mark.parametrize("async_save", [False, True], ids=["synchronous", "background"])
 def test_a_fits_save_memory_is_sized_and_touched_before_its_first_save(tmp_path, monkeypatch, async_save):
     """A fit's first save paid the first touch of a state-sized buffer on the training thread
-    (seconds a GB here: bench/README.md, "First touches"). The callback sizes the memory its
+    (seconds a GB here: bench/README.md, checkpoints at scale). The callback sizes the memory its
     background saves copy the values into from the model's state after the fit's first step, when
     a fresh model's optimizer has made its slots (Adam's two: twice the weights, more than the
     sizing's margins here), and touches it in a thread: no save of the fit allocates another. The

@@ -21,7 +21,7 @@ from conftest import case_rows, run_python
 from kerasdist import compat
 from kerasdist.checkpoint import manager as checkpoint_manager
 from kerasdist.checkpoint.callback_state import KERAS_STATE, CallbackStates, pack, state_key, unpack
-from kerasdist.s3_test_server import start_s3_server
+from kerasdist_testing.s3_test_server import start_s3_server
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_callbacks.py"
 PYTHON_ROWS = [row for row in case_rows("callbacks") if "python" in row.values[0]["languages"]]

@@ -3,11 +3,14 @@ increments made atomic for parameter-server steps (`compat.keras_variables`), `m
 halves for background snapshots (`compat.keras_saving`), `load_weights` reading in place and a
 build restored at once (`compat.keras_loading`). Each fails when upstream changes: first where the
 workaround stops being needed or stops working, then where its version gate ends (make
-upstream-check runs them on the next Keras, tools/upstream_check.py)."""
+upstream-check runs them on the next Keras, tools/upstream_check.py). At the end, the canaries of
+the private names kerasdist reads through compat (no patch, no gate): they fail when upstream
+renames one or changes what it holds."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 import zlib
@@ -102,7 +105,7 @@ def test_the_recorded_walk_replayed_writes_model_saves_files():
     writes, member for member, byte for byte (metadata.json holds the time), for a model with an
     optimizer state and one with assets. Fails once Keras's saving internals move or write
     something else, then where the version gate ends (check checkpoint/snapshot.py, then widen
-    compat.KERAS_SNAPSHOT_VERSIONS). One test, not parametrized: make upstream-check runs it by name."""
+    keras_saving.KERAS_SNAPSHOT_VERSIONS). One test, not parametrized: make upstream-check runs it by name."""
     for model in (_dense_model(), _lookup_model()):
         expected = _members(compat.keras_model_bytes(model))
         recorded = compat.record_save(model, _copied)
@@ -169,7 +172,7 @@ def test_weights_read_in_place_are_those_load_weights_reads(tmp_path, monkeypatc
     model and one with nested layers and an asset, and leave no file open. Outside the Keras
     versions checked, and for a compressed member, it is `load_weights` itself. Fails once Keras's
     loading internals move or load something else, then where the version gate ends (widen
-    compat.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
+    keras_loading.KERAS_LOAD_IN_PLACE_VERSIONS). One test: make upstream-check runs it by name."""
     from kerasdist.compat import keras_loading
 
     for model in (_dense_model(), _lookup_model()):
@@ -246,7 +249,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
     a plain build gives; assigned ones keep what was assigned; a SeedGenerator-seeded initializer
     and non-random ones run as usual; Keras's Variable is as it was afterwards. Fails once Keras
     makes or assigns variables elsewhere, or its initializers draw seeds differently, then where
-    the version gate ends (widen compat.KERAS_DEFERRED_INIT_VERSIONS). make upstream-check runs it
+    the version gate ends (widen keras_loading.KERAS_DEFERRED_INIT_VERSIONS). make upstream-check runs it
     by name."""
     from keras.src.backend import Variable as BackendVariable
     from keras.src.backend.common.variables import Variable as CommonVariable
@@ -286,7 +289,7 @@ def test_deferred_initializers_give_the_values_of_a_plain_build(monkeypatch):
 
 
 def _large_model(seed: int = 11) -> keras.Model:
-    """Variables of 1 MiB and more (compat.UNFILLED_FROM_BYTES: a random kernel, a ones one,
+    """Variables of 1 MiB and more (keras_loading.UNFILLED_FROM_BYTES: a random kernel, a ones one,
     Adam's slots of both), a float16 kernel, batch normalization's statistics; Adam built."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((1024,))
@@ -300,18 +303,6 @@ def _large_model(seed: int = 11) -> keras.Model:
     return model
 
 
-def _resident_bytes(trim: bool = False) -> int:
-    """This process's resident memory; `trim`: freed heap memory given back first (malloc_trim),
-    so that memory filled next counts even where freed memory is reused."""
-    if trim:
-        import ctypes
-        import gc
-
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, monkeypatch):
     """Why compat.load_keras_weights reads each value once, into the memory its variable keeps:
     TensorFlow's `_numpy()` of a new CPU tensor is a writable view of the tensor's memory, and a
@@ -319,7 +310,7 @@ def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, mo
     value's size (Keras's store made one and copied it, TensorFlow copied it again), and loads
     what `load_weights` loads bit for bit; outside the TensorFlow versions checked, Keras's
     arrays as before. Fails once TensorFlow copies either way, then where the version gate ends
-    (widen compat.TF_TENSOR_VIEW_VERSIONS). make upstream-check runs it by name."""
+    (widen keras_loading.TF_TENSOR_VIEW_VERSIONS). make upstream-check runs it by name."""
     import tracemalloc
 
     from keras.src.backend import Variable as BackendVariable
@@ -356,35 +347,177 @@ def test_values_are_read_into_the_tensors_their_variables_take_over(tmp_path, mo
         assert BackendVariable.__dict__.get("_convert_to_tensor") is converts  # Keras's own again
 
 
-def test_large_variables_about_to_be_restored_start_unfilled(monkeypatch):
+# Run in a process of its own, where nothing else allocates: which pages of each large variable's
+# buffer are resident (mincore), inside the deferred build, with the TensorFlow gate as checked and
+# closed. Large allocations are fresh mappings (a fixed mmap threshold), and freed heap memory is
+# given back first (malloc_trim), so a page is resident only once something wrote (or read) it.
+UNFILLED_PROBE = """
+import ctypes, json, mmap, sys
+sys.path.insert(0, sys.argv[1])
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: 1 MiB, and no longer raised as memory is freed
+import gc
+import numpy as np
+from kerasdist import compat
+from kerasdist.compat import keras_loading
+from test_compat import _large_model, _state
+
+def resident(variables):
+    # (resident pages, pages) of the variables' buffers; the arrays are views, nothing is read
+    found = total = 0
+    for variable in variables:
+        array = variable.value.read_value()._numpy()
+        start = array.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+        length = array.ctypes.data + array.nbytes - start
+        pages = (ctypes.c_ubyte * (-(-length // mmap.PAGESIZE)))()
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), pages) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        found, total = found + sum(page & 1 for page in pages), total + len(pages)
+    return found, total
+
+def deferred_build(assign_first):
+    gc.collect()
+    libc.malloc_trim(0)
+    with compat.initializers_deferred() as deferred:
+        model = _large_model()
+        large = [v for v in [*model.weights, *model.optimizer.variables]
+                 if compat.variable_bytes(v) >= keras_loading.UNFILLED_FROM_BYTES]
+        pages = resident(large)
+        if assign_first:
+            first = model.layers[1].kernel
+            first.assign(np.full(first.shape, 2.0, "float32"))
+    state = _state(model)
+    return {"deferred": deferred.deferred, "large": len(large), "resident": pages,
+            "first_assigned": bool((model.layers[1].kernel.numpy() == 2.0).all()),
+            "rest_as_plain": state[1:] == plain[1:], "all_as_plain": state == plain}
+
+plain = _state(_large_model())
+checked = deferred_build(assign_first=True)
+keras_loading.TF_TENSOR_VIEW_VERSIONS = ((2, 0), (2, 1))  # a TensorFlow not checked
+print(json.dumps({"checked": checked, "not_checked": deferred_build(assign_first=False)}))
+"""
+
+
+def test_large_variables_about_to_be_restored_start_unfilled():
     """Inside `initializers_deferred`, a variable of 1 MiB or more whose initializer is random
     with an int seed or constant (zeros, ones: Adam's slots) starts with its memory unfilled (none
-    of it touched: the restore's value replaces it), and one no assignment reached gets its
+    of its pages touched: the restore's value replaces it), and one no assignment reached gets its
     initializer's values at the block's end, as a plain build gives them; outside the TensorFlow
     versions checked they start filled. Fails once `tf.raw_ops.Empty` fills or Keras makes
-    variables elsewhere (see test_deferred_initializers_give_the_values_of_a_plain_build)."""
-    from kerasdist.compat import keras_loading
+    variables elsewhere (see test_deferred_initializers_give_the_values_of_a_plain_build).
+    Measured by page, in a process of its own (UNFILLED_PROBE): a test process's resident memory
+    also moves with what other threads free and reuse meanwhile."""
+    from conftest import run_python
 
-    plain = _state(_large_model())
-    with compat.initializers_deferred() as deferred:
-        before = _resident_bytes(trim=True)
-        model = _large_model()
-        grown = _resident_bytes() - before
-        first = model.layers[1].kernel
-        first.assign(np.full(first.shape, 2.0, "float32"))
-    assert deferred.deferred == 2 + 4 + 1  # two large kernels, their Adam slots, the small random one
-    assert grown < 8 << 20, grown  # filled: 4 + 4 (kernels) + 16 (slots) MiB and more
-    state = _state(model)
-    assert (first.numpy() == 2.0).all() and state[1:] == plain[1:]  # the rest as a plain build makes it
-    monkeypatch.setattr(keras_loading, "TF_TENSOR_VIEW_VERSIONS", ((2, 0), (2, 1)))
-    grown = []
-    for _ in range(3):  # the largest of up to three builds: memory another thread frees meanwhile
-        with compat.initializers_deferred() as deferred:  # shrank one reading by 7 MiB in a full run
-            before = _resident_bytes(trim=True)
-            model = _large_model()
-            grown.append(_resident_bytes() - before)
-        assert deferred.deferred == 2  # the random kernels as zeros, the rest filled
-        if grown[-1] >= 16 << 20:
-            break
-    assert max(grown) >= 16 << 20, grown
-    assert _state(model) == plain
+    done = run_python(UNFILLED_PROBE, str(Path(__file__).parent))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    checked, not_checked = result["checked"], result["not_checked"]
+    # two large kernels (a random one, a ones one) and their four Adam slots: 6 x 4 MiB
+    assert checked["large"] == not_checked["large"] == 6
+    assert checked["deferred"] == 2 + 4 + 1  # the large ones and the small random kernel
+    found, pages = checked["resident"]
+    assert pages >= 6 * 1024 and found <= 2 * checked["large"], checked  # at most a page at each end
+    assert checked["first_assigned"] and checked["rest_as_plain"]  # the rest as a plain build makes it
+    assert not_checked["deferred"] == 2  # the random kernels as zeros, the rest filled at once
+    found, pages = not_checked["resident"]
+    assert found == pages, not_checked  # filled: every page written
+    assert not_checked["all_as_plain"]
+
+
+# -- what kerasdist reads of Keras and TensorFlow that they keep private (accessors, no patch) ------
+# Each canary fails when upstream renames or changes what the accessor reads.
+
+def _compiled(model: keras.Model, **compile_args) -> keras.Model:
+    model.compile(optimizer="sgd", loss="mse", **compile_args)
+    return model
+
+
+def test_canary_layers_within_reaches_nested_models_layers():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="inner_dense")], name="inner")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="outer_dense")(inner(inputs)))
+    names = [layer.name for layer in compat.layers_within(model)]
+    assert names[0] == model.name and {"inner", "inner_dense", "outer_dense"} <= set(names)
+    assert model.name not in [layer.name for layer in compat.layers_within(model, include_self=False)]
+    assert compat.layers_within(object()) == []
+
+
+def test_canary_compiled_metrics_and_wrapped_functions_are_what_compile_was_given():
+    def my_metric(y_true, y_pred):
+        return keras.ops.mean(y_pred)
+
+    def my_loss(y_true, y_pred):
+        return keras.ops.mean((y_true - y_pred) ** 2)
+
+    model = _compiled(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
+                      metrics=["mae", my_metric], weighted_metrics=[my_metric])
+    assert compat.compiled_metrics(model) == (["mae", my_metric], [my_metric])
+    assert compat.compiled_metrics(keras.Sequential([keras.layers.Dense(1)])) == (None, None)
+    from keras.src.losses.losses import LossFunctionWrapper  # what Keras's losses of a function are
+
+    assert compat.wrapped_function(LossFunctionWrapper(my_loss)) is my_loss
+    assert isinstance(keras.losses.MeanSquaredError(), LossFunctionWrapper)
+    assert compat.wrapped_function(keras.metrics.MeanMetricWrapper(my_metric)) is my_metric
+
+
+def test_canary_the_optimizer_batch_counter_counts_batches_under_gradient_accumulation():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=2), loss="mse")
+    model.fit(np.zeros((8, 3), "float32"), np.zeros(8, "float32"), batch_size=2, verbose=0)
+    assert int(compat.optimizer_batch_counter(model.optimizer).numpy()) == 4  # batches
+    assert int(model.optimizer.iterations.numpy()) == 2  # applied updates
+
+
+def test_canary_a_symbolic_build_makes_every_variable_without_a_step():
+    model = _compiled(keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)]), metrics=["mae"])
+    compat.symbolic_build(model, (np.zeros((4, 3), "float32"), np.zeros((4, 1), "float32")))
+    assert model.built and model.optimizer.built and model.metrics_variables
+    assert int(model.optimizer.iterations.numpy()) == 0  # no step taken
+
+
+def test_canary_a_variable_made_under_a_strategy_gives_its_replicas():
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        variable = keras.Variable(np.zeros(3, "float32"))
+    (replica,) = compat.replica_variables(variable)
+    assert replica is not variable and isinstance(replica, tf.Variable)
+    replica.assign([1.0, 2.0, 3.0])
+    assert variable.numpy().tolist() == [1.0, 2.0, 3.0]
+    plain = keras.Variable(0.0)
+    assert compat.replica_variables(plain) == (plain,)
+
+
+def test_canary_tensorboard_keeps_its_open_writers_where_kerasdist_flushes_them(tmp_path):
+    board = keras.callbacks.TensorBoard(str(tmp_path / "logs"))
+    seen = []
+    watch = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        compat.tensorboard_writers(board)))
+    model = _compiled(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))
+    model.fit(np.zeros((4, 3), "float32"), np.zeros(4, "float32"), verbose=0, callbacks=[board, watch])
+    assert seen[0] and all(callable(getattr(writer, "flush", None)) for writer in seen[0])
+
+
+def test_canary_the_coordination_service_calls_kerasdist_makes_are_tensorflows():
+    """`coordination_key_exists` and `wait_at_coordination_barrier` (the preemption agreement's)
+    call TensorFlow's private eager context; without a coordination service (one process), a key
+    is not there and a barrier refuses (the multi-worker tests use them with one)."""
+    import inspect
+
+    from tensorflow.python.eager import context
+
+    assert list(inspect.signature(context.Context.get_config_key_value).parameters) == [
+        "self", "key", "timeout_in_ms"]
+    assert list(inspect.signature(context.Context.wait_at_barrier).parameters) == [
+        "self", "barrier_id", "timeout_in_ms"]
+    assert compat.coordination_key_exists("kerasdist-canary", 10) is False
+    try:
+        compat.wait_at_coordination_barrier("kerasdist-canary", 10)
+    except tf.errors.FailedPreconditionError as err:
+        assert "not enabled" in str(err)
+    else:
+        raise AssertionError("a barrier without a coordination service returned")
+
+
+def test_canary_slurm_host_lists_are_read_as_the_slurm_resolver_reads_them():
+    assert compat.slurm_tasks_per_host("n[1-2],m3", "2(x2),1") == {"n1": 2, "n2": 2, "m3": 1}
+    assert compat.slurm_tasks_per_host("a[01-03]", "1(x3)") == {"a01": 1, "a02": 1, "a03": 1}

@@ -84,7 +84,7 @@ def test_dist_builds_a_wheel_an_sdist_and_an_r_tarball_that_carry_what_they_need
     names = zipfile.ZipFile(wheel).namelist()
     assert "kerasdist/__init__.py" in names and "kerasdist_cli/__init__.py" in names
     assert "kerasdist/datasets/digits.csv.gz" in names and "kerasdist/py.typed" in names
-    assert not any(name.startswith(("tests/", "tools/", "R/")) for name in names)
+    assert not any(name.startswith(("tests/", "tools/", "R/", "kerasdist_testing/")) for name in names)
     metadata = zipfile.ZipFile(wheel).read(f"kerasdist-{VERSION}.dist-info/METADATA").decode()
     assert "Provides-Extra: s3" in metadata and "Classifier: Programming Language :: Python :: 3" in metadata
     assert "kerasdist = kerasdist_cli:main" in zipfile.ZipFile(wheel).read(
@@ -92,7 +92,8 @@ def test_dist_builds_a_wheel_an_sdist_and_an_r_tarball_that_carry_what_they_need
     assert f"kerasdist-{VERSION}/pyproject.toml" in tarfile.open(sdist).getnames()
     r_files = tarfile.open(r_tarball).getnames()
     for needed in ("configure", "python/kerasdist/__init__.py", "python/kerasdist_cli/__init__.py",
-                   "pyproject.toml", "README.md", "tools/constraints.txt", "DESCRIPTION"):
+                   "pyproject.toml", "README.md", "tools/constraints.txt", "DESCRIPTION",
+                   "tests/kerasdist_testing/s3_test_server.py"):  # for R CMD check's tests, not installed
         assert f"kerasdist/{needed}" in r_files, needed
     assert not any(name.startswith(("kerasdist/tests/python", "kerasdist/tools/setup", "kerasdist/.venv",
                                     "kerasdist/inst/python")) for name in r_files)

@@ -124,3 +124,81 @@ def test_the_table_of_defaults_in_the_training_guide_is_what_the_functions_take(
         default = inspect.signature(getattr(kerasdist, function)).parameters[argument].default
         assert documented == (f'"{default}"' if isinstance(default, str) else repr(default)), (function, argument)
     assert f"| `KERASDIST_PEER_TIMEOUT` | `{DEFAULT_PEER_TIMEOUT:g}` |" in guide
+
+
+# -- what RELIABILITY.md and the guides say of the tests and the set-up --------------------------
+
+def _collected(path: Path) -> int:
+    """How many tests pytest collects from `path`: each test function, times the length of each of
+    its `parametrize` lists (written out as lists in these files)."""
+    import ast
+
+    count = 0
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            cases = 1
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("mark.parametrize"):
+                    values = decorator.args[1]
+                    assert isinstance(values, (ast.List, ast.Tuple)), f"{path.name}:{node.name}: count it by hand"
+                    cases *= len(values.elts)
+            count += cases
+    return count
+
+
+def test_the_test_counts_reliability_gives_are_the_files():
+    text = (ROOT / "RELIABILITY.md").read_text()
+    for name in ("test_slurm.py", "test_chaos.py"):
+        stated = re.search(rf"{name}` \((\d+) tests", text)
+        assert stated, f"RELIABILITY.md no longer counts {name}'s tests: drop this check or the count"
+        assert int(stated.group(1)) == _collected(ROOT / "tests" / "python" / name), name
+
+
+def test_the_slurm_tests_flags_and_pace_are_what_reliability_says():
+    import ast
+
+    text = _section((ROOT / "RELIABILITY.md").read_text(), "## Slurm: preemption at any instant")
+    source = (ROOT / "tests" / "python" / "test_slurm.py").read_text()
+    tree = ast.parse(source)
+    flags = re.search(r"^\| time-limit warning \| `([^`]+)` \|", text, re.M).group(1).split()
+    timed = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and "time_limit" in node.name)
+    options = [ast.literal_eval(keyword.value) for node in ast.walk(timed) if isinstance(node, ast.Call)
+               for keyword in node.keywords if keyword.arg == "options"]
+    assert options == [flags]
+    pace = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", "") == "PACE")
+    stated = [float(s) for s in re.search(r"land inside training \(([\d.]+) s; ([\d.]+) s in the time-limit "
+                                          r"test, ([\d.]+) s in the lost-host ones\)", " ".join(text.split())).groups()]
+    others = {ast.literal_eval(keyword.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+              for keyword in node.keywords if keyword.arg == "step_seconds" and isinstance(keyword.value, ast.Constant)}
+    assert stated[0] == pace and set(stated[1:]) == others - {0}
+
+
+def test_the_checkpoint_cases_reliability_counts_are_the_table():
+    import json
+
+    text = (ROOT / "RELIABILITY.md").read_text()
+    stated = re.search(r"(\d+) rows \((\d+) `damage`, (\d+) `errors`, (\d+) `object_damage`\)", text).groups()
+    cases = json.loads((ROOT / "tests" / "cases" / "checkpoint.json").read_text())
+    counts = [len(cases[kind]) for kind in ("damage", "errors", "object_damage")]
+    assert [int(n) for n in stated] == [sum(counts), *counts]
+
+
+def test_pandoc_is_set_up_for_make_test_only_and_the_vignettes_are_built_by_r_cmd_build():
+    setup = (ROOT / "tools" / "setup.sh").read_text()
+    packages = {name: re.search(rf'^{name}="([^"]*)"', setup, re.M | re.S).group(1).split()
+                for name in ("DEMO_DEBIAN_PACKAGES", "TEST_DEBIAN_PACKAGES")}
+    assert "pandoc" in packages["TEST_DEBIAN_PACKAGES"] and "pandoc" not in packages["DEMO_DEBIAN_PACKAGES"]
+    assert "pandoc (for `make test`" in " ".join((ROOT / "docs" / "install.md").read_text().split())
+    test_sh = (ROOT / "tools" / "test.sh").read_text()
+    assert "R CMD check --no-manual --ignore-vignettes" in test_sh  # the build runs them, the check not
+    assert "`vignettes/` (R, built by R CMD build)" in (ROOT / "ARCHITECTURE.md").read_text()
+
+
+def test_the_guides_write_the_kerasdist_command_and_the_cli_guide_says_once_what_python_m_is():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    spelled = [f"{page.name}:{n}" for page in pages for n, line in enumerate(page.read_text().splitlines(), 1)
+               if re.search(r"python -m kerasdist(?!_cli)\b", line) and page.name != "cli.md"]
+    assert spelled == []
+    cli = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    assert cli.count("python -m kerasdist COMMAND") == 1 and "is the same command" in cli

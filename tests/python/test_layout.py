@@ -7,6 +7,7 @@ modules share has a public name in the module that owns it."""
 from __future__ import annotations
 
 import ast
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +241,139 @@ def test_only_the_stores_tell_a_local_directory_from_an_object_store():
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
              and node.args and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "directory"]
     assert found == []
+
+
+TESTING = ROOT / "tests" / "kerasdist_testing"  # the object-store servers the tests start
+
+
+def test_the_test_servers_live_outside_the_package_and_no_module_of_it_imports_them():
+    assert {p.name for p in TESTING.glob("*.py")} >= {"s3_test_server.py", "gcs_test_server.py", "server_process.py"}
+    assert not [p for p in MODULES if "server" in p.stem and "test" in p.stem]
+    importing = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in MODULES
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, (ast.Import, ast.ImportFrom))
+                 and any(name.startswith("kerasdist_testing") for name in
+                         [getattr(node, "module", None) or "", *(alias.name for alias in node.names)])]
+    assert importing == []
+
+
+def test_import_kerasdist_loads_no_test_server_and_the_wheel_ships_none(tmp_path):
+    from hatchling.build import build_wheel
+
+    from conftest import run_python  # a fresh process, with the servers' folder on its path
+
+    done = run_python("import sys, kerasdist\n"
+                      "print(sorted(m for m in sys.modules if m.startswith('kerasdist') or 'server' in m))",
+                      env={"PYTHONPATH": f"{PACKAGE.parent}:{TESTING.parent}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert "kerasdist.checkpoint.store.object" in loaded  # what the import loads is listed
+    assert [m for m in loaded if m.startswith("kerasdist_testing") or "test_server" in m or "server_process" in m] == []
+    wheel = zipfile.ZipFile(tmp_path / build_wheel(str(tmp_path)))
+    assert "kerasdist/__init__.py" in wheel.namelist()  # the check reads the right wheel
+    assert [name for name in wheel.namelist() if "test" in name.split("/")[-1] or "server_process" in name] == []
+
+
+# -- upstream's private names: only in compat/ ------------------------------------------------------
+
+COMPAT = PACKAGE / "compat"
+OUTSIDE_COMPAT = [p for p in MODULES if COMPAT not in p.parents]
+# Upstream modules that are not their public API (TensorFlow's is `tf.*`, Keras's `keras.*`).
+PRIVATE_UPSTREAM_MODULES = ("tensorflow.python", "tensorflow.compiler", "tensorflow.core", "tensorflow.tsl",
+                            "keras.src", "tf_keras.src")
+# Private names of other libraries the package may use outside compat: the stdlib's os._exit
+# (an exit without Python's cleanup), fsspec's path and info helpers.
+OTHER_PRIVATE_ATTRIBUTES = {"_exit", "_strip_protocol", "_info"}
+
+
+def _is_private_upstream_module(name: str) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in PRIVATE_UPSTREAM_MODULES)
+
+
+def test_no_private_tensorflow_or_keras_module_is_imported_outside_compat():
+    """`from tensorflow.python... import x`, `from keras.src... import y`, or their names in a string
+    (importlib), are upstream's private modules: workarounds, in compat/ with a canary."""
+    found = []
+    for path in OUTSIDE_COMPAT:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            else:
+                continue
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}"
+                      for name in names if _is_private_upstream_module(name)]
+    assert found == []
+
+
+def _own_attribute_names() -> set[str]:
+    """The attribute names kerasdist itself gives objects: assigned (`x._y = ...`, setattr with a
+    name), or defined in one of its classes (methods, class attributes, dataclass fields)."""
+    own = set()
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                own.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        own.add(item.name)
+                    elif isinstance(item, ast.Assign):
+                        own |= {target.id for target in item.targets if isinstance(target, ast.Name)}
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        own.add(item.target.id)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
+                own.add(node.args[1].value)
+    return own
+
+
+def test_no_private_attribute_of_tensorflow_or_keras_is_read_outside_compat():
+    """A private attribute read outside compat/ is kerasdist's own (one it assigns or defines) or
+    one of `OTHER_PRIVATE_ATTRIBUTES`; a Keras or TensorFlow one (`model._flatten_layers`,
+    `optimizer._iterations`, `getattr(x, "_value")`) goes through a compat function. A string
+    spelling a private name is kerasdist's own (`_kerasdist_...`): an attribute named by a string
+    would otherwise hide from the first check."""
+    own = _own_attribute_names() | OTHER_PRIVATE_ATTRIBUTES
+    found = []
+    for path in OUTSIDE_COMPAT:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in own:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}")
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_private(node.value)
+                  and node.value.isidentifier() and node.value != "_" and not node.value.startswith("_kerasdist")):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}")
+    assert found == []
+
+
+def _compat_uses(path: Path) -> set[str]:
+    """The names `path` takes from the compat package: `compat.x`, `from kerasdist.compat import x`."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compat":
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module == "kerasdist.compat":
+            used |= {alias.name for alias in node.names}
+    return used
+
+
+def test_compat_exports_only_what_is_used_outside_it():
+    """What compat/__init__.py re-exports is what the package, its tests, benchmarks or tools use
+    through it, or what users meet under its name (an exception whose `__module__` is
+    kerasdist.compat); the rest stays in its module (tests that look inside a workaround import that)."""
+    import kerasdist.compat as compat
+
+    outside = [*OUTSIDE_COMPAT, *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+               *(ROOT / "tools").glob("*.py")]
+    used = set().union(*(_compat_uses(path) for path in outside))
+    tree = ast.parse((COMPAT / "__init__.py").read_text())
+    imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert imported == set(compat.__all__)
+    users_see = {name for name in compat.__all__
+                 if getattr(getattr(compat, name), "__module__", "") == "kerasdist.compat"}
+    assert users_see == {"MultiWorkerStrategyTooLate"}  # the check reads them right
+    assert sorted(set(compat.__all__) - used - users_see) == []

@@ -112,7 +112,11 @@ def test_relative_links_resolve(page):
 
 
 def shell_command(line: str) -> list[str]:
+    """A page's command line as this interpreter runs it: `python` is it, and `kerasdist` (the
+    command the package installs) its `-m kerasdist_cli`, which the installed script runs."""
     words = shlex.split(line, comments=True)
+    if words[0] == "kerasdist":
+        return [sys.executable, "-m", "kerasdist_cli", *words[1:]]
     return [sys.executable, *words[1:]] if words[0] == "python" else words
 
 

@@ -43,9 +43,9 @@ from kerasdist.checkpoint.checksums import PendingCrc
 from kerasdist.checkpoint.pieces import Pieces
 from kerasdist.checkpoint.store import direct_io
 from kerasdist.checkpoint.store import object as object_store
-from kerasdist.gcs_test_server import start_gcs_server
-from kerasdist.s3_test_server import start_s3_server
 from kerasdist_cli import main
+from kerasdist_testing.gcs_test_server import start_gcs_server
+from kerasdist_testing.s3_test_server import start_s3_server
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 ROOT = Path(__file__).resolve().parents[2]

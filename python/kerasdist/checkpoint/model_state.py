@@ -8,6 +8,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerasdist import compat
+
 
 def optimizer_step(model: Any) -> int:
     """Training steps (batches) the model's optimizer has taken (0 without an optimizer).
@@ -15,21 +17,20 @@ def optimizer_step(model: Any) -> int:
     Under gradient accumulation Keras's `optimizer.iterations` counts applied updates
     (batches // k): it stays put for k batches, so `every_steps` and the checkpoint names
     (`ckpt-<step>`) built on it would fire and collide k times in a row. The optimizer's own
-    batch counter (`_iterations`, what `iterations` divides) moves every batch; without
-    accumulation the two are equal.
+    batch counter (`compat.optimizer_batch_counter`, what `iterations` divides) moves every batch;
+    without accumulation the two are equal.
     """
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return 0
     optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # LossScaleOptimizer
-    counter = getattr(optimizer, "_iterations", None)
-    return int((counter if counter is not None else optimizer.iterations).numpy())
+    return int(compat.optimizer_batch_counter(optimizer).numpy())
 
 
 def _seed_generators(model: Any) -> list[Any]:
     """Keras SeedGenerators (Dropout and friends), in a stable order."""
     found = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in compat.layers_within(model):
         for name in sorted(vars(layer)):
             value = getattr(layer, name, None)
             if isinstance(value, keras.random.SeedGenerator):

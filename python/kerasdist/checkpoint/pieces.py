@@ -4,7 +4,7 @@ Saves build their `.keras` file this way, not in a buffer of the state's size: h
 driver hands each dataset's write over in the array's own memory, and `Pieces` keeps a view of it where
 that memory is one of the arrays it was lent, else a copy (HDF5's headers, the zip's, small
 values). A fresh state-sized buffer costs seconds a GB to touch on a VM that took freed memory
-back (bench/README.md, "First touches"); pieces cost a view each. The local store copies them
+back (bench/README.md, checkpoints at scale); pieces cost a view each. The local store copies them
 through its small reused buffer as it writes (`store.direct_io`); anything else gets `joined()`.
 
 A lent array must not change until the file is written: a synchronous save lends reads of the

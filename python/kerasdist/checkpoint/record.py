@@ -1,8 +1,9 @@
 """The completion record: what one checkpoint records besides its files, how it is written and
 how a checkpoint is verified against it. The one definition of the record's schema.
 
-A save is two steps: a `Snapshot` of the model (its files, made in memory), and `commit`, which
-writes those files and the record through the store (`store/`): on a local disk under a
+A save is two steps: a `Snapshot` of the model (its files, not yet written: pieces of the
+recorded values where `snapshot.py` can, #47), and `commit`, which writes those files and the
+record through the store (`store/`): on a local disk under a
 temporary name, fsynced, record last, then renamed into place; on an object store uploaded with
 the record last, which is the commit. A crash at any byte therefore leaves the old checkpoint and,
 at worst, an ignored partial entry; a checkpoint whose files do not match their record is refused

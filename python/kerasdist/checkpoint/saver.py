@@ -34,7 +34,7 @@ class Saver:
         self._writer = BackgroundWriter()
         # the copies of the values (and the file's buffer where files are not built as pieces),
         # reused from one background save to the next: memory this VM took back after a save freed
-        # it costs seconds a GB to touch again (bench/README.md, "First touches")
+        # it costs seconds a GB to touch again (bench/README.md, "Checkpoints at the size people train")
         self._memory = SaveMemory()
 
     @property

@@ -30,7 +30,7 @@ again); where the writer computes the zip's CRC-32 (`builds_in_pieces`), the zip
 instead, its large values views of the recorded ones (`pieces.py`): no buffer of the file's size.
 
 The walk and the stores are Keras internals: `compat.keras_snapshot_supported` gates them on the
-Keras versions checked (`compat.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
+Keras versions checked (`compat.keras_saving.KERAS_SNAPSHOT_VERSIONS`); on others `take_snapshot` makes the
 files at once with `model.save` (correct, not cheap), and tests/python/test_compat.py and
 test_background_save.py fail so that the shim is checked again.
 """
@@ -314,8 +314,8 @@ class SaveMemory:
 
     Why: memory a process frees goes back to the kernel, and on VMs that reclaim it (virtio
     balloon) touching it again costs many times the CPU of touching memory in use, which a save
-    into fresh memory would pay on every copy (figures: bench/README.md, "Memory the VM has handed
-    back").
+    into fresh memory would pay on every copy (figures: bench/history/2026-11-25-checkpoints.md,
+    "Memory the VM has handed back").
 
     A checkpoint callback that saves in the background (or where synchronous saves cannot build
     their files as `Pieces`) `prepare`s it after a fit's first step, so that its first save finds
@@ -332,7 +332,7 @@ class SaveMemory:
         """Size the copies' memory (with `values`: background saves) and the file's buffer (where
         files are not built as pieces) for `model`'s state now and touch them in a thread, so that
         the first save does not pay that first touch on the training thread (seconds a GB on this
-        VM: bench/README.md, "First touches"). A save that comes before the touching is done
+        VM: bench/README.md, checkpoints at scale). A save that comes before the touching is done
         waits for it."""
         self._touched()  # a touching thread left by a fit that raised must not write into what comes next
         values_bytes, count = _state_bytes(model)

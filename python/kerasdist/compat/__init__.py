@@ -6,9 +6,12 @@ Keras and TensorFlow (tools/upstream_check.py).
 
 - `keras_training`: Keras 3 `fit` under MultiWorkerMirroredStrategy (keras#20585,
   tensorflow#72388), an uneven global batch under a mirrored strategy, keras#23085's optimizer
-  variables: applied at `import kerasdist`, lifted for a block by `keras_as_released()`;
+  variables: applied at `import kerasdist`, lifted for a block by `keras_as_released()`; and what
+  kerasdist reads of a model that Keras keeps private (`layers_within`, `compiled_metrics`,
+  `wrapped_function`, `optimizer_batch_counter`, `symbolic_build`);
 - `keras_variables`: Keras variables' `assign_add`/`assign_sub` as one atomic update, while a
-  parameter-server step is traced (`atomic_variable_increments`);
+  parameter-server step is traced (`atomic_variable_increments`); a variable's replicas
+  (`replica_variables`);
 - `keras_saving`: Keras saving's skip-set cache (`warm_saving_skipsets`), `save_model` into memory
   (`keras_model_bytes`), and `model.save` in two halves for background snapshots
   (`keras_snapshot_supported`, `record_save`, `write_keras_zip`);
@@ -16,36 +19,32 @@ Keras and TensorFlow (tools/upstream_check.py).
   straight into the tensor its variable takes over (`load_keras_weights`), and a build to be
   restored at once without its random initializers, large variables unfilled
   (`initializers_deferred`);
-- `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`);
+- `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`), the
+  private attributes ModelCheckpoint and TensorBoard keep state in;
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
-  (`explain_late_multi_worker_strategy`, applied at import) and the coordination service's
-  heartbeat timeout (`configure_coordination`);
+  (`explain_late_multi_worker_strategy`, applied at import), the coordination service's
+  heartbeat timeout (`configure_coordination`), its key-value store and barriers;
 - `tf_cluster`: the preemption handler's GCE probe (`gce_metadata_probe_off`) and TensorFlow's
-  SlurmClusterResolver on CPU-only nodes (`slurm_resolver`);
+  SlurmClusterResolver on CPU-only nodes (`slurm_resolver`, `slurm_tasks_per_host`);
 - `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
 - `tf_data_state`: a dataset's graph (`dataset_graph`) and an iterator's position as bytes
   (`iterator_state`, `restore_iterator_state`; `SYMBOLIC_REFUSED`);
 - `keras_data`: Keras's fit fed one batch per step from kerasdist's stream (`keras_stream`), and
   `model.fit` with a kerasdist checkpoint callback resumed by kerasdist (`route_fit`).
 
-Callers use the names below (`from kerasdist import compat; compat.map_on_cpu(...)`); tests that
-look inside a workaround import its module.
+Callers use the names below (`from kerasdist import compat; compat.map_on_cpu(...)`), which are
+only those used outside this package (tests/python/test_layout.py checks); tests that look inside
+a workaround import its module.
 """
 
-from kerasdist.compat.keras_callbacks import CALLBACK_LIST_VERSIONS, calling_callback_list
-from kerasdist.compat.keras_data import (
-    KERAS_STREAM_VERSIONS,
-    fit_unrouted,
-    keras_stream,
-    keras_takes_streams,
-    route_fit,
+from kerasdist.compat.keras_callbacks import (
+    MODEL_CHECKPOINT_COUNTERS,
+    TENSORBOARD_COUNTERS,
+    calling_callback_list,
+    tensorboard_writers,
 )
+from kerasdist.compat.keras_data import fit_unrouted, keras_stream, route_fit
 from kerasdist.compat.keras_loading import (
-    KERAS_DEFERRED_INIT_VERSIONS,
-    KERAS_LOAD_IN_PLACE_VERSIONS,
-    TF_TENSOR_VIEW_VERSIONS,
-    UNFILLED_FROM_BYTES,
-    DeferredInitializers,
     initializers_deferred,
     keras_defers_initializers,
     keras_loads_weights_in_place,
@@ -54,10 +53,7 @@ from kerasdist.compat.keras_loading import (
     variable_bytes,
 )
 from kerasdist.compat.keras_saving import (
-    KERAS_SNAPSHOT_VERSIONS,
-    SAVING_SKIPSET_FIX_VERSIONS,
     RecordedSave,
-    SavedEntry,
     keras_model_bytes,
     keras_needs_skipset_fix,
     keras_snapshot_supported,
@@ -68,88 +64,69 @@ from kerasdist.compat.keras_saving import (
     zip_crc_later_supported,
 )
 from kerasdist.compat.keras_training import (
-    MULTI_WORKER_FIX_VERSIONS,
-    OPTIMIZER_VARIABLES_FIX_VERSIONS,
     TRAINER,
-    UNEVEN_BATCH_FIX_VERSIONS,
     apply_keras_fixes,
     apply_multi_worker_fixes,
-    apply_optimizer_variables_fix,
     apply_uneven_batch_fixes,
+    compiled_metrics,
     is_multi_worker,
     keras_as_released,
     keras_needs_multi_worker_fixes,
     keras_needs_optimizer_variables_fix,
     keras_needs_uneven_batch_fixes,
-    local_batch,
+    layers_within,
+    optimizer_batch_counter,
     remove_keras_fixes,
-    remove_multi_worker_fixes,
-    remove_optimizer_variables_fix,
-    remove_uneven_batch_fixes,
+    symbolic_build,
+    wrapped_function,
 )
 from kerasdist.compat.keras_variables import (
-    ASSIGN_ADD_FIX_VERSIONS,
     atomic_variable_increments,
     keras_needs_atomic_increments,
+    replica_variables,
 )
 from kerasdist.compat.tf_cluster import (
-    PREEMPTION_HANDLER_FIX_VERSIONS,
     gce_metadata_probe_off,
     save_if_preempted,
-    show_only_gpus,
     slurm_gpu_share,
     slurm_resolver,
+    slurm_tasks_per_host,
     tensorflow_needs_preemption_fix,
 )
-from kerasdist.compat.tf_data import (
-    DATA_FUNCTION_FIX_VERSIONS,
-    flat_map_on_cpu,
-    map_on_cpu,
-    tensorflow_optimizes_data_functions,
-)
+from kerasdist.compat.tf_data import flat_map_on_cpu, map_on_cpu
 from kerasdist.compat.tf_data_state import (
     SYMBOLIC_REFUSED,
     dataset_graph,
     iterator_state,
     restore_iterator_state,
-    tensorflow_iterator_state_supported,
 )
 from kerasdist.compat.tf_distribute import (
-    COORDINATION_CONFIG_VERSIONS,
-    LATE_COLLECTIVES_MESSAGE,
     LATE_COLLECTIVES_VERSIONS,
     MultiWorkerStrategyTooLate,
     configure_coordination,
     coordination_heartbeat_timeout_seconds,
+    coordination_key_exists,
     explain_late_multi_worker_strategy,
+    wait_at_coordination_barrier,
 )
 from kerasdist.compat.versions import version_within
 
 __all__ = [
-    "ASSIGN_ADD_FIX_VERSIONS", "CALLBACK_LIST_VERSIONS", "COORDINATION_CONFIG_VERSIONS",
-    "DATA_FUNCTION_FIX_VERSIONS", "KERAS_DEFERRED_INIT_VERSIONS", "KERAS_LOAD_IN_PLACE_VERSIONS",
-    "KERAS_SNAPSHOT_VERSIONS", "LATE_COLLECTIVES_MESSAGE",
-    "LATE_COLLECTIVES_VERSIONS", "MULTI_WORKER_FIX_VERSIONS", "OPTIMIZER_VARIABLES_FIX_VERSIONS",
-    "PREEMPTION_HANDLER_FIX_VERSIONS", "SAVING_SKIPSET_FIX_VERSIONS", "TF_TENSOR_VIEW_VERSIONS", "TRAINER",
-    "UNEVEN_BATCH_FIX_VERSIONS", "UNFILLED_FROM_BYTES",
-    "DeferredInitializers", "MultiWorkerStrategyTooLate", "RecordedSave", "SavedEntry",
-    "apply_keras_fixes", "apply_multi_worker_fixes", "apply_optimizer_variables_fix", "apply_uneven_batch_fixes",
-    "atomic_variable_increments", "calling_callback_list", "configure_coordination",
-    "coordination_heartbeat_timeout_seconds", "explain_late_multi_worker_strategy", "flat_map_on_cpu",
-    "gce_metadata_probe_off", "initializers_deferred", "is_multi_worker", "keras_as_released",
-    "keras_defers_initializers", "keras_loads_weights_in_place", "keras_model_bytes",
-    "keras_needs_atomic_increments", "keras_needs_multi_worker_fixes", "keras_needs_optimizer_variables_fix",
-    "keras_needs_skipset_fix", "keras_needs_uneven_batch_fixes", "keras_snapshot_supported", "load_keras_weights",
-    "local_batch", "map_on_cpu", "record_save", "recording_store", "remove_keras_fixes", "remove_multi_worker_fixes",
-    "remove_optimizer_variables_fix", "remove_uneven_batch_fixes", "save_if_preempted", "show_only_gpus",
-    "slurm_gpu_share", "slurm_resolver", "tensorflow_needs_preemption_fix", "tensorflow_optimizes_data_functions",
-    "tensorflow_reads_into_tensors",
-    "variable_bytes",
-    "version_within", "warm_saving_skipsets", "write_keras_zip", "zip_crc_later_supported",
-]
-# The data users bring, resumable (data/resumable.py): tf.data's graph and iterator state, Keras's stream.
-__all__ += [
-    "KERAS_STREAM_VERSIONS", "SYMBOLIC_REFUSED", "dataset_graph", "fit_unrouted", "iterator_state",
-    "keras_stream", "keras_takes_streams", "restore_iterator_state", "route_fit",
-    "tensorflow_iterator_state_supported",
+    "LATE_COLLECTIVES_VERSIONS", "MODEL_CHECKPOINT_COUNTERS", "TENSORBOARD_COUNTERS", "TRAINER",
+    "MultiWorkerStrategyTooLate", "RecordedSave", "apply_keras_fixes", "apply_multi_worker_fixes",
+    "apply_uneven_batch_fixes", "atomic_variable_increments", "calling_callback_list", "compiled_metrics",
+    "configure_coordination", "coordination_heartbeat_timeout_seconds", "coordination_key_exists",
+    "explain_late_multi_worker_strategy", "flat_map_on_cpu", "gce_metadata_probe_off",
+    "initializers_deferred", "is_multi_worker", "keras_as_released", "keras_defers_initializers",
+    "keras_loads_weights_in_place", "keras_model_bytes", "keras_needs_atomic_increments",
+    "keras_needs_multi_worker_fixes", "keras_needs_optimizer_variables_fix", "keras_needs_skipset_fix",
+    "keras_needs_uneven_batch_fixes", "keras_snapshot_supported", "layers_within", "load_keras_weights",
+    "map_on_cpu", "optimizer_batch_counter", "record_save", "recording_store", "remove_keras_fixes",
+    "replica_variables", "save_if_preempted", "slurm_gpu_share", "slurm_resolver", "slurm_tasks_per_host",
+    "symbolic_build", "tensorboard_writers", "tensorflow_needs_preemption_fix",
+    "tensorflow_reads_into_tensors", "variable_bytes", "version_within", "wait_at_coordination_barrier",
+    "warm_saving_skipsets", "wrapped_function", "write_keras_zip", "zip_crc_later_supported",
+    # the data users bring, resumable (data/resumable.py)
+    "SYMBOLIC_REFUSED", "dataset_graph", "fit_unrouted", "iterator_state", "keras_stream",
+    "restore_iterator_state", "route_fit",
 ]

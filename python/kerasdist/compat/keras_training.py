@@ -7,6 +7,11 @@ on the Keras versions that need it, applied at `import kerasdist`, lifted for a 
   weighting of each replica's loss by its rows;
 - keras#23085: optimizer variables made inside a user's traced `strategy.run` step.
 Why each is needed and its canary test: docs/upstream.md, "How each workaround works".
+
+Also what kerasdist reads of a model's training that Keras keeps private, each with a canary in
+tests/python/test_compat.py: its layers at every depth (`layers_within`), the functions
+`compile()` was given (`compiled_metrics`, `wrapped_function`), the optimizer's batch counter
+(`optimizer_batch_counter`) and the build of every variable from one batch (`symbolic_build`).
 """
 
 from __future__ import annotations
@@ -269,3 +274,38 @@ def keras_as_released() -> Iterator[None]:
             if was_applied:
                 apply(force=True)  # as it was, whatever the version
 
+
+
+# -- what kerasdist reads of a model's training that Keras keeps private ----------------------------
+
+def layers_within(model: Any, include_self: bool = True) -> list[Any]:
+    """Every layer of `model` at every depth (nested models' layers too), in Keras's order; [] for
+    an object that is not a Keras layer."""
+    flatten = getattr(model, "_flatten_layers", None)
+    return list(flatten(include_self=include_self, recursive=True)) if flatten else []
+
+
+def compiled_metrics(model: Any) -> tuple[Any, Any]:
+    """The `metrics` and `weighted_metrics` `model.compile()` was given, as given (None when none
+    were, or the model is not compiled)."""
+    compiled = getattr(model, "_compile_metrics", None)
+    return getattr(compiled, "_user_metrics", None), getattr(compiled, "_user_weighted_metrics", None)
+
+
+def wrapped_function(loss_or_metric: Any) -> Any:
+    """The function a Keras loss or metric made from a function calls (LossFunctionWrapper's `fn`,
+    MeanMetricWrapper's `_fn`), or None."""
+    return getattr(loss_or_metric, "fn", None) or getattr(loss_or_metric, "_fn", None)
+
+
+def optimizer_batch_counter(optimizer: Any) -> Any:
+    """The optimizer's count of the batches it was given (a variable): under gradient accumulation
+    `optimizer.iterations` counts applied updates, this one every batch; without it the two are equal."""
+    counter = getattr(optimizer, "_iterations", None)
+    return counter if counter is not None else optimizer.iterations
+
+
+def symbolic_build(model: Any, batch: Any) -> None:
+    """Create every variable of a compiled model (its layers', its compiled metrics' and loss's,
+    its optimizer's) from one batch's shapes, without a training step: what Keras's `fit` does first."""
+    model._symbolic_build(data_batch=batch)

@@ -1,7 +1,8 @@
 """Keras 3 variables' `assign_add` / `assign_sub` as one atomic update, for the steps a
 parameter-server strategy runs on several workers at once against the same variables
 (`atomic_variable_increments`, used by `training/ps.py`; gated on the Keras versions checked,
-canary in tests/python/test_compat.py)."""
+canary in tests/python/test_compat.py); and a variable's per-replica TensorFlow variables, which
+Keras keeps in a private attribute (`replica_variables`)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,11 @@ def _atomic(keras_update: Any, name: str) -> Any:
         return getattr(self._value, name)(tf.cast(value, self._value.dtype))
 
     return update
+
+
+def replica_variables(variable: Any) -> tuple[Any, ...]:
+    """A Keras variable's TensorFlow variables: one per replica when it was made under a strategy
+    (the `values` of the distributed variable Keras keeps as `_value`), else the variable itself."""
+    backing = getattr(variable, "_value", None)
+    replicas = getattr(backing, "values", None)
+    return tuple(replicas) if isinstance(replicas, tuple) and replicas else (variable,)

@@ -1,6 +1,7 @@
 """TensorFlow's cluster tools on hosts they were not written for: the PreemptionCheckpointHandler,
 which does nothing on GCE CPU VMs (`gce_metadata_probe_off`), and the SlurmClusterResolver, which
-fails on CPU-only nodes and hands GPUs out through a variable read too late (`slurm_resolver`).
+fails on CPU-only nodes and hands GPUs out through a variable read too late (`slurm_resolver`);
+its helpers that read Slurm's host lists live in a private module (`slurm_tasks_per_host`).
 Why and the canaries: docs/upstream.md."""
 
 from __future__ import annotations
@@ -77,6 +78,19 @@ def show_only_gpus(indices: list[int]) -> None:
     CUDA_VISIBLE_DEVICES, valid until TensorFlow's runtime starts)."""
     gpus = tf.config.list_physical_devices("GPU")
     tf.config.set_visible_devices([gpus[index] for index in indices], "GPU")
+
+
+def slurm_tasks_per_host(nodes: str, tasks: str) -> dict[str, int]:
+    """Slurm's node list (`SLURM_STEP_NODELIST`, e.g. "n[1-2]") and tasks per node
+    (`SLURM_STEP_TASKS_PER_NODE`, e.g. "2(x2)") as {host: tasks}, read by the helpers
+    SlurmClusterResolver reads them with and paired as it pairs them (a plain zip: a surplus host
+    or count is dropped)."""
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
+
+    return dict(zip(expand_hostlist(nodes), expand_tasks_per_node(tasks), strict=False))
 
 
 def slurm_resolver(cluster: Any, gpus: list[str]) -> Any:

@@ -1,7 +1,9 @@
 """TensorFlow's MultiWorkerMirroredStrategy where it says too little or offers no argument: a
 strategy made too late (`explain_late_multi_worker_strategy`, applied at `import kerasdist`) and
-the coordination service's heartbeat timeout (`configure_coordination`). Each gated on the
-TensorFlow versions checked; why and the canaries: docs/upstream.md."""
+the coordination service's heartbeat timeout (`configure_coordination`), each gated on the
+TensorFlow versions checked; and the service's key-value store and barriers, which TensorFlow
+offers only through its private eager context (`coordination_key_exists`,
+`wait_at_coordination_barrier`). Why and the canaries: docs/upstream.md."""
 
 from __future__ import annotations
 
@@ -90,3 +92,23 @@ def coordination_heartbeat_timeout_seconds() -> float | None:
 
     config = context.context().coordination_service
     return config.heartbeat_timeout_in_ms / 1000 if config and config.heartbeat_timeout_in_ms else None
+
+
+def coordination_key_exists(key: str, timeout_ms: int) -> bool:
+    """Whether the coordination service's key-value store holds `key`, waiting at most
+    `timeout_ms` for it (False also when the store cannot be reached)."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
+    except tf.errors.OpError:
+        return False
+    return True
+
+
+def wait_at_coordination_barrier(barrier: str, timeout_ms: int) -> None:
+    """Wait until every task of the cluster got to `barrier` (the coordination service's barrier),
+    at most `timeout_ms`; raises when they do not come in time."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(barrier, timeout_in_ms=timeout_ms)

@@ -42,7 +42,7 @@ def stateless_permutation(size, seeds):
     stateless_shuffle rather than index_shuffle: the same kind of pure function, much cheaper to
     run and to instantiate for each new iterator. Its default algorithm is Philox on the CPU, where
     tf.data runs (and where epoch_order pins it); `alg` is not named, as naming it made each new
-    iterator slower for the same permutation (figures: bench/README.md, "Previous run of record")."""
+    iterator slower for the same permutation (figures: bench/history/2026-11-21-to-23-make-bench.md)."""
     import tensorflow as tf
 
     index = tf.range(tf.cast(size, tf.int64), dtype=tf.int64)

@@ -198,7 +198,7 @@ def _memory_pipeline(arrays, n, plan: PipelinePlan, batch, share=(0, 1)):
 # The pipeline functions are instantiated again for every new iterator (Keras makes one per fit
 # call, and one or two per epoch of a one-epoch dataset), so they are built with compat.map_on_cpu
 # (no Grappler pass) and what Python knows is decided in Python, not put in the graph.
-# Why: see bench/README.md, "tf.data optimized every pipeline function again".
+# Why: see bench/README.md, "Input pipeline".
 def _epoch_indices(n, plan: PipelinePlan, ep, share, batch):
     """Epoch `ep`'s order (or range), this pipeline's share of it, less the whole batches the
     first epoch skips."""

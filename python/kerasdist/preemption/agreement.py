@@ -84,23 +84,15 @@ def noticed_by_tensorflow(wait_ms: int = NOTICE_WAIT_MS) -> bool:
     """Whether TensorFlow's own SIGTERM handler, which its coordination agent installs while a
     multi-worker strategy forms the cluster, caught a signal on any worker (`signals`).
     Waits at most `wait_ms` for the cluster's key-value store."""
-    from tensorflow.python.eager import context
-
-    try:
-        context.context().get_config_key_value(PREEMPTION_NOTICE_KEY, timeout_in_ms=wait_ms)
-    except tf.errors.OpError:  # not there in time, or the store not reachable: not noticed
-        return False
-    return True
+    return compat.coordination_key_exists(PREEMPTION_NOTICE_KEY, wait_ms)
 
 
 def meet_every_worker(barrier: str, timeout_seconds: float = 30.0) -> None:
     """Wait until every worker got to `barrier` (the coordination service's barrier) before
     exiting: the chief hosts that service, and a worker that left at once would fail the others'
     reads and collectives. A worker that does not come (gone meanwhile) only ends the wait."""
-    from tensorflow.python.eager import context
-
     try:
-        context.context().wait_at_barrier(barrier, timeout_in_ms=int(timeout_seconds * 1000))
+        compat.wait_at_coordination_barrier(barrier, int(timeout_seconds * 1000))
     except Exception:  # noqa: BLE001 - the decision is taken; this only keeps the others' calls whole
         pass
 

@@ -234,7 +234,7 @@ def _build_model(model: Any, strategy: Any, dataset_fn: DatasetFn) -> None:
     any step is traced: variables cannot be created inside a scheduled function."""
     sample = next(iter(dataset_fn(tf.distribute.InputContext()).take(1)))
     with strategy.scope():
-        model._symbolic_build(data_batch=sample)
+        compat.symbolic_build(model, sample)
 
 
 def _per_worker_iterator(coordinator: Any, strategy: Any, dataset_fn: DatasetFn) -> Any:

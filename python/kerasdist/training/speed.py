@@ -187,7 +187,7 @@ def with_build_settings(build_fn: Any, settings: TrainingSettings) -> Any:
 # value continues exactly (the rest of an interrupted epoch runs with a value that divides it).
 
 # "auto": an execution should take at least _EXECUTION_S of estimated compute, so the per-call
-# hand-off stays small beside it (figures: bench/README.md, "Input pipeline and wrapper figures").
+# hand-off stays small beside it (figures: bench/README.md, "Input pipeline").
 # The estimate counts 6 flops per parameter and sample (dense layers); a convolution does more per
 # parameter, so its calls last longer than estimated, which only delays a SIGTERM save a little.
 _EXECUTION_S = 0.05

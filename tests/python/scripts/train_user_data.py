@@ -7,8 +7,9 @@ usage: train_user_data.py TRAINER ROOT KIND[,KIND...] [--kill-at STEP | --sigter
 Each kind trains in ROOT/KIND (its checkpoints, every 4 steps, all kept) and writes
 ROOT/KIND/result.npz (the weights, the loss history) and ROOT/KIND/warnings.json (the messages
 of the InputWarnings raised). --kill-at SIGKILLs the process after that optimizer step's
-checkpoint is written (the first kind's run); --sigterm-at sends it SIGTERM then (a preemption:
-a save at the next step, exit 75).
+checkpoint is written (the first kind's run); --sigterm-at sends it SIGTERM at that step end of
+every kind's run (a preemption: that step saved, fit ends with PreemptedExit, exit status 75,
+which this script notes in ROOT/KIND/preempted and goes on with the next kind).
 """
 
 from __future__ import annotations
@@ -83,6 +84,26 @@ def parse_csv(line):
     return tf.stack(columns[:FEATURES]), tf.cast(columns[FEATURES], tf.int64)
 
 
+def doubled(x, y):
+    return x * 2.0, y
+
+
+def first_above_tenth(x, y):
+    return x[0] > 0.1
+
+
+def cut_by_label(x, y):
+    return x[:1 + tf.cast(y, tf.int32)], y
+
+
+def csv_rows(name):
+    return tf.data.TextLineDataset(name).skip(1)
+
+
+def jittered(x, y):
+    return x + tf.random.uniform([FEATURES], maxval=0.01), y
+
+
 def text_features(text, label):
     words = tf.strings.split(text)
     return tf.reduce_sum(tf.one_hot(tf.strings.to_hash_bucket_fast(words, FEATURES), FEATURES), axis=0), label
@@ -128,9 +149,9 @@ def dataset(kind: str, root: Path):
     if kind == "shuffle-once":
         return slices.shuffle(SAMPLES, seed=1, reshuffle_each_iteration=False).batch(BATCH)
     if kind == "map-filter":
-        return slices.map(lambda a, b: (a * 2.0, b)).filter(lambda a, b: a[0] > 0.1).shuffle(32, seed=2).batch(BATCH)
+        return slices.map(doubled).filter(first_above_tenth).shuffle(32, seed=2).batch(BATCH)
     if kind == "padded-batch":
-        ragged = slices.map(lambda a, b: (a[:1 + tf.cast(b, tf.int32)], b))
+        ragged = slices.map(cut_by_label)
         return ragged.shuffle(SAMPLES, seed=3).padded_batch(BATCH, padded_shapes=([FEATURES], []))
     if kind == "guide-cache-prefetch":  # Keras's multi-GPU guide: shuffle, batch, cache, prefetch
         return slices.shuffle(SAMPLES, seed=4).batch(BATCH).cache().prefetch(tf.data.AUTOTUNE)
@@ -140,7 +161,7 @@ def dataset(kind: str, root: Path):
         return records.map(parse_record).shuffle(40, seed=6).batch(BATCH).prefetch(2)
     if kind == "interleave-csv":
         names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.csv"), shuffle=True, seed=7)
-        lines = names.interleave(lambda name: tf.data.TextLineDataset(name).skip(1), cycle_length=3)
+        lines = names.interleave(csv_rows, cycle_length=3)
         return lines.map(parse_csv).shuffle(40, seed=8).batch(BATCH)
     if kind == "image-directory":
         return keras.utils.image_dataset_from_directory(files(root) / "images", image_size=(8, 8), batch_size=BATCH,
@@ -161,7 +182,7 @@ def dataset(kind: str, root: Path):
         return tf.data.Dataset.from_generator(lambda: ((a, b) for a, b in zip(
             np.split(x, SAMPLES // BATCH), np.split(y, SAMPLES // BATCH), strict=True)), output_signature=signature)
     if kind == "stateful-random-map":
-        return slices.map(lambda a, b: (a + tf.random.uniform([FEATURES], maxval=0.01), b)).batch(BATCH)
+        return slices.map(jittered).batch(BATCH)
     raise SystemExit(f"unknown kind {kind}")
 
 
@@ -226,7 +247,11 @@ def main(argv: list[str]) -> None:
         folder = root / kind
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", InputWarning)
-            history = train(trainer, kind, folder, root, interrupt)
+            try:
+                history = train(trainer, kind, folder, root, interrupt)
+            except kerasdist.PreemptedExit as preempted:
+                (folder / "preempted").write_text(str(preempted.code))
+                continue
         said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "warnings.json").write_text(json.dumps(said))

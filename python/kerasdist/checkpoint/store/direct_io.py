@@ -5,9 +5,9 @@ page boundary (a save's file buffer, where files are not built as pieces), else 
 reused buffer (a save's `Pieces` are copied into it as they are written), as DeepSpeed's
 FastPersist does: a
 checkpoint is not read back soon, and filling the page cache with it costs several times the CPU,
-which a background save takes from training on a small machine (figures: bench/README.md, "Memory
-the VM has handed back"). Where a filesystem refuses O_DIRECT (tmpfs, some
-network filesystems) the buffered write is used.
+which a background save takes from training on a small machine (figures:
+bench/history/2026-11-25-checkpoints.md, "Memory the VM has handed back"). Where a filesystem
+refuses O_DIRECT (tmpfs, some network filesystems) the buffered write is used.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ GCS_BUCKET_TYPE_PROBE = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 REACHABLE_WITHIN_SECONDS = 10.0
 # Bytes per ranged GET of a download (fsspec's buffered file fetches a block per request and
 # holds it in memory until it is read). On SeaweedFS 16 MB blocks were the quickest of 8 / 16 /
-# 50 (s3fs's default) / 128 MB, no slower than one whole GET: bench/README.md, "One download".
+# 50 (s3fs's default) / 128 MB, no slower than one whole GET: bench/history/, "One download".
 _DOWNLOAD_BLOCK = 16 << 20
 
 

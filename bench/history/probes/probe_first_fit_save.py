@@ -9,7 +9,8 @@ variants alternate. Per round: the training thread's blocked seconds at each sav
 wall time, and the mean step time before the first save (what the touching thread costs the
 steps it runs beside).
 
-usage: .venv/bin/python bench/probe_first_fit_save.py [--width 3520] [--rounds 2] [--mode sync,background]
+usage: .venv/bin/python bench/history/probes/probe_first_fit_save.py [--width 3520] [--rounds 2]
+       [--mode sync,background]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2]  # bench/, whose modules a probe imports
 
 
 def child(width: int, steps: int, every: int, background: bool, prepared: bool) -> dict:

@@ -9,7 +9,7 @@ is taken back by the VM meanwhile, as in a job that restores and then trains), t
 from memory already touched: `bench_checkpoint_scale`'s `dd_write`), each with its peak extra
 memory. Prints a line per process and the medians.
 
-usage: .venv/bin/python bench/probe_first_save.py --old /tmp/old-tree [--size 600M] [--rounds 3]
+usage: .venv/bin/python bench/history/probes/probe_first_save.py --old /tmp/old-tree [--size 600M] [--rounds 3]
        [--settle 10]   (the old tree: e.g. `git worktree add /tmp/old-tree <commit>`)
 """
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2]  # bench/, whose modules a probe imports
 sys.path.insert(0, str(HERE))
 
 

@@ -14,7 +14,7 @@ virtio-balloon free page reporting); `--settle S` has the child wait S seconds b
 anything, as a restore's process does while it imports TensorFlow and builds the model. A first
 touch slower after settling than before is the VM's cost, not the process's.
 
-usage: .venv/bin/python bench/probe_first_touch.py 600M [--rounds 4] [--drop-caches] [--settle 10]
+usage: .venv/bin/python bench/history/probes/probe_first_touch.py 600M [--rounds 4] [--drop-caches] [--settle 10]
 """
 
 from __future__ import annotations

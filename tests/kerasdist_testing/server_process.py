@@ -1,4 +1,4 @@
-"""What kerasdist's object-store test servers share (`s3_test_server`, `gcs_test_server`).
+"""What the object-store test servers share (`s3_test_server`, `gcs_test_server`).
 
 A server binary runs in its own process group, writes its log and keeps its data in a temporary
 directory, is waited for until it answers, and is always stopped: by `stop()`, or when the

@@ -10,10 +10,10 @@ with the build's random initializers deferred too (`restore_in_place_no_init`, c
 each value read straight into the tensor its variable takes over and large variables started
 unfilled (`restore_tensor_reads`, cut 5: what `make_or_restore_model` does now); each restore's
 peak extra memory over the state it restored too (`..._extra_state`, a fraction of the state).
-Checks that all of them load the same values, bit for bit. Not part of `make bench` (bench/README.md,
-"Checkpoints at the size people train").
+Checks that all of them load the same values, bit for bit. Not part of `make bench`
+(bench/history/2026-11-27-to-29-checkpoints-at-scale.md).
 
-usage: python bench/probe_load_in_place.py [SIZE, default 600M] [--restores-only] [--restores=A,B]
+usage: python bench/history/probes/probe_load_in_place.py [SIZE, default 600M] [--restores-only] [--restores=A,B]
 (SIZE as bench_checkpoint_scale.py's --sizes; --restores-only: only the fresh-process restores;
 --restores: which of RESTORES, default all)
 """
@@ -30,7 +30,7 @@ import time
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
@@ -115,7 +115,7 @@ def main() -> None:
         out.setdefault(name, []).append(round(time.perf_counter() - started, 3))
 
     load = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent / "results") as scratch:
+    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parents[2] / "results") as scratch:
         directory = Path(scratch) / "c"
         path = Path(save_checkpoint(scale.prepared_model(width), directory, epoch=1).path) / "model.keras"
         model = scale.build_model(width)

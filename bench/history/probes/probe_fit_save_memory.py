@@ -9,7 +9,7 @@ optimizer's slots made), then fits `--steps` batches of 8 with `checkpoint_callb
 the RSS before that fit (`/proc/self/status` VmHWM, reset first), the fit's seconds, the
 training thread's blocked seconds per save, and the state's size; then the medians.
 
-usage: .venv/bin/python bench/probe_fit_save_memory.py --old /tmp/old-tree [--size 600M] [--rounds 2]
+usage: .venv/bin/python bench/history/probes/probe_fit_save_memory.py --old /tmp/old-tree [--size 600M] [--rounds 2]
        [--mode background]
 """
 
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2]  # bench/, whose modules a probe imports
 sys.path.insert(0, str(HERE))
 
 
