@@ -187,7 +187,7 @@ list_checkpoints <- function(checkpoint_dir, storage_options = NULL) {
   checkpoint_frame(checkpoint_dir, storage_options, every = FALSE, call = sys.call())
 }
 
-# r-docs: python/kerasdist/checkpoint/manager.py:checkpoint_table (make r-docs)
+# r-docs: python/kerasdist/checkpoint/table.py:checkpoint_table (make r-docs)
 #' Every checkpoint of a directory, valid or not
 #'
 #' What `kerasdist checkpoints DIR` prints, as a data frame: for looking into a run's directory or

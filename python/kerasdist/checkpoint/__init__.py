@@ -27,7 +27,6 @@ from kerasdist.checkpoint.callback import (
 from kerasdist.checkpoint.manager import (
     CheckpointManager,
     as_manager,
-    checkpoint_table,
     latest_checkpoint,
     list_checkpoints,
     make_or_restore_model,
@@ -38,6 +37,7 @@ from kerasdist.checkpoint.manager import (
 from kerasdist.checkpoint.options import CheckpointOptions, option_docs, takes_checkpoint_options
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
 from kerasdist.checkpoint.run_log import RunLogWarning
+from kerasdist.checkpoint.table import checkpoint_table
 
 __all__ = [
     "BackgroundSaveError",

@@ -24,7 +24,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,7 +37,6 @@ from kerasdist.checkpoint.layout import (
     MODEL_FILE,
     REPLACED_MARK,
     RNG_FILE,
-    step_of,
 )
 from kerasdist.checkpoint.model_state import check_signature, optimizer_step, restore_seed_states
 from kerasdist.checkpoint.record import (
@@ -465,42 +463,6 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
     """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None.
     `checkpoint_dir` and `storage_options` as in `list_checkpoints`."""
     return manager_for(checkpoint_dir, storage_options, create=False).latest(warn_known=True)
-
-
-def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
-                     storage_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every checkpoint in `checkpoint_dir`, valid or not, oldest first, as plain rows (what
-    `kerasdist checkpoints` prints and R's `checkpoint_table()` makes a data frame of).
-
-    Each row: `path`, `global_step`, `epoch`, `step_in_epoch`, `saved_at` (ISO 8601, UTC), `size`
-    (bytes), `writer`, `valid`, `problem` (why a damaged or partial one cannot be used, else None)
-    and `restart` (True for the one a restart would resume from). A damaged checkpoint's step is
-    read from its name, its other fields are None. Reads only; warns about nothing.
-    """
-    manager = manager_for(checkpoint_dir, storage_options, create=False)
-    if manager.store.is_local and not manager.directory.is_dir():
-        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not exist (or is not a directory).")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CheckpointWarning)
-        valid = manager.checkpoints()
-    rows = [_row_of(info, restart=info is valid[-1]) for info in valid]
-    rows += [_damaged_row(path, problem) for path, problem in manager.damaged().items()]
-    return sorted(rows, key=lambda row: (row["global_step"] if row["global_step"] is not None else -1,
-                                         row["valid"], row["path"]))
-
-
-def _row_of(info: CheckpointInfo, restart: bool) -> dict[str, Any]:
-    saved_at = None if info.saved_at is None else \
-        datetime.fromtimestamp(info.saved_at, timezone.utc).isoformat(timespec="seconds")
-    return {"path": info.path, "global_step": info.global_step, "epoch": info.epoch,
-            "step_in_epoch": info.step_in_epoch, "saved_at": saved_at, "size": info.size,
-            "writer": info.writer, "valid": True, "problem": None, "restart": restart}
-
-
-def _damaged_row(path: str, problem: str) -> dict[str, Any]:
-    return {"path": path, "global_step": step_of(path.rstrip("/").rsplit("/", 1)[-1]), "epoch": None,
-            "step_in_epoch": None, "saved_at": None, "size": None, "writer": None, "valid": False,
-            "problem": problem, "restart": False}
 
 
 def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *,

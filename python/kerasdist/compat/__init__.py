@@ -97,6 +97,7 @@ from kerasdist.compat.tf_data import flat_map_on_cpu, map_on_cpu
 from kerasdist.compat.tf_data_state import (
     SYMBOLIC_REFUSED,
     dataset_graph,
+    dataset_output,
     iterator_state,
     restore_iterator_state,
 )
@@ -127,6 +128,6 @@ __all__ = [
     "tensorflow_reads_into_tensors", "variable_bytes", "version_within", "wait_at_coordination_barrier",
     "warm_saving_skipsets", "wrapped_function", "write_keras_zip", "zip_crc_later_supported",
     # the data users bring, resumable (data/resumable.py)
-    "SYMBOLIC_REFUSED", "dataset_graph", "fit_unrouted", "iterator_state", "keras_stream",
+    "SYMBOLIC_REFUSED", "dataset_graph", "dataset_output", "fit_unrouted", "iterator_state", "keras_stream",
     "restore_iterator_state", "route_fit",
 ]

@@ -57,6 +57,12 @@ def dataset_graph(dataset: tf.data.Dataset, external_state: str = "ignore") -> g
     return graph
 
 
+def dataset_output(graph: graph_pb2.GraphDef) -> str:
+    """The name of the node whose output is the dataset `dataset_graph` serialized."""
+    returned = next(node for node in graph.node if node.op == "_Retval")
+    return returned.input[0].split(":")[0]
+
+
 def iterator_state(iterator: Any, ignore_external_state: bool = False) -> bytes:
     """The position of `iterator` (a `tf.data.Iterator` made in eager mode) as bytes. With
     `ignore_external_state`, state outside the pipeline (stateful random ops) is left out

@@ -79,7 +79,7 @@ def _batching(graph: Any) -> Batching:
     """(batched, batch size, drop_remainder) of the op nearest the output that decides it."""
     nodes = {node.name: node for node in graph.node}
     functions = {function.signature.name: function for function in graph.library.function}
-    node = nodes[_input_name(next(n for n in graph.node if n.op == "_Retval").input[0])]
+    node = nodes[compat.dataset_output(graph)]
     return _walk(node, nodes, functions)
 
 

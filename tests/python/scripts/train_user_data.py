@@ -64,7 +64,7 @@ def files(root: Path) -> Path:
             handle.write("a,b,c,d,label\n" + "".join(
                 ",".join(f"{v:.6f}" for v in x[i]) + f",{y[i]}\n" for i in rows))
     for i in range(SAMPLES):
-        for kind, suffix in (("images", "png"), ("texts", "txt")):
+        for kind in ("images", "texts"):
             (folder / kind / f"class_{y[i]}").mkdir(parents=True, exist_ok=True)
         pixels = (np.outer(x[i], x[i][::-1])[:, :, None].repeat(3, 2) * 255).astype("uint8")
         Image.fromarray(np.kron(pixels, np.ones((2, 2, 1), "uint8"))).save(folder / "images" / f"class_{y[i]}/{i}.png")
