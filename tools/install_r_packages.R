@@ -1,9 +1,10 @@
-# Installs the R packages Debian lacks (keras3, tensorflow, a current reticulate and what they need)
+# Installs the R packages Debian lacks (keras3, tensorflow, a current reticulate and what they need;
+# tfdatasets, the tf.data pipelines keras3's guides build, for the tests and vignettes)
 # from the repositories named in KERASDIST_R_REPOS (space- or comma-separated; CRAN by default)
 # into the first R library (KERASDIST_R_LIB to choose another). Skips what is installed already.
 # Usage: Rscript tools/install_r_packages.R
 
-wanted <- c(reticulate = "1.42", tensorflow = "2.16", keras3 = "1.5")
+wanted <- c(reticulate = "1.42", tensorflow = "2.16", keras3 = "1.5", tfdatasets = "2.18")
 
 repos <- strsplit(Sys.getenv("KERASDIST_R_REPOS", "https://cloud.r-project.org"), "[ ,]+")[[1]]
 repos <- repos[nzchar(repos)]

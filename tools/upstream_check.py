@@ -80,6 +80,15 @@ CANARIES = {
         "test_compat.py::test_canary_the_coordination_service_calls_kerasdist_makes_are_tensorflows",
     "Slurm host lists (slurm_tasks_per_host)":
         "test_compat.py::test_canary_slurm_host_lists_are_read_as_the_slurm_resolver_reads_them",
+    # the data users bring, resumable (#58)
+    "an iterator's state as bytes (iterator_state, restore_iterator_state)":
+        "test_compat.py::test_canary_an_iterator_state_taken_as_bytes_resumes_a_new_iterator_exactly",
+    "ops refusing symbolic checkpoints (SYMBOLIC_REFUSED)":
+        "test_compat.py::test_canary_the_ops_listed_as_refusing_symbolic_checkpoints_still_do_and_batch_does_not",
+    "a dataset's graph and its output node (dataset_graph, dataset_output)":
+        "test_compat.py::test_canary_a_datasets_graph_ends_in_the_node_dataset_output_names",
+    "fit stepping through kerasdist's stream (keras_stream)":
+        "test_compat.py::test_canary_keras_fit_steps_through_kerasdists_stream_one_pull_per_step_and_its_peek_comes_back",
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from kerasdist import compat
@@ -358,6 +359,7 @@ libc = ctypes.CDLL("libc.so.6", use_errno=True)
 libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: 1 MiB, and no longer raised as memory is freed
 import gc
 import numpy as np
+import pytest
 from kerasdist import compat
 from kerasdist.compat import keras_loading
 from test_compat import _large_model, _state
@@ -521,3 +523,77 @@ def test_canary_the_coordination_service_calls_kerasdist_makes_are_tensorflows()
 def test_canary_slurm_host_lists_are_read_as_the_slurm_resolver_reads_them():
     assert compat.slurm_tasks_per_host("n[1-2],m3", "2(x2),1") == {"n1": 2, "n2": 2, "m3": 1}
     assert compat.slurm_tasks_per_host("a[01-03]", "1(x3)") == {"a01": 1, "a02": 1, "a03": 1}
+
+
+# -- the data users bring (#58): tf.data's iterator state, Keras's fit on kerasdist's stream -----
+
+
+def test_canary_an_iterator_state_taken_as_bytes_resumes_a_new_iterator_exactly():
+    """`iterator_state` / `restore_iterator_state`: the rest of a reshuffling stream, the next
+    pass's order included, from the bytes of one iterator's state in another."""
+    from kerasdist.compat.tf_data_state import tensorflow_iterator_state_supported
+
+    assert tensorflow_iterator_state_supported()
+    def stream():
+        return tf.data.Dataset.range(12).shuffle(12, seed=1).batch(3).repeat()
+    whole = [b.numpy().tolist() for b, _ in zip(stream(), range(10), strict=False)]
+    first = iter(stream())
+    [next(first) for _ in range(5)]
+    state = compat.iterator_state(first)
+    second = iter(stream())
+    compat.restore_iterator_state(second, state)
+    assert [next(second).numpy().tolist() for _ in range(5)] == whole[5:]
+    with_random = tf.data.Dataset.range(4).map(lambda v: tf.cast(v, tf.float32) + tf.random.uniform([]))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="RandomUniform is stateful"):
+        compat.iterator_state(iter(with_random))
+    assert compat.iterator_state(iter(with_random), ignore_external_state=True)
+
+
+def test_canary_the_ops_listed_as_refusing_symbolic_checkpoints_still_do_and_batch_does_not():
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True
+    numbers = tf.data.Dataset.range(20)
+    refused = {"CacheDatasetV2": numbers.cache(), "UniqueDataset": numbers.unique(),
+               "IgnoreErrorsDataset": numbers.ignore_errors(), "WindowDataset": numbers.window(2).flat_map(lambda w: w)}
+    for name, dataset in refused.items():
+        assert name in compat.SYMBOLIC_REFUSED
+        iterator = iter(dataset.with_options(options))
+        next(iterator)
+        with pytest.raises(tf.errors.UnimplementedError, match="symbolic checkpointing"):
+            compat.iterator_state(iterator)
+    iterator = iter(numbers.shuffle(8, seed=1).map(lambda v: v * 2).batch(3).prefetch(2).with_options(options))
+    next(iterator)
+    assert compat.iterator_state(iterator)
+
+
+def test_canary_a_datasets_graph_ends_in_the_node_dataset_output_names():
+    graph = compat.dataset_graph(tf.data.Dataset.range(6).batch(2).prefetch(1))
+    nodes = {node.name: node.op for node in graph.node}
+    assert nodes[compat.dataset_output(graph)] == "PrefetchDataset"
+
+
+def test_canary_keras_fit_steps_through_kerasdists_stream_one_pull_per_step_and_its_peek_comes_back():
+    """`keras_stream`: fit (under a strategy, so it peeks to build) takes the adapter, pulls one
+    batch just before each step, and the batch it peeked at is the first one trained."""
+    from kerasdist.compat.keras_data import keras_takes_streams
+
+    assert keras_takes_streams()
+    pulled, trained = [], []
+    batches = iter(range(100))
+
+    def next_batch():
+        pulled.append(next(batches))
+        return tf.fill([2, 1], float(pulled[-1])), tf.zeros([2, 1])
+
+    class Seen(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            trained.append(len(pulled))
+
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    with compat.fit_unrouted():
+        model.fit(compat.keras_stream(next_batch, None), epochs=2, steps_per_epoch=3, verbose=0,
+                  callbacks=[Seen()])
+    assert pulled == [0, 1, 2, 3, 4, 5]  # the peek's batch 0 was trained first: 6 steps, 6 pulls
+    assert trained == [1, 1, 2, 3, 4, 5]  # before each step, only the batches of the steps before (and the peek)

@@ -12,6 +12,10 @@ batch. What is kept, by kind of data (`resume_rule` says it for given data):
   the readers' positions, the shuffles' random state and the per-pass reshuffle, and the elements
   an op holds: a shuffle buffer, a cache being filled; with symbolic checkpoints, positions only
   where every op allows it). The resumed epoch and every later one are the uninterrupted run's.
+- a dataset whose per-pass reshuffle tf.data restores wrongly inside a pass (a shuffle feeding an
+  interleave, as `list_files(shuffle=True)` does: the family of tensorflow#48178, measured here):
+  the iterator's state at the start of the pass, which restores right, and the batches of the
+  pass trained since, read again and discarded on resume.
 - a dataset with ops whose state lives outside tf.data (a stateful random op, a `py_function`):
   the same position, without that state: their values after a resume differ.
 - a dataset that reads a Python generator (`from_generator`), or a Python generator: nothing can
@@ -30,6 +34,7 @@ reader is at the same position and the chief's state resumes them all, whatever 
 from __future__ import annotations
 
 import collections.abc
+import struct
 import warnings
 from typing import Any
 
@@ -99,6 +104,9 @@ RULES = {
                  "(a symbolic tf.data checkpoint: no elements)",
     "elements": "continues at the next unseen batch; the checkpoint keeps the reader's position and "
                 "the elements its buffers hold (shuffle, prefetch, a cache being filled)",
+    "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position at "
+                  "the start of its pass (tf.data restores this pipeline's reshuffles wrongly inside a "
+                  "pass, tensorflow#48178), and a resume reads the pass's batches trained since again",
     "without external state": "continues at the next unseen batch, but the state of {external} "
                               "(outside tf.data) is not saved: their values after a resume differ",
     "replayed": "cannot be saved: a resume starts it again and discards the batches the "
@@ -123,6 +131,8 @@ class DatasetInput(ResumableInput):
         self.dataset = dataset
         self.structure = structure or dataset_structure(dataset)
         self.rule = {"nothing": "replayed"}.get(self.structure.saved, self.structure.saved)
+        self._pass_start: bytes | None = None  # "pass start": the iterator's state when its pass began
+        self._into_pass = 0  # batches pulled since the pass began
         self.global_batch_size = self.structure.batch_size
         self.element_spec = dataset.element_spec
         count = int(dataset.cardinality())
@@ -149,25 +159,42 @@ class DatasetInput(ResumableInput):
         options.experimental_symbolic_checkpoint = self.rule == "positions"
         self._iterator = iter(self.dataset.with_options(options).repeat())
         if state is not None and self.rule != "replayed":
-            try:
-                compat.restore_iterator_state(self._iterator, state)
-            except (tf.errors.OpError, ValueError) as error:
-                raise ValueError(
-                    "data: the checkpoint's input position does not fit this dataset (is it the same "
-                    f"pipeline, with the same ops in the same order?): {_first_line(error)}"
-                ) from None
-            return
-        if skip and self.rule != "replayed":
+            position, skip = _decoded(state)
+            self._restore(position)
+        elif skip and self.rule != "replayed":
             _warn_no_position(epoch, skip)
         for _ in range(skip):
-            self._iterator.get_next()
+            self._next()
+
+    def _restore(self, position: bytes) -> None:
+        try:
+            compat.restore_iterator_state(self._iterator, position)
+        except (tf.errors.OpError, ValueError) as error:
+            raise ValueError(
+                "data: the checkpoint's input position does not fit this dataset (is it the same "
+                f"pipeline, with the same ops in the same order?): {_first_line(error)}"
+            ) from None
+        self._pass_start, self._into_pass = position, 0
 
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
+        if self.rule != "pass start":
+            return _encoded(self._position(), 0)
+        if self._pass_start is None or self._into_pass >= self.steps_per_epoch:
+            self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
+        return _encoded(self._pass_start, self._into_pass)
+
+    def _position(self) -> bytes:
         return compat.iterator_state(self._iterator, ignore_external_state=self.rule == "without external state")
 
+    def _pass_begins(self) -> None:
+        self._pass_start, self._into_pass = self._position(), 0
+
     def _next(self) -> Any:
+        if self.rule == "pass start" and (self._pass_start is None or self._into_pass >= self.steps_per_epoch):
+            self._pass_begins()
+        self._into_pass += 1
         return self._iterator.get_next()
 
 
@@ -305,6 +332,20 @@ def _tensors(batch: Any) -> Any:
     if isinstance(batch, list):
         batch = tuple(batch)
     return tf.nest.map_structure(tf.convert_to_tensor, batch)
+
+
+_POSITION = struct.Struct("<4sQ")  # input.bin: a tag and the batches to read again, then tf.data's state
+
+
+def _encoded(position: bytes, read_again: int) -> bytes:
+    return _POSITION.pack(b"kdp1", read_again) + position
+
+
+def _decoded(state: bytes) -> tuple[bytes, int]:
+    tag, read_again = _POSITION.unpack_from(state)
+    if tag != b"kdp1":
+        raise ValueError("data: the checkpoint's input position is of an unknown format (a newer kerasdist?).")
+    return state[_POSITION.size:], read_again
 
 
 def _warn_no_position(epoch: int, skip: int) -> None:

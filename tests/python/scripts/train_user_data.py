@@ -148,6 +148,8 @@ def dataset(kind: str, root: Path):
         return slices.shuffle(SAMPLES, seed=1).batch(BATCH)
     if kind == "shuffle-once":
         return slices.shuffle(SAMPLES, seed=1, reshuffle_each_iteration=False).batch(BATCH)
+    if kind == "two-shuffles":
+        return slices.shuffle(SAMPLES, seed=13).map(doubled).shuffle(24, seed=14).batch(BATCH)
     if kind == "map-filter":
         return slices.map(doubled).filter(first_above_tenth).shuffle(32, seed=2).batch(BATCH)
     if kind == "padded-batch":

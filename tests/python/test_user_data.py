@@ -1,0 +1,105 @@
+"""The data users bring resumes at the next unseen batch (#58): every kind of tests/cases/user_data.json
+with every trainer, under 2 CPU replicas, resumed from a checkpoint inside an epoch, from one at an
+epoch end and after a SIGTERM, and a real SIGKILL per trainer, each compared bit for bit with the
+uninterrupted run (or, for the kinds a checkpoint cannot hold, doing what its warning said).
+
+One process trains every kind of a trainer uninterrupted, saving every 4 steps and keeping them all;
+a resume is a fresh process given a copy of those checkpoints up to one step (what a kill right
+after that save leaves), so the kinds of one trainer share each process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CASES_DIR
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_user_data.py"
+CASES = json.loads((CASES_DIR / "user_data.json").read_text())
+KINDS = {kind["id"]: kind for kind in CASES["kinds"]}
+MID_EPOCH, EPOCH_END, PREEMPTED_AT, KILLED_AT = 8, 12, 10, 11  # 6 steps an epoch, a save every 4
+
+
+def kinds_of(trainer: str) -> list[str]:
+    return list(KINDS) if trainer == "resume_fit" else CASES["all_trainers"]
+
+
+def train(trainer: str, root: Path, kinds: list[str], *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+    run = subprocess.run([sys.executable, str(SCRIPT), trainer, str(root), ",".join(kinds), *flags],
+                         capture_output=True, text=True, timeout=600)
+    if check and run.returncode != 0:
+        raise AssertionError(f"{trainer} {flags} exited {run.returncode}:\n{run.stderr[-4000:]}")
+    return run
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(made_once):
+    """Per trainer: every kind trained without interruption, its checkpoints all kept."""
+    def of(trainer: str) -> Path:
+        return made_once(f"user-data-{trainer}", lambda folder: (train(trainer, folder, kinds_of(trainer)), folder)[1])
+    return of
+
+
+def copy_up_to(source: Path, target: Path, kinds: list[str], step: int) -> None:
+    """The checkpoints a run killed right after saving `step` leaves: `source`'s up to that step."""
+    if (source / "files").exists():
+        shutil.copytree(source / "files", target / "files")
+    for kind in kinds:
+        shutil.copytree(source / kind, target / kind, ignore=shutil.ignore_patterns("result.npz", "warnings.json"))
+        for checkpoint in (target / kind).glob("ckpt-*"):
+            if int(checkpoint.name.split("-")[1]) > step:
+                shutil.rmtree(checkpoint)
+
+
+def assert_resumed_as_said(reference: Path, resumed: Path, kinds: list[str]) -> None:
+    """Each kind's resumed run equals the uninterrupted one bit for bit where `resume` is exact;
+    the kinds with a rule said it once, in the words of their `says`."""
+    for kind in kinds:
+        said = json.loads((resumed / kind / "warnings.json").read_text())
+        if "says" in KINDS[kind]:
+            assert len(said) == 1 and KINDS[kind]["says"] in said[0], (kind, said)
+        else:
+            assert said == [], (kind, said)
+        expected, got = np.load(reference / kind / "result.npz"), np.load(resumed / kind / "result.npz")
+        equal = all(np.array_equal(expected[name], got[name]) for name in expected.files)
+        assert equal == (KINDS[kind]["resume"] == "exact"), (kind, expected["loss"], got["loss"])
+
+
+@pytest.mark.parametrize("trainer", CASES["trainers"])
+@pytest.mark.parametrize("step", [MID_EPOCH, EPOCH_END], ids=["mid-epoch", "epoch-end"])
+def test_every_kind_resumes_from_a_checkpoint_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer, step):
+    reference, kinds = uninterrupted(trainer), kinds_of(trainer)
+    copy_up_to(reference, tmp_path, kinds, step)
+    train(trainer, tmp_path, kinds)
+    assert_resumed_as_said(reference, tmp_path, kinds)
+
+
+@pytest.mark.parametrize("trainer", CASES["trainers"])
+def test_every_kind_preempted_by_sigterm_resumes_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer):
+    reference, kinds = uninterrupted(trainer), kinds_of(trainer)
+    train(trainer, tmp_path, kinds, "--sigterm-at", str(PREEMPTED_AT))
+    for kind in kinds:  # each saved the step SIGTERM came at (not one on the save grid) and stopped
+        assert (tmp_path / kind / "preempted").read_text() == "75"
+        assert max(int(p.name.split("-")[1]) for p in (tmp_path / kind).glob("ckpt-*")) == PREEMPTED_AT
+    train(trainer, tmp_path, kinds)
+    assert_resumed_as_said(reference, tmp_path, kinds)
+
+
+@pytest.mark.parametrize("trainer", CASES["trainers"])
+def test_sigkill_mid_epoch_then_the_same_call_ends_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer):
+    reference = uninterrupted(trainer)
+    kind = {"distributed_fit": "image-directory", "resume_fit": "interleave-tfrecord", "fit": "guide-cache-prefetch",
+            "custom_fit": "shuffle-reshuffled"}[trainer]
+    killed = train(trainer, tmp_path, [kind], "--kill-at", str(KILLED_AT), check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / kind).glob("ckpt-*"))
+    assert saved[-1] == MID_EPOCH and (tmp_path / kind / f"ckpt-{MID_EPOCH}" / "input.bin").exists()
+    train(trainer, tmp_path, [kind])
+    assert_resumed_as_said(reference, tmp_path, [kind])
