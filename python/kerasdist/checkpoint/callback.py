@@ -28,6 +28,7 @@ from kerasdist.checkpoint.run_log import Status
 from kerasdist.checkpoint.save_policy import SavePolicy
 from kerasdist.checkpoint.saver import Saver
 from kerasdist.preemption import PreemptedExit
+from kerasdist.ray_train import ray_reporter
 
 
 @takes_checkpoint_options
@@ -93,6 +94,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.hold = PreemptionHold(self.options.handle_sigterm)
         self.recorder = RunRecorder()
         self.saver.on_committed = self.recorder.committed
+        self.ray = ray_reporter(self.saver)  # under Ray Train: reports to Ray (None elsewhere)
         self.run = run if run is not None else RunRecord()
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
         self.tensorboard_dir: str | None = None
@@ -250,6 +252,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history.append(plain(logs or {}))
         if self.policy.due_at_epoch_end() or self.hold.preempted:
             self._save(epoch + 1, 0, logs)
+        if self.ray is not None:
+            self.ray.epoch_ended(epoch, logs, self._is_chief)
         if self.recorder.is_open and self.tensorboard_dir is not None:
             from kerasdist.monitoring import write_run_figures
 
