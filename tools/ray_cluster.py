@@ -149,7 +149,8 @@ class RayCluster:
         temp = self.root / f"n{node}"
         temp.mkdir(parents=True, exist_ok=True)
         log_path = self.root / f"node{node}.log"
-        role = ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"] if node == 0 else [f"--address={self.address}"]
+        head = ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
+        role = head if node == 0 else [f"--address={self.address}"]
         command = [str(Path(sys.executable).parent / "ray"), "start", "--block", *role,
                    f"--node-ip-address={self.node_ip(node)}", f"--num-cpus={self.cpus[node]}", "--num-gpus=0",
                    f"--temp-dir={temp}", "--disable-usage-stats"]

@@ -89,8 +89,9 @@ def worker_log(path: str, seconds: float):
 
 
 def run(storage_path: str, name: str = "kerasdist-ray", *, address: str | None = None,
-        node_ip_address: str | None = None, workers: int | tuple[int, int] = 2, epochs: int = 3, max_failures: int = 3, every_steps: int = 5,
-        step_seconds: float = 0.0, out_dir: str = "out", placement: str = "SPREAD") -> Any:
+        node_ip_address: str | None = None, workers: int | tuple[int, int] = 2, epochs: int = 3,
+        max_failures: int = 3, every_steps: int = 5, step_seconds: float = 0.0, out_dir: str = "out",
+        placement: str = "SPREAD") -> Any:
     """Fit `train_fn` on a Ray cluster with a `TensorflowTrainer`; returns Ray's `Result`
     (`result.metrics`: the last epoch's; `result.checkpoint`: kerasdist's newest epoch-end
     checkpoint). The same `storage_path` and `name` resume a run that stopped. `workers`: a count,
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS or a local one)")
     parser.add_argument("--node-ip-address", default=None,
-                        help="this node's address in the cluster (ray start --node-ip-address), if not the one Ray guesses")
+                        help="this node's address (ray start --node-ip-address), if not the one Ray guesses")
     parser.add_argument("--storage-path", required=True, help="Ray's storage: a directory every node reaches, or s3://")
     parser.add_argument("--name", default="kerasdist-ray", help="the run's name: the same name resumes it")
     parser.add_argument("--workers", type=_workers, default=2, help="N, or MIN-MAX to go on with fewer (elastic)")
