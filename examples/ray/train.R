@@ -36,5 +36,5 @@ result <- train$run(
   out_dir = option("--out-dir", "out"))
 
 metrics <- result$metrics   # an R list: loss, epoch
-cat(sprintf("metrics epoch %d loss %.6f\n", as.integer(metrics$epoch), metrics$loss))
+cat(sprintf("metrics epoch %d loss %.17g\n", as.integer(metrics$epoch), metrics$loss))
 cat("checkpoint", result$checkpoint$path, "\n")

@@ -20,6 +20,7 @@ recipe's. R drives the same run with train.R.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                  workers=args.workers, epochs=args.epochs,
                  max_failures=args.max_failures, every_steps=args.every_steps, step_seconds=args.step_seconds,
                  out_dir=args.out_dir, placement=args.placement)
-    print(f"metrics {result.metrics}", flush=True)
+    print(f"metrics {json.dumps(result.metrics)}", flush=True)
     print(f"checkpoint {result.checkpoint.path if result.checkpoint else None}", flush=True)
 
 

@@ -21,6 +21,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kerasdist.checkpoint.model_state import plain
@@ -124,8 +125,8 @@ class RayReporter:
         self._storage = train.get_context().get_storage()
         self._root = self._fs_path(saver.manager.directory)  # None: not in the run's storage
         self._changed = threading.Condition()
-        self._commits = 0
         self._unreported: CheckpointInfo | None = None  # the newest commit Ray was not told of
+        self._awaited: _Claim | None = None  # a report's checkpoint, the save in flight's commit
         self._held: dict[str, CheckpointInfo] = {}  # the checkpoints this process reported, by path
         # what earlier worker groups of the run reported (the chief asks Ray before its first report)
         self._reported_before = self._paths_reported_before() if self._is_rank_zero() else set()
@@ -135,8 +136,11 @@ class RayReporter:
     # -- the saver's side (the writer's thread, or the training thread) -----------------------
     def committed(self, info: CheckpointInfo) -> None:
         with self._changed:
-            self._commits += 1
-            self._unreported = info
+            if self._awaited is not None:  # an epoch end's report waits for this commit
+                self._awaited.info, self._awaited = info, None
+                self._held[info.path] = info
+            else:
+                self._unreported = info
             self._changed.notify_all()
 
     def held(self) -> list[CheckpointInfo]:
@@ -168,28 +172,29 @@ class RayReporter:
             self._warn_outside_storage()
             return None
         with self._changed:
-            if self._saver.busy:
-                after = self._commits
-                return lambda: self._next_commit(after)
-            info, self._unreported = self._unreported, None
-            if info is None:
+            busy = self._saver.busy  # a save in flight: the newest, once it commits
+            claim = _Claim(None if busy else self._unreported)
+            self._unreported = None
+            if claim.info is not None:
+                self._held[claim.info.path] = claim.info
+            elif busy:
+                self._awaited = claim
+            else:
                 return None
-            self._held[info.path] = info
-            return lambda: info
+            return lambda: self._committed_for(claim)
 
-    def _next_commit(self, after: int) -> CheckpointInfo:
-        """In Ray's upload thread: the checkpoint the save in flight commits."""
+    def _committed_for(self, claim: _Claim) -> CheckpointInfo:
+        """In Ray's upload thread: the claim's checkpoint, once the save in flight has committed it."""
         with self._changed:
-            while self._commits == after:
-                if not self._saver.busy and self._commits == after:
+            while claim.info is None:
+                if not self._saver.busy and claim.info is None:
+                    self._awaited = None
                     raise RuntimeError(
                         "kerasdist's checkpoint save in flight at the epoch end ended without a commit "
                         "(its error is raised in training as BackgroundSaveError); nothing to report to Ray."
                     )
                 self._changed.wait(_COMMIT_POLL_SECONDS)
-            info, self._unreported = self._unreported, None
-            self._held[info.path] = info
-            return info
+            return claim.info
 
     def _ray_checkpoint(self, info: CheckpointInfo) -> Any:
         return self._train.Checkpoint(self._fs_path(info.path), filesystem=self._storage.storage_filesystem)
@@ -231,6 +236,13 @@ class RayReporter:
                 "gets each epoch's metrics but no checkpoint (it would have to copy them). Use "
                 "checkpoint_dir=kerasdist.ray_checkpoint_dir() to make kerasdist's checkpoints Ray's.",
                 CheckpointWarning, stacklevel=3)
+
+
+@dataclass
+class _Claim:
+    """The checkpoint one report carries: known when claimed, or set when the save in flight commits."""
+
+    info: CheckpointInfo | None
 
 
 def _url(filesystem: Any, path: str) -> str:
