@@ -2,9 +2,10 @@
 network namespaces this test makes (tools/ray_cluster.py).
 
 One node, bound to 127.0.0.1 in a namespace whose only interface is loopback: an uninterrupted run
-(the reference), a run whose worker 1 is SIGKILLed mid-epoch, and a run whose driver is SIGKILLed
-mid-epoch and then resumed by a new driver in R (train.R) with the same RunConfig(name,
-storage_path), as `TensorflowTrainer.restore` did before Ray Train V2. Two nodes on a bridge of
+(the reference), and a run whose worker 1 is SIGKILLed mid-epoch 2 (Ray restarts the worker
+group), then whose driver is SIGKILLed mid-epoch 3 and a new driver, in R (train.R), resumes it
+with the same RunConfig(name, storage_path): Ray Train V2's restore (2.60's
+`TensorflowTrainer.restore` only raises a DeprecationWarning). Two nodes on a bridge of
 their own (1 CPU each): a run whose second node is lost mid-epoch (every process on it stopped,
 then SIGKILLed) and replaced, and an elastic run (`--workers 1-2`) that goes on with one worker
 when that node is lost. Every run ends with each worker's weights bitwise equal to the reference
@@ -22,9 +23,7 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +35,13 @@ from conftest import run_python
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import ray_cluster  # noqa: E402
+from ray_chaos import EVERY_STEPS, PACE, ExampleRun, cluster_env, listening_snapshot  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "ray" / "train.py"
-EPOCHS, STEPS_PER_EPOCH, EVERY_STEPS = 3, 10, 5
+EPOCHS, STEPS_PER_EPOCH = 3, 10
 STEPS = EPOCHS * STEPS_PER_EPOCH
 FAIL_AFTER_STEP = 12  # mid-epoch 2, two steps after the newest checkpoint (step 10)
 DRIVER_KILLED_AFTER_STEP = 22  # mid-epoch 3, after the restart the worker's SIGKILL caused
-PACE = 0.2  # seconds before each step: the failure lands mid-run
 TOL = STEPS * float(np.finfo(np.float32).eps)  # as tests/python/test_reliability.py
-RUN_TIMEOUT = 300
 ELASTIC_PLACEMENT_WAIT = 10  # seconds (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S): placing what exists takes ms
 RAY_FILES = {"checkpoint_manager_snapshot.json", ".validate_storage_marker"}  # Ray's own, beside kerasdist/
 
@@ -55,127 +52,21 @@ def require_ray_cluster():
         (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(reason)
 
 
-# -- one run ---------------------------------------------------------------------------------------
-class Run:
-    """One training run of the example on `cluster`, its files under `folder / name`."""
-
-    def __init__(self, cluster: ray_cluster.RayCluster, folder: Path, name: str, *args: str):
-        self.cluster, self.name = cluster, name
-        self.out = folder / name
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.args = ["--address", cluster.address, "--node-ip-address", cluster.node_ip(0),
-                     "--storage-path", str(cluster.shared), "--name", name, "--out-dir", str(self.out),
-                     "--epochs", str(EPOCHS), "--every-steps", str(EVERY_STEPS), "--step-seconds", str(PACE),
-                     *args]
-        self.result: dict = {"name": name, "out": str(self.out), "drivers": []}
-
-    def start(self, driver: str = "python", env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.out / f"driver{len(self.result['drivers'])}.log", "w")  # noqa: SIM115 (the driver's)
-        if driver == "R":
-            command = ["Rscript", str(EXAMPLE.with_suffix(".R")), *self.args]
-            self.driver = self.cluster.command(command, env={"KERASDIST_PYTHON": sys.executable, **(env or {})},
-                                               stdout=log, stderr=subprocess.STDOUT, cwd=self.out)
-        else:
-            self.driver = self.cluster.python([str(EXAMPLE), *self.args], env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, cwd=self.out)
-        log.close()
-        self.result["drivers"].append({"kind": driver, "log": log.name})
-        return self.driver
-
-    def log(self, rank: int) -> list[str]:
-        path = self.out / f"rank{rank}.log"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def wait_step(self, step: int) -> None:
-        """Wait until the chief has logged `step`."""
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while f"step {step}" not in self.log(0):
-            if self.driver.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no step {step} (driver {self.driver.poll()}):\n{self.driver_log()}")
-            time.sleep(0.02)
-
-    def stopwatch_to_first_resumed_step(self, lines_before: int) -> float:
-        """Seconds from now (the failure) until the chief's log shows a step of a new process."""
-        started = time.monotonic()
-        deadline = started + RUN_TIMEOUT
-        while True:
-            lines = self.log(0)[lines_before:]
-            starts = [i for i, line in enumerate(lines) if line.startswith("pid ")]
-            if starts and any(line.startswith("step ") for line in lines[starts[-1]:]):
-                return time.monotonic() - started
-            if self.driver.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no resumed step:\n{self.driver_log()}")
-            time.sleep(0.02)
-
-    def driver_log(self) -> str:
-        return Path(self.result["drivers"][-1]["log"]).read_text(errors="replace")[-4000:]
-
-    def finish(self) -> dict:
-        """Wait for the driver; note what the run left."""
-        try:
-            code = self.driver.wait(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.driver.kill()
-            code = "timeout"
-        text = self.driver_log()
-        metrics = re.findall(r"^metrics (.*)$", text, re.M)
-        checkpoint = re.findall(r"^checkpoint (\S+)", text, re.M)
-        run_dir = self.cluster.shared / self.name
-        ckpt = run_dir / "kerasdist"
-        report = kerasdist.goodput(ckpt) if ckpt.exists() else None
-        self.result.update(
-            returncode=code, driver_output=text, metrics=metrics[-1] if metrics else None,
-            checkpoint=checkpoint[-1] if checkpoint else None,
-            latest=kerasdist.latest_checkpoint(ckpt).path if ckpt.exists() else None,
-            run_dir_entries=sorted(os.listdir(run_dir)) if run_dir.exists() else [],
-            checkpoints=[info.path for info in kerasdist.list_checkpoints(ckpt)] if ckpt.exists() else [],
-            chief_log=self.log(0), attempts=[a.__dict__ for a in report.attempts] if report else [])
-        return self.result
-
-
-def listening_snapshot(cluster: ray_cluster.RayCluster) -> dict:
-    """Where the cluster's processes live and listen, now: each process's network namespace, the
-    namespaces' interfaces and listening sockets, and the machine's own listening sockets."""
-    ours = {ns: f"net:[{os.stat(ray_cluster.NETNS_DIR / ns).st_ino}]"
-            for ns in [cluster.namespace(n) for n in range(cluster.nodes)]}
-    pids = cluster.pids()
-    namespaces = {}
-    for pid in pids:
-        try:
-            namespaces[pid] = os.readlink(f"/proc/{pid}/ns/net")
-        except OSError:
-            pass  # ended meanwhile
-    interfaces = {}
-    for node in range(cluster.nodes):
-        out = subprocess.run(["ip", "-n", cluster.namespace(node), "-br", "addr"], capture_output=True,
-                             text=True, check=True).stdout
-        interfaces[node] = {line.split()[0].split("@")[0]: line.split()[2:] for line in out.splitlines()}
-    return {"ours": ours, "process_namespaces": namespaces,
-            "interfaces": interfaces,
-            "inside": {node: [vars(x) for x in cluster.listeners(node)] for node in range(cluster.nodes)},
-            "machine": [vars(x) for x in cluster.listeners(None) if x.pid in pids]}
-
-
 # -- the runs, made once ---------------------------------------------------------------------------
-def cluster_env() -> dict[str, str]:
-    return {"PYTHONPATH": str(Path(kerasdist.__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
 def one_node_runs(folder: Path) -> Path:
     runs = {}
     with ray_cluster.RayCluster(1, cpus=(2,), env=cluster_env()) as cluster:
-        reference = Run(cluster, folder, "reference")
+        reference = ExampleRun(cluster, folder, "reference")
         reference.start()
         runs["reference"] = reference.finish()
 
-        failed = Run(cluster, folder, "worker-then-driver-killed")
+        failed = ExampleRun(cluster, folder, "worker-then-driver-killed")
         failed.start()
         failed.wait_step(3)
         failed.result["sockets"] = listening_snapshot(cluster)
         failed.wait_step(FAIL_AFTER_STEP)
-        pid = int(re.findall(r"^pid (\d+)$", "\n".join(failed.log(1)), re.M)[-1])
         lines = len(failed.log(0))
-        os.kill(pid, signal.SIGKILL)
+        os.kill(failed.pid(1), signal.SIGKILL)
         failed.result["stopwatch"] = failed.stopwatch_to_first_resumed_step(lines)
         failed.wait_step(DRIVER_KILLED_AFTER_STEP)
         failed.driver.send_signal(signal.SIGKILL)  # nsenter execs: the driver's own pid
@@ -190,21 +81,20 @@ def two_node_runs(folder: Path, one_node: Path) -> Path:
     del one_node  # made first: one Ray cluster at a time on this machine
     runs = {}
     with ray_cluster.RayCluster(2, cpus=(1, 1), env=cluster_env()) as cluster:
-        lost = Run(cluster, folder, "node-lost")
+        lost = ExampleRun(cluster, folder, "node-lost")
         lost.start()
         lost.wait_step(3)
         lost.result["sockets"] = listening_snapshot(cluster)
         lost.wait_step(FAIL_AFTER_STEP)
         lines = len(lost.log(0))
         cluster.kill_node(1)
-        lost.result["killed_at"] = time.time()
         cluster.start_node(1)  # its replacement, as KubeRay starts a new pod
         lost.result["stopwatch"] = lost.stopwatch_to_first_resumed_step(lines)
         runs["node_lost"] = lost.finish()
 
-        elastic = Run(cluster, folder, "elastic", "--workers", "1-2")
-        # Ray first tries the group's old size, while the lost node's CPU still counts, and waits for
-        # its placement this long (60 s by default) before it goes on with the workers it can place
+        elastic = ExampleRun(cluster, folder, "elastic", "--workers", "1-2")
+        # Ray places the group's old size again while it still counts the lost node (until its health
+        # check declares the node dead), waiting this long (60 s by default) for each placement
         elastic.start(env={"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(ELASTIC_PLACEMENT_WAIT)})
         elastic.wait_step(FAIL_AFTER_STEP)
         lines = len(elastic.log(0))
