@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "bench/README.md": "benchmarks.md",
               "bench/results/summary.md": "bench-latest.md", "ARCHITECTURE.md": "architecture.md"}
 GUIDES = ["install", "strategies", "training", "checkpoints", "data", "custom-loops", "evaluation",
-          "multi-worker", "upstream", "clusters", "parameter-servers", "cli"]
+          "multi-worker", "upstream", "clusters", "ray", "parameter-servers", "cli"]
 LINK = re.compile(r"\]\(\.\./(?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 BODY = re.compile(r"<body>(?P<body>.*)</body>", re.S)
 R_HELP_LINK = re.compile(r'href="\.\./\.\./(?P<package>[\w.]+)/help/(?P<topic>[^"]+)\.html"')

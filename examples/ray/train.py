@@ -92,11 +92,13 @@ def worker_log(path: str, seconds: float):
 def run(storage_path: str, name: str = "kerasdist-ray", *, address: str | None = None,
         node_ip_address: str | None = None, workers: int | tuple[int, int] = 2, epochs: int = 3,
         max_failures: int = 3, every_steps: int = 5, step_seconds: float = 0.0, out_dir: str = "out",
-        placement: str = "SPREAD") -> Any:
+        placement: str = "SPREAD", tune: bool = False) -> Any:
     """Fit `train_fn` on a Ray cluster with a `TensorflowTrainer`; returns Ray's `Result`
     (`result.metrics`: the last epoch's; `result.checkpoint`: kerasdist's newest epoch-end
     checkpoint). The same `storage_path` and `name` resume a run that stopped. `workers`: a count,
-    or (min, max) for Ray's elastic training."""
+    or (min, max) for Ray's elastic training. With `tune`, the trainer runs as the one trial of a
+    Ray Tune experiment, which gets its metrics (`checkpoint_path`: the checkpoint's); returns the
+    trial's Tune `Result`."""
     import ray
     import ray.cloudpickle
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -107,15 +109,28 @@ def run(storage_path: str, name: str = "kerasdist-ray", *, address: str | None =
     ray.init(address=address, _node_ip_address=node_ip_address, log_to_driver=False)
     out_dir = os.path.abspath(out_dir)  # Ray runs the function in a working directory of its own
     os.makedirs(out_dir, exist_ok=True)
-    trainer = TensorflowTrainer(
-        train_fn,
-        train_loop_config={"epochs": epochs, "every_steps": every_steps, "step_seconds": step_seconds,
-                           "out_dir": out_dir},
-        scaling_config=ScalingConfig(num_workers=workers, placement_strategy=placement),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=max_failures)),
-    )
-    return trainer.fit()
+
+    def fit(callbacks: list[Any]) -> Any:
+        return TensorflowTrainer(
+            train_fn,
+            train_loop_config={"epochs": epochs, "every_steps": every_steps, "step_seconds": step_seconds,
+                               "out_dir": out_dir},
+            scaling_config=ScalingConfig(num_workers=workers, placement_strategy=placement),
+            run_config=RunConfig(name=name, storage_path=storage_path, callbacks=callbacks,
+                                 failure_config=FailureConfig(max_failures=max_failures)),
+        ).fit()
+
+    if not tune:
+        return fit([])
+    from ray import tune as ray_tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    def trial(config: dict[str, Any]) -> None:  # Tune's trial: the trainer's driver
+        fit([TuneReportCallback()])
+
+    tuner = ray_tune.Tuner(ray_tune.with_resources(trial, {"cpu": 0}),  # the CPUs are the workers'
+                           run_config=ray_tune.RunConfig(name=f"{name}-tune", storage_path=storage_path))
+    return tuner.fit()[0]
 
 
 def _workers(text: str) -> int | tuple[int, int]:
@@ -137,11 +152,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep before each step (demos)")
     parser.add_argument("--out-dir", default="out", help="each worker's log and final weights")
     parser.add_argument("--placement", default="SPREAD", help="Ray's placement strategy (SPREAD, PACK)")
+    parser.add_argument("--tune", action="store_true", help="run the trainer as the one trial of a Ray Tune run")
     args = parser.parse_args(argv)
     result = run(args.storage_path, args.name, address=args.address, node_ip_address=args.node_ip_address,
                  workers=args.workers, epochs=args.epochs,
                  max_failures=args.max_failures, every_steps=args.every_steps, step_seconds=args.step_seconds,
-                 out_dir=args.out_dir, placement=args.placement)
+                 out_dir=args.out_dir, placement=args.placement, tune=args.tune)
+    if args.tune:  # the trial's metrics: the last report's, the checkpoint's path among them (and Tune's own)
+        print(f"metrics {json.dumps({name: result.metrics[name] for name in ('loss', 'epoch')})}", flush=True)
+        print(f"checkpoint {result.metrics['checkpoint_path']}", flush=True)
+        return
     print(f"metrics {json.dumps(result.metrics)}", flush=True)
     print(f"checkpoint {result.checkpoint.path if result.checkpoint else None}", flush=True)
 

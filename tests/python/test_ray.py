@@ -56,7 +56,7 @@ def require_ray_cluster():
 def one_node_runs(folder: Path) -> Path:
     runs = {}
     with ray_cluster.RayCluster(1, cpus=(2,), env=cluster_env()) as cluster:
-        reference = ExampleRun(cluster, folder, "reference")
+        reference = ExampleRun(cluster, folder, "reference", "--tune")
         reference.start()
         runs["reference"] = reference.finish()
 
@@ -195,6 +195,8 @@ def test_ray_checkpoint_dir_outside_ray_says_where_it_belongs():
 
 
 def test_uninterrupted_run_reports_metrics_and_its_checkpoint_without_a_copy(one_node):
+    """The reference runs as the one trial of a Ray Tune experiment: Tune gets what the trainer
+    reported (the other runs' Ray results, compared with it, are the trainer's own)."""
     reference = one_node["reference"]
     assert_completed(reference)
     assert_reported(reference, reference)
