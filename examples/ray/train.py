@@ -128,8 +128,8 @@ def run(storage_path: str, name: str = "kerasdist-ray", *, address: str | None =
     def trial(config: dict[str, Any]) -> None:  # Tune's trial: the trainer's driver
         fit([TuneReportCallback()])
 
-    tuner = ray_tune.Tuner(ray_tune.with_resources(trial, {"cpu": 0}),  # the CPUs are the workers'
-                           run_config=ray_tune.RunConfig(name=f"{name}-tune", storage_path=storage_path))
+    # the trial holds one CPU of its own (Tune's default; Ray refuses none) besides the workers'
+    tuner = ray_tune.Tuner(trial, run_config=ray_tune.RunConfig(name=f"{name}-tune", storage_path=storage_path))
     return tuner.fit()[0]
 
 

@@ -55,7 +55,8 @@ def require_ray_cluster():
 # -- the runs, made once ---------------------------------------------------------------------------
 def one_node_runs(folder: Path) -> Path:
     runs = {}
-    with ray_cluster.RayCluster(1, cpus=(2,), env=cluster_env()) as cluster:
+    # 3 logical CPUs: the 2 workers', and the one a Tune trial (the reference's driver) holds
+    with ray_cluster.RayCluster(1, cpus=(3,), env=cluster_env()) as cluster:
         reference = ExampleRun(cluster, folder, "reference", "--tune")
         reference.start()
         runs["reference"] = reference.finish()
@@ -185,6 +186,24 @@ def test_import_kerasdist_never_imports_ray():
         print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
     """)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_ray_2_60_restores_a_run_by_its_run_config_and_its_driver_is_not_a_worker():
+    """Canary (docs/ray.md): Ray Train V2's `TensorflowTrainer.restore` only raises; a run is
+    restored by its RunConfig(name, storage_path). A process that imported Ray Train without running
+    its training function (a driver) is not reported from."""
+    done = run_python("""
+        import ray.train
+        import kerasdist
+        from ray.train.tensorflow import TensorflowTrainer
+        assert kerasdist.ray_train.ray_train_module() is None
+        try:
+            TensorflowTrainer.restore("/nowhere")
+        except DeprecationWarning as warning:
+            print("DeprecationWarning:", warning)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DeprecationWarning: The `restore` and `can_restore` APIs are deprecated" in done.stdout, done.stdout
 
 
 def test_ray_checkpoint_dir_outside_ray_says_where_it_belongs():
