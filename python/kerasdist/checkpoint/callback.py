@@ -3,7 +3,8 @@
 It is made of parts, each in its module: `SavePolicy` (when to save, which checkpoints to keep),
 `Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
 (SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures), all set by
-one `CheckpointOptions`, and `OtherCallbacks` (the fit's other callbacks and their state). The
+one `CheckpointOptions`, `OtherCallbacks` (the fit's other callbacks and their state) and, inside a
+Ray Train training function, `ray_train.RayReporter` (what Ray sees of the run). The
 callback follows the fit (epoch, step, history) and tells each part what happened.
 """
 
