@@ -52,12 +52,13 @@ class ExampleRun:
     workers' logs and weights under `folder / name`. `result` collects what it left."""
 
     def __init__(self, cluster: ray_cluster.RayCluster, folder: Path, name: str, *args: str,
-                 epochs: int = 3):
+                 epochs: int = 3, storage: str | None = None):
         self.cluster, self.name = cluster, name
+        self.storage = storage or str(cluster.shared)  # Ray's storage_path: the shared disk, or a URL
         self.out = folder / name
         self.out.mkdir(parents=True, exist_ok=True)
         self.args = ["--address", cluster.address, "--node-ip-address", cluster.node_ip(0),
-                     "--storage-path", str(cluster.shared), "--name", name, "--out-dir", str(self.out),
+                     "--storage-path", self.storage, "--name", name, "--out-dir", str(self.out),
                      "--epochs", str(epochs), "--every-steps", str(EVERY_STEPS), "--step-seconds", str(PACE),
                      *args]
         self.result: dict = {"name": name, "out": str(self.out), "drivers": []}
@@ -117,9 +118,9 @@ class ExampleRun:
 
     def finish(self) -> dict:
         """Wait for the driver; note what the run left: the driver's output, Ray's metrics and
-        checkpoint as it printed them, kerasdist's checkpoints, the chief's log, goodput's attempts."""
-        import kerasdist
-
+        checkpoint as it printed them, the chief's log, and what the run's directory in Ray's storage
+        holds (`inspect_run`; read in the head's namespace when the storage is a URL, which only the
+        cluster reaches)."""
         try:
             code = self.driver.wait(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -128,17 +129,37 @@ class ExampleRun:
         text = self.driver_log()
         metrics = re.findall(r"^metrics (.*)$", text, re.M)
         checkpoint = re.findall(r"^checkpoint (\S+)", text, re.M)
-        run_dir = self.cluster.shared / self.name
-        ckpt = run_dir / "kerasdist"
-        report = kerasdist.goodput(ckpt) if ckpt.exists() else None
-        self.result.update(
-            returncode=code, driver_output=text, metrics=metrics[-1] if metrics else None,
-            checkpoint=checkpoint[-1] if checkpoint else None,
-            latest=kerasdist.latest_checkpoint(ckpt).path if ckpt.exists() else None,
-            run_dir_entries=sorted(os.listdir(run_dir)) if run_dir.exists() else [],
-            checkpoints=[info.path for info in kerasdist.list_checkpoints(ckpt)] if ckpt.exists() else [],
-            chief_log=self.log(0), attempts=[a.__dict__ for a in report.attempts] if report else [])
+        run_dir = f"{self.storage.rstrip('/')}/{self.name}"
+        if "://" in run_dir:
+            done = self.cluster.python([__file__, "--inspect", run_dir], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+            out, err = done.communicate(timeout=120)
+            if done.returncode != 0:
+                raise RuntimeError(f"inspecting {run_dir} failed: {err[-2000:]}")
+            stored = json.loads(out.splitlines()[-1])
+        else:
+            stored = inspect_run(run_dir)
+        self.result.update(returncode=code, driver_output=text, metrics=metrics[-1] if metrics else None,
+                           checkpoint=checkpoint[-1] if checkpoint else None, chief_log=self.log(0), **stored)
         return self.result
+
+
+def inspect_run(run_dir: str) -> dict:
+    """What a run's directory in Ray's storage (a path or a URL) holds: its entries, kerasdist's
+    checkpoints and newest one (as Ray names paths: without a URL's scheme), goodput's attempts."""
+    import fsspec
+
+    import kerasdist
+
+    filesystem, path = fsspec.core.url_to_fs(run_dir)
+    if not filesystem.exists(path):
+        return {"run_dir_entries": [], "checkpoints": [], "latest": None, "attempts": []}
+    ckpt = f"{run_dir}/kerasdist"
+    checkpoints = [info.path.split("://", 1)[-1] for info in kerasdist.list_checkpoints(ckpt)]
+    listed = [entry.rstrip("/") for entry in filesystem.ls(path, detail=False)]
+    entries = sorted(entry.rsplit("/", 1)[-1] for entry in listed if entry != path.rstrip("/"))  # s3fs lists a folder
+    return {"run_dir_entries": entries, "checkpoints": checkpoints, "latest": checkpoints[-1] if checkpoints else None,
+            "attempts": [attempt.__dict__ for attempt in kerasdist.goodput(ckpt).attempts]}
 
 
 def listening_snapshot(cluster: ray_cluster.RayCluster) -> dict:
@@ -219,10 +240,14 @@ def print_summary(measured: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inspect", metavar="RUN_DIR", help=argparse.SUPPRESS)  # ExampleRun.finish's, in a namespace
     parser.add_argument("--kind", choices=("worker", "node"), default="worker")
     parser.add_argument("--failures", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the measurements to this JSON file")
     args = parser.parse_args(argv)
+    if args.inspect:
+        print(json.dumps(inspect_run(args.inspect)))
+        return 0
     reason = ray_cluster.missing_requirements()
     if reason:
         print(reason, file=sys.stderr)

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,11 +74,14 @@ class RayCluster:
     """A Ray cluster of `nodes` nodes (node 0 the head) with `cpus[i]` CPUs each.
 
     Use it as a context manager (`with RayCluster(2, cpus=(1, 1)) as cluster:`). `env` is added to
-    the environment of every Ray process and of `python()` (e.g. PYTHONPATH for the workers)."""
+    the environment of every Ray process and of `python()` (e.g. PYTHONPATH for the workers).
+    `prepare(cluster)`, when given, runs once the namespaces exist and before any node starts (a
+    storage server in the head's namespace, say); what it returns is added to `env`."""
 
     nodes: int = 1
     cpus: tuple[int, ...] = (2,)
     env: dict[str, str] = field(default_factory=dict)
+    prepare: Callable[[RayCluster], dict[str, str]] | None = None
     run_id: str = field(default_factory=lambda: f"{random.getrandbits(24):06x}")
     root: Path = field(init=False)
     _processes: dict[int, subprocess.Popen] = field(init=False, default_factory=dict)
@@ -130,6 +134,8 @@ class RayCluster:
             self.shared.mkdir(parents=True, exist_ok=True)
             (self.root / "owner").write_text(str(os.getpid()))
             self._make_network()
+            if self.prepare is not None:
+                self.env.update(self.prepare(self))
             for node in range(self.nodes):
                 self.start_node(node, timeout)
         except BaseException:

@@ -7,10 +7,11 @@ group), then whose driver is SIGKILLed mid-epoch 3 and a new driver, in R (train
 with the same RunConfig(name, storage_path): Ray Train V2's restore (2.60's
 `TensorflowTrainer.restore` only raises a DeprecationWarning). Two nodes on a bridge of
 their own (1 CPU each): a run whose second node is lost mid-epoch (every process on it stopped,
-then SIGKILLed) and replaced, and an elastic run (`--workers 1-2`) that goes on with one worker
-when that node is lost. Every run ends with each worker's weights bitwise equal to the reference
-(the elastic one within TOL: one worker sums each batch's gradients in another order), Ray's result
-holding the last epoch's metrics and kerasdist's newest checkpoint, not a copy of it.
+then SIGKILLed) and replaced, its storage_path an S3 bucket (SeaweedFS on the head's address), and
+an elastic run (`--workers 1-2`) that goes on with one worker when that node is lost. Every run
+ends with each worker's weights bitwise equal to the reference (the elastic one within TOL: one
+worker sums each batch's gradients in another order), Ray's result holding the last epoch's
+metrics and kerasdist's newest checkpoint, not a copy of it.
 
 The runs are made once a session (`made_once`: the tests that read them may run in either pytest
 worker) and one cluster at a time; the tests check what they left. Needs root and Ray (skipped
@@ -19,6 +20,7 @@ otherwise, unless CI=true, where they must run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +33,7 @@ import pytest
 
 import kerasdist
 from conftest import run_python
+from kerasdist.s3_test_server import S3TestServer, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -43,6 +46,7 @@ FAIL_AFTER_STEP = 12  # mid-epoch 2, two steps after the newest checkpoint (step
 DRIVER_KILLED_AFTER_STEP = 22  # mid-epoch 3, after the restart the worker's SIGKILL caused
 TOL = STEPS * float(np.finfo(np.float32).eps)  # as tests/python/test_reliability.py
 ELASTIC_PLACEMENT_WAIT = 10  # seconds (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S): placing what exists takes ms
+BUCKET = "ray"
 RAY_FILES = {"checkpoint_manager_snapshot.json", ".validate_storage_marker"}  # Ray's own, beside kerasdist/
 
 
@@ -79,10 +83,24 @@ def one_node_runs(folder: Path) -> Path:
 
 
 def two_node_runs(folder: Path, one_node: Path) -> Path:
+    """The node-lost run keeps Ray's storage (and so kerasdist's checkpoints) in S3: a SeaweedFS
+    server in the head's namespace, on its address, which both nodes reach and nothing else does."""
     del one_node  # made first: one Ray cluster at a time on this machine
-    runs = {}
-    with ray_cluster.RayCluster(2, cpus=(1, 1), env=cluster_env()) as cluster:
-        lost = ExampleRun(cluster, folder, "node-lost")
+    runs, servers = {}, []
+
+    def start_s3(cluster: ray_cluster.RayCluster) -> dict[str, str]:
+        data = cluster.root / "s3"
+        data.mkdir()
+        server = S3TestServer(weed_binary(), data, host=cluster.node_ip(0),
+                              netns=str(ray_cluster.NETNS_DIR / cluster.namespace(0)))
+        servers.append(server)
+        server.make_bucket(BUCKET)
+        return server.environment()  # every Ray process's: s3fs and pyarrow read them
+
+    cluster = ray_cluster.RayCluster(2, cpus=(1, 1), env=cluster_env(), prepare=start_s3)
+    with cluster, contextlib.ExitStack() as stop:
+        stop.callback(lambda: [server.stop() for server in servers])
+        lost = ExampleRun(cluster, folder, "node-lost", storage=f"s3://{BUCKET}/ray")
         lost.start()
         lost.wait_step(3)
         lost.result["sockets"] = listening_snapshot(cluster)
@@ -260,7 +278,10 @@ def assert_nothing_outside_the_namespaces(sockets: dict) -> None:
 
 
 def test_a_lost_node_replaced_resumes_bitwise(two_nodes, one_node):
+    """Its storage is S3: Ray's checkpoint is kerasdist's checkpoint in the bucket (a path on
+    Ray's S3 filesystem, bucket first)."""
     run = two_nodes["node_lost"]
+    assert run["checkpoint"].startswith(f"{BUCKET}/ray/node-lost/kerasdist/"), run["checkpoint"]
     assert_completed(run)
     assert_resumed_at_next_unseen_batch(run)
     assert_equal_to(run, one_node["reference"])
