@@ -30,7 +30,7 @@ ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "RELIABILITY-history.md": "rel
               "ARCHITECTURE.md": "architecture.md"}
 ROOT_LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 GUIDES = ["install", "strategies", "training", "checkpoints", "data", "custom-loops", "evaluation",
-          "multi-worker", "upstream", "clusters", "parameter-servers", "cli"]
+          "multi-worker", "upstream", "clusters", "ray", "parameter-servers", "cli"]
 LINK = re.compile(r"\]\(\.\./(?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 BODY = re.compile(r"<body>(?P<body>.*)</body>", re.S)
 R_HELP_LINK = re.compile(r'href="\.\./\.\./(?P<package>[\w.]+)/help/(?P<topic>[^"]+)\.html"')

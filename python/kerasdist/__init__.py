@@ -48,6 +48,7 @@ from kerasdist.preemption import (
     PeerLostExit,
     PreemptedExit,
 )
+from kerasdist.ray_train import ray_checkpoint_dir
 from kerasdist.strategy import (
     StrategyDescription,
     StrategyPlan,
@@ -139,6 +140,8 @@ __all__ = [
     # evaluation and prediction
     "distributed_evaluate",
     "distributed_predict",
+    # Ray Train
+    "ray_checkpoint_dir",
     # clusters on one machine
     "LaunchResult",
     "TaskFailure",

@@ -3,7 +3,8 @@
 It is made of parts, each in its module: `SavePolicy` (when to save, which checkpoints to keep),
 `Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
 (SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures), all set by
-one `CheckpointOptions`, and `OtherCallbacks` (the fit's other callbacks and their state). The
+one `CheckpointOptions`, `OtherCallbacks` (the fit's other callbacks and their state) and, inside a
+Ray Train training function, `ray_train.RayReporter` (what Ray sees of the run). The
 callback follows the fit (epoch, step, history) and tells each part what happened.
 """
 
@@ -29,6 +30,7 @@ from kerasdist.checkpoint.run_log import Status
 from kerasdist.checkpoint.save_policy import SavePolicy
 from kerasdist.checkpoint.saver import Saver
 from kerasdist.preemption import PreemptedExit
+from kerasdist.ray_train import ray_reporter
 
 
 @takes_checkpoint_options
@@ -94,6 +96,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.hold = PreemptionHold(self.options.handle_sigterm)
         self.recorder = RunRecorder()
         self.saver.on_committed = self.recorder.committed
+        self.ray = ray_reporter(self.saver)  # under Ray Train: reports to Ray (None elsewhere)
         self.run = run if run is not None else RunRecord()
         self.source: Any = None  # the data the trainer reads itself, whose position checkpoints keep
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
@@ -257,6 +260,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history.append(plain(logs or {}))
         if self.policy.due_at_epoch_end() or self.hold.preempted:
             self._save(epoch + 1, 0, logs)
+        if self.ray is not None:
+            self.ray.epoch_ended(epoch, logs, self._is_chief)
         if self.recorder.is_open and self.tensorboard_dir is not None:
             from kerasdist.monitoring import write_run_figures
 

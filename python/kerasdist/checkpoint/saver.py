@@ -5,7 +5,7 @@ files written and committed in the background (`background.py`); then pruned as 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kerasdist.checkpoint.background import BackgroundWriter
@@ -23,6 +23,8 @@ class Saver:
         blocked_seconds: per save, how long the training thread waited.
         on_committed: called with each committed checkpoint and the seconds its write took (in
             the writer's thread for background saves), before pruning: the run log's recorder.
+        held_elsewhere: the checkpoints someone else holds on to (Ray Train's reported ones,
+            `ray_train.RayReporter`), which pruning spares.
     """
 
     def __init__(self, manager: CheckpointManager, policy: SavePolicy):
@@ -31,6 +33,7 @@ class Saver:
         self.saved: list[CheckpointInfo] = []
         self.blocked_seconds: list[float] = []
         self.on_committed: Callable[[CheckpointInfo, float], None] | None = None
+        self.held_elsewhere: Callable[[], Iterable[CheckpointInfo]] = tuple
         self._writer = BackgroundWriter()
         # the copies of the values (and the file's buffer where files are not built as pieces),
         # reused from one background save to the next: memory this VM took back after a save freed
@@ -93,7 +96,7 @@ class Saver:
         if self.on_committed is not None:
             self.on_committed(info, seconds)
         self.saved.append(info)
-        self.manager.prune(self.policy.options.keep, protect=self.policy.spared(info))
+        self.manager.prune(self.policy.options.keep, protect=(*self.policy.spared(info), *self.held_elsewhere()))
 
 
 def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
