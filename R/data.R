@@ -266,3 +266,31 @@ print.kerasdist_dataset_info <- function(x, ...) {
   ))
   invisible(x)
 }
+
+# r-docs: python/kerasdist/data/resumable.py:resume_rule (make r-docs)
+#' What a resumed run does with your data
+#'
+#' From R: for a `tf.data.Dataset` built with tfdatasets
+#' (`tensor_slices_dataset() |> dataset_shuffle() |> dataset_batch()`), keras3's
+#' `image_dataset_from_directory()` and `text_dataset_from_directory()`, or a [make_dataset()]
+#' dataset. kerasdist's trainers ([distributed_fit()], [resume_fit()], keras3's `fit()` with a
+#' [checkpoint_callback()], [custom_fit()]) read such data one batch per step and keep the reader's
+#' position in each checkpoint; data they cannot continue exactly is named by one warning at the
+#' start, saying what a resume will do.
+#'
+#' @param data A batched `tf.data.Dataset` (tfdatasets), a Python `keras.utils.PyDataset` or
+#'   generator, or a [make_dataset()] dataset.
+#' @returns One sentence, a string.
+#' @family data
+#' @seealso Python: `kerasdist.resume_rule()`; [distributed_fit()] and [resume_fit()], which read
+#'   such data.
+#' @examplesIf !is.null(kerasdist_python()) && requireNamespace("tfdatasets", quietly = TRUE)
+#' library(tfdatasets)
+#' data <- tensor_slices_dataset(list(matrix(runif(40), ncol = 4), 1:10)) |>
+#'   dataset_shuffle(10, seed = 1) |>
+#'   dataset_batch(5)
+#' resume_rule(data)
+#' @export
+resume_rule <- function(data) {
+  call_python(kerasdist_module()$resume_rule, data = data)
+}

@@ -21,8 +21,12 @@
 #' @inheritParams make_or_restore_model
 #' @param build_fn An R (or Python) function with no arguments returning a compiled, built Keras
 #'   model (a keras3 model or one made through reticulate); called inside the strategy's scope.
-#' @param x The features: anything [make_dataset()] takes (R matrices and arrays, data frames, a
-#'   `tf.data.Dataset` of unbatched elements, file patterns).
+#' @param x The data: anything [make_dataset()] takes (R matrices and arrays, data frames, a
+#'   `tf.data.Dataset` of unbatched elements, file patterns), batched by it; or batches as keras3's
+#'   `fit()` takes them, trained on as they are: a batched `tf.data.Dataset` (tfdatasets'
+#'   `dataset_batch()`, keras3's `image_dataset_from_directory()`; each batch one global batch,
+#'   split over the replicas), a Python `keras.utils.PyDataset` or generator. A restart continues
+#'   either at the next unseen batch ([resume_rule()] says how, for batches).
 #' @param y The targets, same number of rows as `x` (or a column name).
 #' @param epochs Total number of epochs, counting those done by earlier (interrupted) runs.
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL
@@ -46,6 +50,8 @@
 #'   R ones included); checkpoints are added by `distributed_fit()` itself.
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
+#' @param steps_per_epoch Batches per epoch of data of batches that cannot tell (a Python generator;
+#'   a dataset with a filter is counted once, by a pass over it).
 #' @param verbose Passed to `fit`.
 #' @param steps_per_execution Training steps per call into the graph (Keras's `compile` option;
 #'   callbacks' batch hooks then run once per call). An integer must divide the steps of an epoch,
@@ -105,7 +111,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
                             batch_size = NULL, per_replica_batch_size = NULL, seed = 0L,
                             shuffle = TRUE, sample_weight = NULL, validation_split = NULL,
                             validation_data = NULL, every_steps = NULL, keep = 3L,
-                            callbacks = NULL, dataset_args = NULL, verbose = "auto",
+                            callbacks = NULL, dataset_args = NULL, steps_per_epoch = NULL, verbose = "auto",
                             steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
                             gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
                             every_seconds = NULL, ...) {
@@ -117,7 +123,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
     seed = seed, shuffle = shuffle, sample_weight = sample_weight,
     validation_split = validation_split, validation_data = validation_data,
     every_steps = every_steps, keep = keep, callbacks = callbacks,
-    dataset_args = dataset_args,
+    dataset_args = dataset_args, steps_per_epoch = steps_per_epoch,
     verbose = verbose, steps_per_execution = steps_per_execution,
     mixed_precision = mixed_precision, jit_compile = jit_compile,
     gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,

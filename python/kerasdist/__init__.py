@@ -28,12 +28,14 @@ from kerasdist.data import (
     BatchSizeInfo,
     DatasetInfo,
     DatasetSplit,
+    InputWarning,
     batch_size_info,
     dataset_info,
     epoch_order,
     make_dataset,
     make_dataset_split,
     plan_dataset,
+    resume_rule,
 )
 from kerasdist.datasets import load_digits
 from kerasdist.demo import kerasdist_demo
@@ -129,6 +131,9 @@ __all__ = [
     "make_dataset",
     "make_dataset_split",
     "plan_dataset",
+    # the data users bring, resumed
+    "InputWarning",
+    "resume_rule",
     # training
     "check_step_functions",
     "custom_fit",

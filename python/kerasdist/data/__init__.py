@@ -37,11 +37,16 @@ epochs before it (the boundary batches depend on them), so k passes read about k
 all. For more than a few epochs over files or a dataset, use the stream form (`epochs=`), which
 reads each record once, or `distributed_fit`/`resume_fit`, which build that stream.
 
+Data of batches users bring (a batched `tf.data.Dataset`, a `keras.utils.PyDataset`, a Python
+generator) is not make_dataset's: trainers read it as it is, one batch per step, and keep its
+reader's position in each checkpoint (`resumable`; `resume_rule` says what a resume does with it).
+
 The package, from the user's functions down: `api` (make_dataset, make_dataset_split,
 plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
 options record: each argument documented and checked once), `pipelines` (the tf.data
 pipelines), `info` (sizes, DatasetInfo), `order` (each epoch's permutation), `sources` (what x
-and y hold, read once).
+and y hold, read once); `structure` (what a dataset users bring is, from its graph) and
+`resumable` (reading it, its position kept).
 """
 
 from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset
@@ -62,6 +67,7 @@ from kerasdist.data.plan import (
     planned_dataset,
     replace_epochs,
 )
+from kerasdist.data.resumable import InputWarning, resume_rule
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -71,6 +77,7 @@ __all__ = [
     "DatasetInfo",
     "DatasetOptions",
     "DatasetSplit",
+    "InputWarning",
     "PlannedDataset",
     "ShortEpochWarning",
     "batch_size_info",
@@ -82,4 +89,5 @@ __all__ = [
     "plan_dataset",
     "planned_dataset",
     "replace_epochs",
+    "resume_rule",
 ]

@@ -8,16 +8,18 @@ reader's position at a step end is exactly that of the batches trained. Each che
 position (`ResumableInput.state`), and a restarted run puts a new reader there before its first
 batch. What is kept, by kind of data (`resume_rule` says it for given data):
 
-- a `tf.data.Dataset` whose state tf.data can save: the iterator's state (`SerializeIterator`:
-  the readers' positions, the shuffles' random state and the per-pass reshuffle, and the elements
-  an op holds: a shuffle buffer, a cache being filled; with symbolic checkpoints, positions only
-  where every op allows it). The resumed epoch and every later one are the uninterrupted run's.
-- a dataset whose per-pass reshuffle tf.data restores wrongly inside a pass (a shuffle feeding an
-  interleave, as `list_files(shuffle=True)` does: the family of tensorflow#48178, measured here):
-  the iterator's state at the start of the pass, which restores right, and the batches of the
-  pass trained since, read again and discarded on resume.
+- a `tf.data.Dataset` made of in-memory slices, maps, filters, batches, one shuffle and prefetches
+  (`data/structure.py`'s `DIRECT_OPS`; Keras's `image_dataset_from_directory` is one): the
+  iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
+  random state included). Nothing is read again on resume.
+- any other tf.data pipeline (files read through an interleave, `cache()`, two shuffles, Keras's
+  `timeseries_dataset_from_array`, ...): the iterator's state at the start of the pass, and the
+  batches read since, which a resume reads again and discards. TensorFlow 2.21 restores states
+  taken inside a pass of such pipelines wrongly in cases measured here (a shuffle reshuffled each
+  pass that feeds an interleave; two shuffles near a pass's end; a shuffle behind a prefetch at a
+  pass's end: the family of tensorflow#48178), and states at a pass's start right.
 - a dataset with ops whose state lives outside tf.data (a stateful random op, a `py_function`):
-  the same position, without that state: their values after a resume differ.
+  as above, without that state: their values after a resume differ.
 - a dataset that reads a Python generator (`from_generator`), or a Python generator: nothing can
   be saved; a resume starts the generator again and discards the batches the interrupted epoch
   had trained (exact for a generator that yields the same batches each time it starts).
@@ -100,20 +102,21 @@ class ResumableInput:
 
 
 RULES = {
-    "positions": "continues at the next unseen batch; the checkpoint keeps the reader's positions "
-                 "(a symbolic tf.data checkpoint: no elements)",
-    "elements": "continues at the next unseen batch; the checkpoint keeps the reader's position and "
-                "the elements its buffers hold (shuffle, prefetch, a cache being filled)",
+    "positions": "continues at the next unseen batch; the checkpoint keeps the reader's position "
+                 "where it is (a symbolic tf.data checkpoint), nothing is read again",
     "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position at "
-                  "the start of its pass (tf.data restores this pipeline's reshuffles wrongly inside a "
-                  "pass, tensorflow#48178), and a resume reads the pass's batches trained since again",
-    "without external state": "continues at the next unseen batch, but the state of {external} "
-                              "(outside tf.data) is not saved: their values after a resume differ",
+                  "the start of its pass (TensorFlow restores positions inside a pass of such "
+                  "pipelines wrongly, tensorflow#48178), and a resume reads the pass's batches "
+                  "trained since again",
+    "without external state": "continues at the next unseen batch (from the start of its pass, its "
+                              "batches since read again), but the state of {external} (outside "
+                              "tf.data) is not saved: their values after a resume differ",
     "replayed": "cannot be saved: a resume starts it again and discards the batches the "
                 "interrupted epoch trained (exact only if it yields the same batches each time)",
     "index": "continues at the next batch index; its on_epoch_begin/on_epoch_end are called for "
              "the epochs before",
 }
+_FROM_PASS_START = ("pass start", "without external state")  # rules keeping the pass's start
 # How to make data with each inexact rule resume exactly.
 _EXACT_HINTS = {
     "without external state": "use stateless ops (tf.random.stateless_*, or keras.random with a "
@@ -179,7 +182,7 @@ class DatasetInput(ResumableInput):
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
-        if self.rule != "pass start":
+        if self.rule == "positions":
             return _encoded(self._position(), 0)
         if self._pass_start is None or self._into_pass >= self.steps_per_epoch:
             self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
@@ -192,7 +195,7 @@ class DatasetInput(ResumableInput):
         self._pass_start, self._into_pass = self._position(), 0
 
     def _next(self) -> Any:
-        if self.rule == "pass start" and (self._pass_start is None or self._into_pass >= self.steps_per_epoch):
+        if self.rule in _FROM_PASS_START and (self._pass_start is None or self._into_pass >= self.steps_per_epoch):
             self._pass_begins()
         self._into_pass += 1
         return self._iterator.get_next()
@@ -282,10 +285,24 @@ def resume_rule(data: Any) -> str:
     """What a resume does with `data` (a batched dataset, a PyDataset, a Python generator), in
     one sentence: at the next unseen batch exactly, and what its checkpoints keep, or otherwise
     what it does and how to make it exact."""
-    source = resumable_input(data, 1 if isinstance(data, collections.abc.Iterator) else None)
+    source = None if made_by_make_dataset(data) else resumable_input(
+        data, 1 if isinstance(data, collections.abc.Iterator) else None)
     if source is None:
-        return "data made by make_dataset (or a function of the epoch) is rebuilt at the epoch and batch resumed"
+        return ("continues at the next unseen batch: data made by make_dataset (or a function of the "
+                "epoch) is rebuilt at the epoch and batch resumed")
     return _rule_text(source)
+
+
+def made_by_make_dataset(data: Any) -> bool:
+    """make_dataset's data, whose every epoch is rebuilt at the point resumed (a pure function of
+    the seed and the epoch): it keeps no reader's position."""
+    from kerasdist.data.info import dataset_info
+
+    try:
+        dataset_info(data)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def say_how_it_resumes(source: ResumableInput) -> None:

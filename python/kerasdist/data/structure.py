@@ -41,6 +41,16 @@ _DATA_INPUT = {"DirectedInterleaveDataset": 1, "ExperimentalDirectedInterleaveDa
                "ChooseFastestBranchDataset": 0}
 Batching = tuple[bool, "int | None", "bool | None"]  # (batched, batch size, drop_remainder)
 _UNSAVEABLE = frozenset({"GeneratorDataset"})  # holds a Python iterator: no state to save at all
+# Ops of pipelines whose iterator state TensorFlow 2.21 restores exactly at every point of a pass
+# (symbolic checkpoints, at most one shuffle): in-memory slices, maps, filters, batches, one
+# shuffle, prefetch; Keras's image_dataset_from_directory is made of them. Checked by
+# tests/python/test_user_data.py's kinds; anything else keeps its pass's start.
+DIRECT_OPS = frozenset({
+    "TensorSliceDataset", "RangeDataset", "ZipDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2",
+    "FilterDataset", "BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
+    "ParallelBatchDataset", "ShuffleDatasetV3", "PrefetchDataset", "OptionsDataset", "ModelDataset",
+    "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset", "TakeDataset", "SkipDataset",
+})
 
 
 @dataclass(frozen=True)
@@ -51,16 +61,15 @@ class DatasetStructure:
         batched: whether its elements are batches (see the module's docstring).
         batch_size: samples per batch when a batching op gives a constant, else None.
         drop_remainder: whether that op drops a last, short batch (None when not known).
-        saved: what a checkpoint can keep of its reader's position: "positions" (tf.data keeps
-            positions, not elements, for every op of it: a symbolic checkpoint), "elements" (also
-            the elements its buffers hold: a shuffle buffer, a cache being filled), "pass start"
-            (its position at the start of the pass: tf.data restores the per-pass reshuffle of a
-            shuffle that feeds an interleave or flat_map, `list_files`'s, wrongly inside a pass;
-            measured on TensorFlow 2.21, the family of tensorflow#48178), "without external
-            state" (its position, but not the state of the ops that live outside the pipeline,
-            `external`), or "nothing" (a generator: it is replayed instead). Symbolic
-            checkpoints also restore two shuffles reshuffled each pass wrongly near a pass's end:
-            such pipelines keep "elements".
+        saved: what a checkpoint keeps of its reader's position: "positions" (the iterator's
+            state where it is: a symbolic checkpoint, for a pipeline made only of `DIRECT_OPS`
+            with at most one shuffle, whose restore was checked exact everywhere in a pass),
+            "pass start" (the iterator's state at the start of the pass and the batches read
+            since, read again on resume: for any other pipeline, as TensorFlow 2.21 restores
+            states inside a pass of such pipelines wrongly in cases measured here, the family of
+            tensorflow#48178, and states at a pass's start right), "without external state" (a
+            pass start without the state of the ops that live outside the pipeline, `external`),
+            or "nothing" (a generator: it is replayed instead).
         external: the ops whose state tf.data cannot save (a stateful random op, a py_function,
             a generator), as tf.data names them; empty when there are none.
     """
@@ -141,34 +150,6 @@ _SHUFFLES = frozenset({"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
                        "ShuffleAndRepeatDatasetV2"})
 
 
-def _reshuffled_into_a_function(graph: Any) -> bool:
-    """Whether a shuffle reshuffled each pass is in the input of an interleave or flat_map."""
-    nodes = {node.name: node for node in graph.node}
-    return any(_upstream_reshuffle(node, nodes) for node in graph.node if node.op in _FROM_FUNCTION)
-
-
-def _reshuffling_shuffles(graph: Any) -> int:
-    every = [*graph.node, *(node for function in graph.library.function for node in function.node_def)]
-    return sum(1 for node in every if node.op in _SHUFFLES and _reshuffles(node))
-
-
-def _reshuffles(node: Any) -> bool:
-    attribute = node.attr.get("reshuffle_each_iteration")
-    return attribute is None or attribute.b  # the op's default: reshuffle
-
-
-def _upstream_reshuffle(node: Any, nodes: dict[str, Any]) -> bool:
-    """Whether a shuffle reshuffled each pass is in `node`'s input chain."""
-    for _ in range(10_000):
-        inputs = [name for name in node.input if not name.startswith("^")]
-        if not inputs or _input_name(inputs[0]) not in nodes:
-            return False
-        node = nodes[_input_name(inputs[0])]
-        if node.op in _SHUFFLES and _reshuffles(node):
-            return True
-    return False
-
-
 def _saved(dataset: Any, graph: Any) -> tuple[str, tuple[str, ...]]:
     """What a checkpoint can keep of `dataset`'s position, and the ops whose state it cannot."""
     ops = {node.op for node in graph.node} | {
@@ -179,8 +160,8 @@ def _saved(dataset: Any, graph: Any) -> tuple[str, tuple[str, ...]]:
         compat.dataset_graph(dataset, external_state="fail")
     except Exception as error:  # tf.errors.FailedPreconditionError: "<Op> is stateful"
         return "without external state", tuple(re.findall(r"(\w+) is stateful", str(error))) or ("?",)
-    if _reshuffled_into_a_function(graph):
-        return "pass start", ()
-    if ops & compat.SYMBOLIC_REFUSED or _reshuffling_shuffles(graph) >= 2:
-        return "elements", ()
-    return "positions", ()
+    pipeline = {node.op for node in graph.node if node.op.endswith("Dataset") or "Dataset" in node.op}
+    shuffles = sum(1 for node in graph.node if node.op in _SHUFFLES)
+    if pipeline <= DIRECT_OPS and shuffles <= 1 and not ops & compat.SYMBOLIC_REFUSED:
+        return "positions", ()
+    return "pass start", ()

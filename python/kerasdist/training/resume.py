@@ -27,6 +27,7 @@ from kerasdist.data import one_epoch_rebuild
 from kerasdist.data.resumable import (
     DatasetInput,
     ResumableInput,
+    made_by_make_dataset,
     resumable_input,
     say_how_it_resumes,
 )
@@ -136,7 +137,7 @@ def _resume(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallback, 
     fit_args = FitArgs(callbacks, validation_data, verbose=verbose)
     data = _epochs_of_planned(data)
     source = data if isinstance(data, ResumableInput) else None if (
-        isinstance(data, EpochRange) or _made_by_make_dataset(data)) else resumable_input(data, steps_per_epoch)
+        isinstance(data, EpochRange) or made_by_make_dataset(data)) else resumable_input(data, steps_per_epoch)
     if source is not None:
         return _resume_reading(model, source, epochs, checkpoint, context, fit_args)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
@@ -249,18 +250,6 @@ def _resumable_kind(data: Any) -> bool:
 
 
 compat.route_fit(fit_with_checkpoints)
-
-
-def _made_by_make_dataset(data: Any) -> bool:
-    """make_dataset's data, whose every epoch is rebuilt at the point resumed (a pure function of
-    the seed and the epoch): it keeps no reader's position."""
-    from kerasdist.data import dataset_info
-
-    try:
-        dataset_info(data)
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 def _epoch_function(data: Any) -> bool:

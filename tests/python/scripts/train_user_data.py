@@ -2,7 +2,7 @@
 every trainer; test_user_data.py compares uninterrupted and resumed runs.
 
 usage: train_user_data.py TRAINER ROOT KIND[,KIND...] [--kill-at STEP | --sigterm-at STEP]
-       [--workers-data DIR]
+       [--per-worker-dir] [--kill-task TASK]
 
 Each kind trains in ROOT/KIND (its checkpoints, every 4 steps, all kept) and writes
 ROOT/KIND/result.npz (the weights, the loss history) and ROOT/KIND/warnings.json (the messages
@@ -10,6 +10,11 @@ of the InputWarnings raised). --kill-at SIGKILLs the process after that optimize
 checkpoint is written (the first kind's run); --sigterm-at sends it SIGTERM at that step end of
 every kind's run (a preemption: that step saved, fit ends with PreemptedExit, exit status 75,
 which this script notes in ROOT/KIND/preempted and goes on with the next kind).
+
+Under the launcher (TF_CONFIG set: the strategy is multi-worker, one CPU replica a worker), the
+chief writes result.npz and each other worker result-<task>.npz; --per-worker-dir gives each
+worker ROOT/KIND/worker-<index> as its checkpoint directory (hosts that share no disk); --kill-at
+then SIGKILLs only --kill-task (e.g. worker:1), on the launcher's first attempt only.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import kerasdist
 
 if os.environ.get("TF_CONFIG") is None:
     kerasdist.simulate_devices(2)
+    STRATEGY = None  # made at first use: mirrored over the 2 devices
+else:
+    STRATEGY = kerasdist.select_strategy()  # multi-worker: before TensorFlow runs anything
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -211,10 +219,14 @@ class Interrupt(keras.callbacks.Callback):
         self.at, self.sig = at, sig
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.at:
+        if self.at is not None and int(self.model.optimizer.iterations.numpy()) == self.at:
             if self.sig == signal.SIGKILL:
                 background.wait_for_all()
             os.kill(os.getpid(), self.sig)
+
+
+def task() -> str | None:
+    return kerasdist.run_context().task
 
 
 def train(trainer: str, kind: str, folder: Path, root: Path, interrupt: list) -> keras.callbacks.History:
@@ -222,8 +234,9 @@ def train(trainer: str, kind: str, folder: Path, root: Path, interrupt: list) ->
     steps = {"python-generator": SAMPLES // BATCH}.get(kind)
     if trainer == "distributed_fit":
         return kerasdist.distributed_fit(build(kind), data, epochs=EPOCHS, checkpoint_dir=folder, every_steps=EVERY,
-                                         keep=100, callbacks=interrupt, verbose=0, steps_per_epoch=steps)
-    strategy = tf.distribute.get_strategy() if os.environ.get("TF_CONFIG") else kerasdist.select_strategy()
+                                         keep=100, callbacks=interrupt, verbose=0, steps_per_epoch=steps,
+                                         strategy=STRATEGY or "auto")
+    strategy = STRATEGY or kerasdist.select_strategy()
     if trainer == "custom_fit":
         return kerasdist.custom_fit(build(kind), data, epochs=EPOCHS, checkpoint_dir=folder, strategy=strategy,
                                     every_steps=EVERY, keep=100, callbacks=interrupt, verbose=0,
@@ -242,11 +255,16 @@ def main(argv: list[str]) -> None:
     trainer, root, kinds = argv[0], Path(argv[1]), argv[2].split(",")
     interrupt = []
     if "--kill-at" in argv:
-        interrupt = [Interrupt(int(argv[argv.index("--kill-at") + 1]), signal.SIGKILL)]
+        first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
+        victim = argv[argv.index("--kill-task") + 1] if "--kill-task" in argv else None
+        chosen = first_attempt and victim in (None, task())
+        interrupt = [Interrupt(int(argv[argv.index("--kill-at") + 1]) if chosen else None, signal.SIGKILL)]
     if "--sigterm-at" in argv:
         interrupt = [Interrupt(int(argv[argv.index("--sigterm-at") + 1]), signal.SIGTERM)]
     for kind in kinds:
         folder = root / kind
+        if "--per-worker-dir" in argv:
+            folder = folder / f"worker-{kerasdist.run_context().task_index or 0}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", InputWarning)
             try:
@@ -255,9 +273,11 @@ def main(argv: list[str]) -> None:
                 (folder / "preempted").write_text(str(preempted.code))
                 continue
         said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "warnings.json").write_text(json.dumps(said))
-        np.savez(folder / "result.npz", *history.model.get_weights(), loss=np.array(history.history["loss"]))
+        out = root / kind
+        out.mkdir(parents=True, exist_ok=True)
+        name = "result" if kerasdist.run_context().is_chief else f"result-{task().replace(':', '-')}"
+        (out / f"{name}.warnings.json" if name != "result" else out / "warnings.json").write_text(json.dumps(said))
+        np.savez(out / f"{name}.npz", *history.model.get_weights(), loss=np.array(history.history["loss"]))
 
 
 if __name__ == "__main__":
