@@ -29,7 +29,7 @@ ROOT_PAGES = {"RELIABILITY.md": "reliability.md", "RELIABILITY-history.md": "rel
               "bench/README.md": "benchmarks.md", "bench/results/summary.md": "bench-latest.md",
               "ARCHITECTURE.md": "architecture.md"}
 ROOT_LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
-GUIDES = ["install", "strategies", "training", "checkpoints", "data", "custom-loops", "evaluation",
+GUIDES = ["install", "strategies", "training", "checkpoints", "data", "your-data", "custom-loops", "evaluation",
           "multi-worker", "upstream", "clusters", "ray", "parameter-servers", "cli"]
 LINK = re.compile(r"\]\(\.\./(?P<target>[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 BODY = re.compile(r"<body>(?P<body>.*)</body>", re.S)

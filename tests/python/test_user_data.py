@@ -103,3 +103,51 @@ def test_sigkill_mid_epoch_then_the_same_call_ends_as_the_uninterrupted_run(unin
     assert saved[-1] == MID_EPOCH and (tmp_path / kind / f"ckpt-{MID_EPOCH}" / "input.bin").exists()
     train(trainer, tmp_path, [kind])
     assert_resumed_as_said(reference, tmp_path, [kind])
+
+
+# -- several workers ----------------------------------------------------------------------------
+MULTI_WORKER_KINDS = ["shuffle-reshuffled", "guide-cache-prefetch", "interleave-tfrecord", "py-dataset"]
+
+
+def launched(root: Path, *flags: str, max_restarts: int = 0) -> None:
+    from kerasdist import launch
+
+    result = launch([str(SCRIPT), "distributed_fit", str(root), ",".join(MULTI_WORKER_KINDS), *flags],
+                    num_workers=2, max_restarts=max_restarts, timeout=500)
+    assert result.ok, result
+
+
+@pytest.fixture(scope="module")
+def two_workers(made_once):
+    """Every multi-worker kind trained by 2 workers of the launcher, one directory for both."""
+    return made_once("user-data-two-workers", lambda folder: (launched(folder), folder)[1])
+
+
+def weights(path: Path) -> list[np.ndarray]:
+    saved = np.load(path)
+    return [saved[name] for name in saved.files if name != "loss"]
+
+
+def test_two_workers_without_a_shared_disk_resume_a_killed_worker_as_the_uninterrupted_run(two_workers, tmp_path):
+    """Worker 1 SIGKILLed mid-epoch on hosts that share no disk: the launcher restarts the group,
+    the chief's checkpoint (its data position included) resumes both workers, and each ends with
+    the uninterrupted run's weights (the resumed epoch's logged mean is the batches after the
+    resume's on every worker: RELIABILITY.md's known limit of #42)."""
+    launched(tmp_path, "--per-worker-dir", "--kill-at", str(KILLED_AT), "--kill-task", "worker:1", max_restarts=1)
+    for kind in MULTI_WORKER_KINDS:
+        assert not list((tmp_path / kind / "worker-1").glob("ckpt-*"))  # only the chief writes
+        for result in ("result.npz", "result-worker-1.npz"):
+            expected, got = weights(two_workers / kind / result), weights(tmp_path / kind / result)
+            assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True)), (kind, result)
+
+
+def test_a_resume_on_one_worker_re_splits_the_rest_of_the_epoch(two_workers, tmp_path):
+    """The 2 workers' checkpoint (its position is every worker's: each reads the whole pipeline)
+    resumed by one process of 2 replicas: the same global batches, split as before, so the run
+    ends as the 2 workers' did, within float rounding (another reduction order)."""
+    copy_up_to(two_workers, tmp_path, MULTI_WORKER_KINDS, MID_EPOCH)
+    train("distributed_fit", tmp_path, MULTI_WORKER_KINDS)
+    for kind in MULTI_WORKER_KINDS:
+        expected, got = weights(two_workers / kind / "result.npz"), weights(tmp_path / kind / "result.npz")
+        for a, b in zip(expected, got, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=kind)

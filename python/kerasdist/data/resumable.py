@@ -8,12 +8,13 @@ reader's position at a step end is exactly that of the batches trained. Each che
 position (`ResumableInput.state`), and a restarted run puts a new reader there before its first
 batch. What is kept, by kind of data (`resume_rule` says it for given data):
 
-- a `tf.data.Dataset` made of in-memory slices, maps, filters, batches, one shuffle and prefetches
-  (`data/structure.py`'s `DIRECT_OPS`; Keras's `image_dataset_from_directory` is one): the
+- a `tf.data.Dataset` without a shuffle, or made of in-memory slices, maps, filters, batches, one
+  shuffle and prefetches (`data/structure.py`'s `DIRECT_OPS`; Keras's
+  `image_dataset_from_directory` is one): the
   iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
   random state included). Nothing is read again on resume.
-- any other tf.data pipeline (files read through an interleave, `cache()`, two shuffles, Keras's
-  `timeseries_dataset_from_array`, ...): the iterator's state at the start of the pass, and the
+- any other tf.data pipeline (a shuffle with files read through an interleave, `cache()`, two
+  shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state at the start of the pass, and the
   batches read since, which a resume reads again and discards. TensorFlow 2.21 restores states
   taken inside a pass of such pipelines wrongly in cases measured here (a shuffle reshuffled each
   pass that feeds an interleave; two shuffles near a pass's end; a shuffle behind a prefetch at a

@@ -169,6 +169,10 @@ def dataset(kind: str, root: Path):
         names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.tfrecord"), shuffle=True, seed=5)
         records = names.interleave(tf.data.TFRecordDataset, cycle_length=2, num_parallel_calls=2, deterministic=True)
         return records.map(parse_record).shuffle(40, seed=6).batch(BATCH).prefetch(2)
+    if kind == "interleave-in-order":
+        names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.tfrecord"), shuffle=False)
+        records = names.interleave(tf.data.TFRecordDataset, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        return records.map(parse_record).batch(BATCH).prefetch(2)
     if kind == "interleave-csv":
         names = tf.data.Dataset.list_files(str(files(root) / "records" / "*.csv"), shuffle=True, seed=7)
         lines = names.interleave(csv_rows, cycle_length=3)
