@@ -8,9 +8,12 @@ reader's position at a step end is exactly that of the batches trained. Each che
 position (`ResumableInput.state`), and a restarted run puts a new reader there before its first
 batch. What is kept, by kind of data (`resume_rule` says it for given data):
 
-- a `tf.data.Dataset` without a shuffle, or made of in-memory slices, maps, filters, batches, one
-  shuffle and prefetches (`data/structure.py`'s `DIRECT_OPS`; Keras's
-  `image_dataset_from_directory` is one): the
+- a `tf.data.Dataset` without a shuffle: the iterator's state where it is (positions only where
+  every op allows a symbolic checkpoint, else with the elements its ops hold: a prefetch buffer,
+  a cache being filled). Nothing is read again on resume.
+- a `tf.data.Dataset` made of in-memory slices, maps, filters, batches, one shuffle and
+  prefetches (`data/structure.py`'s `DIRECT_OPS`; Keras's `image_dataset_from_directory` is one):
+  the
   iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
   random state included). Nothing is read again on resume.
 - any other tf.data pipeline (a shuffle with files read through an interleave, `cache()`, two
@@ -105,6 +108,8 @@ class ResumableInput:
 RULES = {
     "positions": "continues at the next unseen batch; the checkpoint keeps the reader's position "
                  "where it is (a symbolic tf.data checkpoint), nothing is read again",
+    "elements": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
+                "it is, with the elements its ops hold (a prefetch buffer, a cache being filled)",
     "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position at "
                   "the start of its pass (TensorFlow restores positions inside a pass of such "
                   "pipelines wrongly, tensorflow#48178), and a resume reads the pass's batches "
@@ -183,7 +188,7 @@ class DatasetInput(ResumableInput):
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
-        if self.rule == "positions":
+        if self.rule in ("positions", "elements"):
             return _encoded(self._position(), 0)
         if self._pass_start is None or self._into_pass >= self.steps_per_epoch:
             self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)

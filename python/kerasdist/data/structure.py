@@ -62,9 +62,11 @@ class DatasetStructure:
         batch_size: samples per batch when a batching op gives a constant, else None.
         drop_remainder: whether that op drops a last, short batch (None when not known).
         saved: what a checkpoint keeps of its reader's position: "positions" (the iterator's
-            state where it is: a symbolic checkpoint, for a pipeline without a shuffle, or made
-            only of `DIRECT_OPS` with one shuffle, whose restore was checked exact everywhere in
-            a pass),
+            state where it is, as a symbolic checkpoint: for a pipeline made only of
+            `DIRECT_OPS`, with at most one shuffle, whose restore was checked exact everywhere in
+            a pass), "elements" (the iterator's state where it is, with the elements its ops hold:
+            for any other pipeline without a shuffle; a symbolic restore of a parallel interleave
+            hangs on TensorFlow 2.21),
             "pass start" (the iterator's state at the start of the pass and the batches read
             since, read again on resume: for any other pipeline, as TensorFlow 2.21 restores
             states inside a pass of such pipelines wrongly in cases measured here, the family of
@@ -163,6 +165,7 @@ def _saved(dataset: Any, graph: Any) -> tuple[str, tuple[str, ...]]:
         return "without external state", tuple(re.findall(r"(\w+) is stateful", str(error))) or ("?",)
     pipeline = {node.op for node in graph.node if node.op.endswith("Dataset") or "Dataset" in node.op}
     shuffles = sum(1 for node in graph.node if node.op in _SHUFFLES)
-    if (shuffles == 0 or (pipeline <= DIRECT_OPS and shuffles == 1)) and not ops & compat.SYMBOLIC_REFUSED:
+    symbolic = pipeline <= DIRECT_OPS and not ops & compat.SYMBOLIC_REFUSED
+    if symbolic and shuffles <= 1:
         return "positions", ()
-    return "pass start", ()
+    return ("elements" if shuffles == 0 else "pass start"), ()
