@@ -21,8 +21,9 @@
 #' @param model A built keras3 model (from [make_or_restore_model()]), or a function with no
 #'   arguments that builds and compiles one (then built in the strategy's scope and restored from
 #'   `checkpoint_dir`).
-#' @param data A `tf.data.Dataset` of global batches (e.g. from [make_dataset()]), or a Python
-#'   function of a `tf.distribute.InputContext` (with `steps_per_epoch`).
+#' @param data A `tf.data.Dataset` of global batches (from [make_dataset()], or batched by you: read
+#'   one batch per step, its position kept), a Python `keras.utils.PyDataset` or generator, or a
+#'   Python function of a `tf.distribute.InputContext` (with `steps_per_epoch`).
 #' @param step_fn A Python function `step_fn(model, optimizer, batch)`; `NULL` for Keras's own step
 #'   of the compiled model.
 #' @param epochs Total number of epochs, counting those done by earlier runs.

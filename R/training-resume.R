@@ -19,13 +19,16 @@
 #' checkpoint directory, so `checkpoint` can be left out.
 #'
 #' @param model A compiled Keras model (a keras3 model), usually from [make_or_restore_model()].
-#' @param data A `tf.data.Dataset` of batches that is the same every epoch (for example from
-#'   [make_dataset()] with `epochs = 1`), or a function of the (0-based) epoch returning that
-#'   epoch's batches.
+#' @param data Batches as keras3's `fit()` takes them: a batched `tf.data.Dataset` (tfdatasets'
+#'   `dataset_batch()`, keras3's `image_dataset_from_directory()`), a Python `keras.utils.PyDataset`
+#'   or generator, read one batch per step with its position kept in each checkpoint
+#'   ([resume_rule()] says how a resume continues it); a [make_dataset()] dataset; or a function of
+#'   the (0-based) epoch returning that epoch's batches.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
 #' @param checkpoint A [checkpoint_callback()], or a directory for one; `NULL` for the directory
 #'   `model` was made or restored from by [make_or_restore_model()].
-#' @param steps_per_epoch Batches per epoch, when the dataset cannot tell (unknown cardinality).
+#' @param steps_per_epoch Batches per epoch, when the data cannot tell (a generator; a dataset of
+#'   unknown cardinality is otherwise counted once, by a pass over it).
 #' @param callbacks A Keras callback or a list of them (keras3's `callback_*()` included).
 #' @param validation_data Passed to `fit`.
 #' @param validation_steps Passed to `fit`; required with `validation_data` under a parameter-server

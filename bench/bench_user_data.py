@@ -2,9 +2,10 @@
 checkpoint, and how long a resume takes at the start and at the end of an epoch.
 
 - step: steps/s of a small model's fit on a batched tf.data pipeline (shuffle, batch, prefetch)
-  fed by kerasdist's reader (`resume_fit`: one batch pulled per step, its position kept) over
-  Keras's own fit of the same dataset (tf.distribute's iterator), under 2 CPU replicas; each round
-  times one fit of each, in alternating order.
+  fed by kerasdist's reader (one batch pulled per step just before it, split over the replicas:
+  what every trainer does with such data) over Keras's own fit of the same dataset
+  (tf.distribute's iterator, prefetching to the replicas), under 2 CPU replicas; each round times
+  one fit of each, in alternating order.
 - checkpoint: a pipeline of 32x32x3 float images behind a 10,000-element shuffle buffer: the
   bytes of a checkpoint with the input's position over without it (the model's files alone), and
   the time of that save (the position serialized and written) over the same save without it.
@@ -39,6 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from _common import figure, write_result  # noqa: E402
+from kerasdist.checkpoint.manager import save_checkpoint  # noqa: E402
 from kerasdist.data.resumable import DatasetInput  # noqa: E402
 
 
@@ -55,13 +57,14 @@ def step_figures(reps: int, strategy) -> list[dict]:
     x, y = rng.random((8192, 32), dtype=np.float32), rng.integers(0, 10, 8192)
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(8192, seed=1).batch(128).prefetch(2)
     steps, ours, theirs = 64, [], []
-    folder = Path(tempfile.mkdtemp(prefix="bench-user-data-"))
+    source = DatasetInput(data)
+    source.start(kerasdist.context.context_of(strategy), None, 0, 0)
     models = {"ours": small_model(strategy), "keras": small_model(strategy)}
     for _ in range(2):  # warm-up: tracing
-        fit(models, data, folder, steps, "ours"), fit(models, data, folder, steps, "keras")
+        fit(models, source, data, steps, "ours"), fit(models, source, data, steps, "keras")
     for rep in range(reps):
         order = ("ours", "keras") if rep % 2 == 0 else ("keras", "ours")
-        times = {name: fit(models, data, folder, steps, name) for name in order}
+        times = {name: fit(models, source, data, steps, name) for name in order}
         ours.append(steps / times["ours"])
         theirs.append(steps / times["keras"])
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
@@ -71,13 +74,10 @@ def step_figures(reps: int, strategy) -> list[dict]:
                    ours_steps_per_s=statistics.median(ours), keras_steps_per_s=statistics.median(theirs))]
 
 
-def fit(models, data, folder, steps, name) -> float:
+def fit(models, source, data, steps, name) -> float:
+    """One fit of `steps` steps: on kerasdist's reader of `data` (`source`), or Keras's own."""
     started = time.perf_counter()
-    if name == "ours":
-        checkpoint = kerasdist.checkpoint_callback(folder / f"ckpt-{time.monotonic_ns()}", every_epoch=False)
-        kerasdist.resume_fit(models[name], data, 1, checkpoint, steps_per_epoch=steps, verbose=0)
-    else:
-        models[name].fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    models[name].fit(source.keras_input() if name == "ours" else data, epochs=1, steps_per_epoch=steps, verbose=0)
     return time.perf_counter() - started
 
 
@@ -100,7 +100,7 @@ def checkpoint_figures(reps: int, buffer: int, strategy) -> list[dict]:
         for with_input in ((True, False) if rep % 2 == 0 else (False, True)):
             started = time.perf_counter()
             position = source.state() if with_input else None
-            info = kerasdist.save_checkpoint(model, folder / str(with_input), epoch=0, step_in_epoch=1,
+            info = save_checkpoint(model, folder / str(with_input), epoch=0, step_in_epoch=1,
                                              input=position)
             timed[with_input] = (time.perf_counter() - started, info.size)
         times.append(timed[True][0] / timed[False][0])

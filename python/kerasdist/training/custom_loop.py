@@ -128,7 +128,9 @@ def custom_fit(
             from `checkpoint_dir`. A model given built is restored from `checkpoint_dir` unless
             `make_or_restore_model` already did.
         data: a `tf.data.Dataset` of global batches: a `make_dataset` stream over several epochs
-            (or for ever), or one epoch that is the same every epoch; or a function of a
+            (or for ever), or a batched dataset of your own (its passes the epochs; read one
+            batch per step, its position kept in each checkpoint, as `resume_fit` reads it); a
+            `keras.utils.PyDataset` or a Python generator; or a function of a
             `tf.distribute.InputContext` (or of the context and the 0-based epoch) returning
             that input pipeline's per-replica batches (`distribute_datasets_from_function`);
             `steps_per_epoch` is then required.

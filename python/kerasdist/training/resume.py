@@ -97,14 +97,18 @@ def resume_fit(
 
     Args:
         model: a compiled Keras model, usually from `make_or_restore_model`.
-        data: a `tf.data.Dataset` of batches that is the same every epoch, or a function
-            `data(epoch)` returning the batches of that epoch (e.g. shuffled as a pure function of
-            a seed and the epoch).
+        data: batches as Keras's `fit` takes them: a batched `tf.data.Dataset` (its passes the
+            epochs, reshuffled as it says), a `keras.utils.PyDataset` or a Python generator (with
+            `steps_per_epoch`), read by kerasdist one batch per step with its position kept in
+            each checkpoint (`resume_rule` says how a resume continues it); a `make_dataset`
+            dataset; or a function `data(epoch)` returning the batches of that epoch (e.g.
+            shuffled as a pure function of a seed and the epoch).
         epochs: total number of epochs, counting those done by earlier runs.
         checkpoint: a `checkpoint_callback(...)`, or a directory for one with the defaults;
             None for the directory the model was made or restored from by
             `make_or_restore_model`.
-        steps_per_epoch: batches per epoch, when the dataset cannot tell (unknown cardinality).
+        steps_per_epoch: batches per epoch, when the data cannot tell (a generator; a dataset
+            of unknown cardinality is otherwise counted once, by a pass over it).
         callbacks: more Keras callbacks.
         validation_data: passed to `fit`.
         validation_steps: passed to `fit`; required with `validation_data` under a

@@ -73,19 +73,18 @@ build <- function(kind) {
   }
 }
 
-interrupt <- function() {
-  at <- max(kill_at, sigterm_at)
-  if (at == 0L) return(list())
-  list(callback_lambda(on_train_batch_end = function(batch, logs) {
-    if (as.integer(self_model()$optimizer$iterations$numpy()) == at) {
+# SIGKILL (or SIGTERM) this process once optimizer step `at` is done and its checkpoint written
+Interrupt <- Callback(
+  "Interrupt",
+  on_train_batch_end = function(batch, logs = NULL) {
+    at <- max(kill_at, sigterm_at)
+    if (as.integer(self$model$optimizer$iterations$numpy()) == at) {
       if (kill_at > 0L) reticulate::import("kerasdist.checkpoint.background")$wait_for_all()
       tools::pskill(Sys.getpid(), if (kill_at > 0L) tools::SIGKILL else tools::SIGTERM)
     }
-  }))
-}
-
-# the model a callback_lambda sees: keras3 hands R callbacks no model, so the one being trained
-self_model <- function() current_model
+  }
+)
+interrupt <- function() if (max(kill_at, sigterm_at) > 0L) list(Interrupt()) else list()
 current_model <- NULL
 
 train <- function(kind, folder) {
