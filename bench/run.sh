@@ -39,6 +39,7 @@ BENCHMARKS=(
   "cli|bench_cli.py|--repeats 10"
   "warm_start|bench_warm_start.py|--repeats 5"
   "checkpoint_scale|bench_checkpoint_scale.py|--sizes 60M,600M --repeats 2"
+  "user_data|bench_user_data.py|--reps 5 --file-gb 1.0"
 )
 
 names=()
