@@ -409,8 +409,9 @@ class SyncCopy(keras.callbacks.Callback):
         self.directory, self.checkpoint = directory, checkpoint
 
     def on_epoch_end(self, epoch, logs=None):
+        # the callback knows the batch size from the batched data it was given; the copy is told it
         save_checkpoint(self.model, self.directory, epoch=epoch + 1, history=self.checkpoint._history,
-                                  metrics=logs)
+                        metrics=logs, global_batch_size=16)
 
 
 def test_background_checkpoints_equal_synchronous_ones(tmp_path):

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kerasdist.s3_test_server import S3TestServer, weed_binary
 
 import kerasdist
 from conftest import run_python
+from kerasdist_testing.s3_test_server import S3TestServer, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -89,7 +89,9 @@ class RunRecorder:
         """The fit's end; one whose last save failed (`ended` False) did not end: its attempt
         reads as crashed, by its exit event."""
         if self.log is not None:
-            self.log.stop_following()
+            broken = status is Status.PEER_LOST
+            self.log.stop_following(recount=not broken)
             if ended:
-                self.log.event(Event.TRAIN_END, step=step_of(), status=status.value)
+                step = self.log.last_step if broken and self.log.last_step is not None else step_of()
+                self.log.event(Event.TRAIN_END, step=step, status=status.value)
             self.log = None

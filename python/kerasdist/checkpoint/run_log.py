@@ -292,14 +292,20 @@ class RunLog:
                                             daemon=True)
             self._thread.start()
 
-    def stop_following(self) -> None:
-        """Write the step once more (the model's own counter, should a trainer's batch hooks have
-        counted otherwise), then stop the heartbeat."""
+    @property
+    def last_step(self) -> int | None:
+        """The last step recorded as ended; None before the first."""
+        return None if self._last is None else self._last[0]
+
+    def stop_following(self, recount: bool = True) -> None:
+        """Write the step once more (with `recount`, the model's own counter, should a trainer's
+        batch hooks have counted otherwise), then stop the heartbeat. A fit a lost peer broke
+        does not recount: its failed step may have moved the counter without ending."""
         thread, self._thread = self._thread, None
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
-        if self._step_of is not None and self._last is not None:
+        if recount and self._step_of is not None and self._last is not None:
             with contextlib.suppress(Exception):  # a model being torn down: the last record stands
                 self.step_ended(int(self._step_of()))
         self._write_step()
