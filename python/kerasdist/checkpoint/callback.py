@@ -2,9 +2,11 @@
 
 It is made of parts, each in its module: `SavePolicy` (when to save, which checkpoints to keep),
 `Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
-(SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures), all set by
-one `CheckpointOptions`, and `OtherCallbacks` (the fit's other callbacks and their state). The
-callback follows the fit (epoch, step, history) and tells each part what happened.
+(SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures),
+`StepWatchdog` (a fit that stops stepping ends with 77), all set by one `CheckpointOptions`;
+`StepTimes` (every worker's step times, for naming a straggler) and `OtherCallbacks` (the fit's
+other callbacks and their state). The callback follows the fit (epoch, step, history) and tells
+each part what happened.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions, takes_checkpoint_options
 from kerasdist.checkpoint.other_callbacks import OtherCallbacks
+from kerasdist.checkpoint.peers import Peers
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
 from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
 from kerasdist.checkpoint.recorder import RunRecorder
 from kerasdist.checkpoint.run_log import Status
 from kerasdist.checkpoint.save_policy import SavePolicy
 from kerasdist.checkpoint.saver import Saver
+from kerasdist.checkpoint.step_times import StepTimes
+from kerasdist.checkpoint.watchdog import StepWatchdog
 from kerasdist.preemption import PreemptedExit
 
 
@@ -93,6 +98,8 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.hold = PreemptionHold(self.options.handle_sigterm)
         self.recorder = RunRecorder()
         self.saver.on_committed = self.recorder.committed
+        self.watchdog = StepWatchdog(self.options.hang_timeout)
+        self.step_times = StepTimes()
         self.run = run if run is not None else RunRecord()
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
         self.tensorboard_dir: str | None = None
@@ -105,6 +112,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._step = 0
         self._batch_begin: int | None = None  # the first step of the current call (execution)
         self._batches_seen = 0  # in this fit's current epoch
+        self._epoch_steps = 0  # steps of this fit's current epoch
         self._saved_step: int | None = None  # the optimizer step of the last save
         self._history: list[dict[str, float]] = []
         self._logs: dict | None = None  # the last batch end's (multi-worker: the agreed step saves them)
@@ -187,6 +195,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
             self.recorder.open(self.manager.store, context, managers.values(), self._global_step)
         self.hold.take(context.strategy, self)
+        self._watch(context)
 
     def on_epoch_begin(self, epoch, logs=None):
         first = self._first_epoch is None
@@ -195,10 +204,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
+        self._epoch_steps = 0
         self.recorder.epoch_began()
+        self.step_times.epoch_began()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_begin = batch
+        self.step_times.step_began()
 
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 Keras calls the batch hooks once per execution, with its
@@ -208,11 +220,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         begin = last if self._batch_begin is None else min(self._batch_begin, last)
         self._batch_begin = None
         self._step += last - begin + 1
+        self._epoch_steps += last - begin + 1
         self._batches_seen = last + 1
+        self.watchdog.stepped(last - begin + 1)
+        self.step_times.steps_ended(last - begin + 1)
         self.recorder.steps_ended(last - begin + 1, self._global_step)
         if self._unprepared:  # after the first step, when the optimizer has made its slots
             self._unprepared = False
-            self.saver.prepare(self.model)
+            with self.watchdog.paused(for_peers=True):
+                self.saver.prepare(self.model)
         if self.hold.agreement is not None:
             self._logs = logs
             self.hold.agreement.check()  # on the agreed step: save_agreed_step, stop_preempted
@@ -250,6 +266,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._history.append(plain(logs or {}))
         if self.policy.due_at_epoch_end() or self.hold.preempted:
             self._save(epoch + 1, 0, logs)
+        self.step_times.epoch_ended(epoch, self._epoch_steps, self.recorder.epoch_blocked)
         if self.recorder.is_open and self.tensorboard_dir is not None:
             from kerasdist.monitoring import write_run_figures
 
@@ -258,12 +275,20 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.others.carry_into_next_fit(self.model)
 
     def on_test_begin(self, logs=None):
+        self.watchdog.pause()  # every worker validates: nobody waits for this one
         self.recorder.eval_began()
 
     def on_test_end(self, logs=None):
         self.recorder.eval_ended()
+        self.watchdog.resume()
+
+    def steps_settling(self) -> contextlib.AbstractContextManager[None]:
+        """Around a trainer's wait for the steps it scheduled (ps_fit's epoch end): the watchdog
+        bounds it by how long such waits took before."""
+        return self.watchdog.settling()
 
     def on_train_end(self, logs=None):
+        self._stop_watching()
         self.others.carry_at_fit_end(self.model)
         self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
         if self.hold.preempted:
@@ -274,9 +299,23 @@ class CheckpointCallback(keras.callbacks.Callback):
     def stopped_by_lost_peer(self) -> None:
         """A peer of the cluster was lost mid-fit (`fit` raised, so Keras calls no end hook): the
         save in flight is finished, and the run log ends this fit as "peer lost"."""
+        self._stop_watching()
         self._end_fit(Status.PEER_LOST)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _watch(self, context: Any) -> None:
+        """Start the step watchdog and the step times for this fit (`watchdog`, `step_times`)."""
+        peers = Peers.of(context)
+        self.watchdog.start(step=self._global_step(), task=context.task, is_chief=self._is_chief, peers=peers,
+                            record=self.recorder.hung if self._is_chief else None,
+                            stacks_fd=self.recorder.stacks_file() if self.watchdog.enabled else None)
+        self.step_times.start(peers, bool(getattr(self.model, "jit_compile", False)),
+                              self.recorder.step_times if self._is_chief else None)
+
+    def _stop_watching(self) -> None:
+        self.watchdog.stop()
+        self.step_times.stop()
+
     def _global_step(self) -> int:
         return optimizer_step(self.model)
 
@@ -315,7 +354,8 @@ class CheckpointCallback(keras.callbacks.Callback):
 
         in_background = self.options.async_save and not (final or self.hold.preempted)
         try:
-            self.saver.save(self.model, progress, in_background)
+            with self.watchdog.paused(for_peers=True):
+                self.saver.save(self.model, progress, in_background)
         finally:
             self.recorder.saved(optimizer_step(self.model), self.blocked_seconds[-1])
 

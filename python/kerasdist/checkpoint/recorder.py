@@ -1,6 +1,7 @@
 """The run log's recorder: what the checkpoint callback sees during a fit (the restores before it,
-its begin, step ends, saves, commits, validation, its end) written as the chief's run-log events
-(`run_log.Event`), and the run's figures for TensorBoard from the recorder's own counts."""
+its begin, step ends, saves, commits, validation, every worker's step times, a hang, its end)
+written as the chief's run-log events (`run_log.Event`), and the run's figures for TensorBoard
+from the recorder's own counts."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class RunRecorder:
     @property
     def is_open(self) -> bool:
         return self.log is not None
+
+    @property
+    def epoch_blocked(self) -> float:
+        """Seconds saves blocked training this epoch."""
+        return self._epoch_blocked
 
     def open(self, store: Any, context: Any, managers: Iterable[Any], step_of: Callable[[], int]) -> None:
         """The chief's run log in `store`: the restores the `managers` made since the last fit,
@@ -75,14 +81,42 @@ class RunRecorder:
             self.log.event(Event.EVAL, seconds=round(time.perf_counter() - self._eval_started, 4))
         self._eval_started = None
 
-    def figures(self, batches: int) -> dict[str, float]:
+    def step_times(self, **fields: Any) -> None:
+        """An epoch's steps on every worker (`step_times.StepTimes`, maybe from another thread)."""
+        log = self.log
+        if log is not None:
+            log.event(Event.STEP_TIMES, **fields)
+
+    def hung(self, **fields: Any) -> None:
+        """The step watchdog found the fit hung (from its thread; the process exits 77 next, without
+        its exit handlers: the log is closed here)."""
+        log = self.log
+        if log is not None:
+            log.event(Event.HANG, **fields)
+            log.close()
+
+    def stacks_file(self) -> int | None:
+        """The file the watchdog's backstop dumps into on the chief (`RunLog.stacks_file`)."""
+        return self.log.stacks_file() if self.log is not None else None
+
+    def figures(self, batches: int) -> dict[str, Any]:
         """The epoch's figures: seconds per step (over `batches`), seconds saves blocked training,
-        and this attempt's goodput so far (the log's counts: productive time over the time since
-        the process started)."""
-        figures = {"step_seconds": (time.perf_counter() - self._epoch_started) / max(batches, 1),
-                   "save_blocked_seconds": self._epoch_blocked}
+        this attempt's goodput so far (the log's counts: productive time over the time since the
+        process started) and, under a multi-worker strategy, each worker's seconds a step waited
+        for the others (the last epoch gathered) and the straggler, if any, named (text)."""
+        figures: dict[str, Any] = {"step_seconds": (time.perf_counter() - self._epoch_started) / max(batches, 1),
+                                   "save_blocked_seconds": self._epoch_blocked}
         if self.log is not None:
-            figures["goodput"] = self.log.counts.goodput(self.log.started, time.time())
+            counts = self.log.counts
+            figures["goodput"] = counts.goodput(self.log.started, time.time())
+            if counts.step_times:
+                for task, waited in (counts.step_times[-1].get("waited") or {}).items():
+                    figures[f"waited_seconds/{task.replace(':', '_')}"] = float(waited)
+            straggler = counts.straggler()
+            if straggler is not None:
+                figures["straggler_slower_seconds"] = straggler.slower_seconds
+                figures["straggler_waiting_share"] = straggler.waiting_share
+                figures["straggler"] = str(straggler)
         return figures
 
     def close(self, ended: bool, status: Status, step_of: Callable[[], int]) -> None:

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -41,11 +42,19 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX, RUNS_FOLDER
+from kerasdist.checkpoint.layout import (
+    RUN_LOG_SUFFIX,
+    RUN_STACKS_SUFFIX,
+    RUN_STEP_SUFFIX,
+    RUNS_FOLDER,
+)
 
 _IMPORTED_AT = time.time()
 _EVENT, _TIME = "event", "t"  # an event line's kind and time
 _RECORD_BYTES = 80  # a step record, padded with spaces: each rewrite covers the one before
+# A stacks file's first line (when the dump below it was due, the step, the training thread), padded:
+# the step watchdog rewrites it in place as steps end; faulthandler writes the dump after it.
+STACKS_HEADER_BYTES = 160
 SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their step records locally
 # Set by kerasdist's supervisor (launch/supervisor.py) in the first training process it forks: when
 # the supervisor started, so that its interpreter's start and TensorFlow's import count as this
@@ -64,8 +73,12 @@ class Event(str, Enum):
     seconds). TRAIN_BEGIN: a fit began (step). FIRST_STEP: its first step ended (step). SAVE: a
     save left the training thread (step, blocked: the seconds that thread waited). COMMITTED: a
     checkpoint committed (step, checkpoint, write seconds, bytes). EVAL: a validation pass
-    (seconds). TRAIN_END: a fit ended (step, status: a `Status`). EXIT: the interpreter ended by
-    itself (local logs only).
+    (seconds). STEP_TIMES: an epoch's steps on every worker (epoch, steps, step_seconds: the mean
+    step, waited: per worker the mean seconds a step of it waited in all-reduces for the others).
+    HANG: the step watchdog found no step for its limit (step: the last, seconds since it, timeout,
+    worker: the stuck one or null, frame: where it is stuck or null, cause, workers: each
+    worker's own state); the process exits 77 next. TRAIN_END: a fit ended (step, status: a
+    `Status`). EXIT: the interpreter ended by itself (local logs only).
     """
 
     START = "start"
@@ -77,6 +90,8 @@ class Event(str, Enum):
     SAVE = "save"
     COMMITTED = "committed"
     EVAL = "eval"
+    STEP_TIMES = "step_times"
+    HANG = "hang"
     TRAIN_END = "train_end"
     EXIT = "exit"
 
@@ -117,11 +132,14 @@ class StepRecord:
 @dataclass(frozen=True)
 class AttemptLog:
     """One attempt's run files read back: its name (`<start time>-<host>-<pid>`), its events in
-    the order written (never empty), and its step record (None: none written)."""
+    the order written (never empty), its step record (None: none written) and the stacks the step
+    watchdog's backstop dumped (None: none; `stacks_header` its first line)."""
 
     name: str
     events: list[LoggedEvent]
     step_record: StepRecord | None
+    stacks: str | None = None
+    stacks_header: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -134,6 +152,7 @@ class AttemptCounts:
     training_since: float | None = None  # the first step of the fit training now
     blocked_seconds: float = 0.0
     eval_seconds: float = 0.0
+    step_times: list[Mapping[str, Any]] = field(default_factory=list)  # STEP_TIMES events' fields
 
     def add(self, kind: Event | None, at: float, fields: Mapping[str, Any]) -> None:
         """Count an event of kind `kind` at Unix time `at` (a kind of a newer kerasdist: None, not counted)."""
@@ -146,6 +165,8 @@ class AttemptCounts:
             self.blocked_seconds += float(fields["blocked"])
         elif kind is Event.EVAL:
             self.eval_seconds += float(fields["seconds"])
+        elif kind is Event.STEP_TIMES:
+            self.step_times.append(fields)
 
     def stepping_seconds(self, until: float) -> float:
         """Training time (each first step to its end of training, a fit still training counted to
@@ -158,10 +179,90 @@ class AttemptCounts:
         `kerasdist.goodput` reports for it when it is the run's only attempt."""
         return productive_share(self.stepping_seconds(now), now - started)
 
+    def straggler(self) -> Straggler | None:
+        """The straggler of this attempt's epochs so far (`straggler_of`)."""
+        return straggler_of(self.step_times)
+
 
 def productive_share(productive: float, wall: float) -> float:
     """Goodput: productive seconds over wall seconds (0 for no wall time)."""
     return productive / wall if wall > 0 else 0.0
+
+
+# A worker counts as an epoch's straggler when the others waited at least this long per step for
+# it, and this share of a step; as the run's, when it was in this share of the epochs recorded.
+STRAGGLER_MIN_SECONDS = 0.002
+STRAGGLER_MIN_SHARE = 0.05
+STRAGGLER_PERSISTENCE = 2 / 3
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A worker whose steps are persistently slower than the others' (`straggler_of`).
+
+    Attributes:
+        worker: its task, e.g. "worker:1".
+        slower_seconds: how much longer its part of a step took than the others' (the mean, over
+            the epochs it was the slowest, of the seconds a step of the others waited for it).
+        slower_ratio: the others' step time over what it would be without the wait (1.9: its pace
+            made each step 1.9 times as long).
+        waiting_share: the share of the training the other workers spent waiting for it.
+        epochs: the epochs it was the slowest in; of_epochs: the epochs recorded.
+    """
+
+    worker: str
+    slower_seconds: float
+    slower_ratio: float
+    waiting_share: float
+    epochs: int
+    of_epochs: int
+
+    def __str__(self) -> str:
+        return (f"{self.worker}: {self.slower_seconds * 1000:.1f} ms a step slower than the others "
+                f"({self.slower_ratio:.2f}x their pace); they spent {self.waiting_share:.0%} of the training "
+                f"waiting for it (the slowest in {self.epochs} of {self.of_epochs} epochs)")
+
+
+def straggler_of(records: list[Mapping[str, Any]]) -> Straggler | None:
+    """The straggler that STEP_TIMES events' fields `records` show, or None. In each epoch the
+    worker that waited least in the all-reduces is the one the others waited for; it is that
+    epoch's straggler when the others' median wait, less its own (and less the chief's save
+    blocking, which the others waited for too), is at least `STRAGGLER_MIN_SECONDS` and
+    `STRAGGLER_MIN_SHARE` of a step; the run's, when it is so in `STRAGGLER_PERSISTENCE` of the
+    epochs."""
+    lateness: dict[str, list[float]] = {}
+    waited_seconds = trained_seconds = 0.0
+    usable = 0
+    for record in records:
+        waits = _own_waits(record)
+        if len(waits) < 2:
+            continue
+        usable += 1
+        steps, step_seconds = int(record["steps"]), float(record["step_seconds"])
+        slowest = min(waits, key=lambda task: (waits[task], task))
+        late = statistics.median(w for task, w in waits.items() if task != slowest) - waits[slowest]
+        trained_seconds += steps * step_seconds
+        if late >= STRAGGLER_MIN_SECONDS and late >= STRAGGLER_MIN_SHARE * step_seconds:
+            lateness.setdefault(slowest, []).append(late)
+            waited_seconds += steps * late
+    if not lateness:
+        return None
+    worker, lates = max(lateness.items(), key=lambda item: len(item[1]))
+    if len(lates) < STRAGGLER_PERSISTENCE * usable:
+        return None
+    slower = statistics.fmean(lates)
+    step = trained_seconds / sum(int(r["steps"]) for r in records if len(_own_waits(r)) >= 2)
+    return Straggler(worker, slower, step / max(step - slower, 1e-9), productive_share(waited_seconds, trained_seconds),
+                     len(lates), usable)
+
+
+def _own_waits(record: Mapping[str, Any]) -> dict[str, float]:
+    """Per worker, the seconds a step waited in all-reduces for the others: the chief's save
+    blocking taken out of the other workers' (they waited for the chief's saves as well)."""
+    waited = record.get("waited") or {}
+    blocked = float(record.get("save_blocked") or 0.0)
+    chief = record.get("chief")
+    return {task: max(0.0, float(w) - (0.0 if task == chief else blocked)) for task, w in waited.items()}
 
 
 class RunLogWarning(UserWarning):
@@ -239,6 +340,7 @@ class RunLog:
         self._counted: int | None = None  # the step `steps_ended` counts from (read at `follow_steps`)
         self._step_file: StepFile | None = None
         self._written_step: int | None = None  # the step the store has (object stores: uploaded)
+        self._stacks: tuple[Path, int] | None = None  # the backstop's file, once asked for
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -311,8 +413,32 @@ class RunLog:
         self._step_of = None
         self._wake.set()
 
+    def stacks_file(self) -> int | None:
+        """A file descriptor for the step watchdog's backstop to dump a hung process's stacks into,
+        positioned after a header line the watchdog rewrites: `runs/<attempt>.stacks` (an object
+        store's in the spool, uploaded by the next attempt on the host); removed at `close` when
+        nothing was dumped. None when it cannot be made."""
+        if self._stacks is None:
+            folder = self.store.directory / RUNS_FOLDER if self.local else spool_dir(self.store.location)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / (self.attempt + RUN_STACKS_SUFFIX)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError:
+                return None
+            os.lseek(fd, STACKS_HEADER_BYTES, os.SEEK_SET)
+            self._stacks = (path, fd)
+        return self._stacks[1]
+
     def close(self) -> None:
         """Close the step file; an object store's spool goes once the store has its record."""
+        stacks, self._stacks = self._stacks, None
+        if stacks is not None:
+            path, fd = stacks
+            dumped = os.fstat(fd).st_size > STACKS_HEADER_BYTES
+            os.close(fd)
+            if not dumped:
+                path.unlink(missing_ok=True)
         step_file, self._step_file = self._step_file, None
         if step_file is not None:
             step_file.close()
@@ -359,15 +485,15 @@ def _salvage(store: Any) -> None:
     if not folder.is_dir():
         return
     host = socket.gethostname()
-    for path in folder.glob(f"*{RUN_STEP_SUFFIX}"):
-        attempt = path.name[: -len(RUN_STEP_SUFFIX)]
+    for path in [*folder.glob(f"*{RUN_STEP_SUFFIX}"), *folder.glob(f"*{RUN_STACKS_SUFFIX}")]:
+        attempt, suffix = path.name[: -len(path.suffix)], path.suffix
         owner, _, pid = attempt.rpartition("-")
         if not owner.endswith(f"-{host}") or not pid.isdigit() or _alive(int(pid)):
             continue
         try:
-            record = path.read_bytes().strip()
-            if record:
-                store.write_run_file(attempt + RUN_STEP_SUFFIX, record)
+            record = path.read_bytes()
+            if record.strip() and (suffix == RUN_STEP_SUFFIX or len(record) > STACKS_HEADER_BYTES):
+                store.write_run_file(attempt + suffix, record.strip() if suffix == RUN_STEP_SUFFIX else record)
             path.unlink()
         except Exception:  # noqa: BLE001 - a record left is only a less exact report, never an error
             continue
@@ -431,9 +557,21 @@ def read_attempt_logs(files: Mapping[str, bytes]) -> list[AttemptLog]:
         step = _parsed(attempt + RUN_STEP_SUFFIX, [step_file])  # none: a step file created, not written yet
         if records:
             events = [LoggedEvent(_kind(r.pop(_EVENT, None)), float(r.pop(_TIME)), r) for r in records]
+            stacks, header = _stacks_of(files.get(attempt + RUN_STACKS_SUFFIX))
             attempts.append(AttemptLog(attempt, events, StepRecord(int(step[0]["step"]), float(step[0][_TIME]))
-                                       if step else None))
+                                       if step else None, stacks, header))
     return sorted(attempts, key=lambda log: log.events[0].t)
+
+
+def _stacks_of(data: bytes | None) -> tuple[str | None, dict[str, Any] | None]:
+    """A stacks file's dump and header; (None, None) when nothing was dumped."""
+    if data is None or len(data) <= STACKS_HEADER_BYTES:
+        return None, None
+    try:
+        header = json.loads(data[:STACKS_HEADER_BYTES].decode(errors="replace"))
+    except ValueError:
+        header = None
+    return data[STACKS_HEADER_BYTES:].decode(errors="replace"), header if isinstance(header, dict) else None
 
 
 def _kind(name: Any) -> Event | None:

@@ -18,8 +18,10 @@ Keras and TensorFlow (tools/upstream_check.py).
   (`initializers_deferred`);
 - `keras_callbacks`: the `CallbackList` a callback is called from (`calling_callback_list`);
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
-  (`explain_late_multi_worker_strategy`, applied at import) and the coordination service's
-  heartbeat timeout (`configure_coordination`);
+  (`explain_late_multi_worker_strategy`, applied at import), the coordination service's
+  heartbeat timeout (`configure_coordination`) and its key-value store (`coordination_store`);
+- `tf_collectives`: the seconds this process's all-reduces took, per worker (`CollectiveWaits`,
+  `time_collectives`), for the step times that name a straggler;
 - `tf_cluster`: the preemption handler's GCE probe (`gce_metadata_probe_off`) and TensorFlow's
   SlurmClusterResolver on CPU-only nodes (`slurm_resolver`);
 - `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`).
@@ -90,6 +92,12 @@ from kerasdist.compat.tf_cluster import (
     slurm_resolver,
     tensorflow_needs_preemption_fix,
 )
+from kerasdist.compat.tf_collectives import (
+    COLLECTIVE_WAIT_VERSIONS,
+    CollectiveWaits,
+    tensorflow_times_collectives,
+    time_collectives,
+)
 from kerasdist.compat.tf_data import (
     DATA_FUNCTION_FIX_VERSIONS,
     flat_map_on_cpu,
@@ -98,17 +106,22 @@ from kerasdist.compat.tf_data import (
 )
 from kerasdist.compat.tf_distribute import (
     COORDINATION_CONFIG_VERSIONS,
+    COORDINATION_STORE_VERSIONS,
     LATE_COLLECTIVES_MESSAGE,
     LATE_COLLECTIVES_VERSIONS,
+    CoordinationStore,
     MultiWorkerStrategyTooLate,
     configure_coordination,
     coordination_heartbeat_timeout_seconds,
+    coordination_store,
     explain_late_multi_worker_strategy,
 )
 from kerasdist.compat.versions import version_within
 
 __all__ = [
-    "ASSIGN_ADD_FIX_VERSIONS", "CALLBACK_LIST_VERSIONS", "COORDINATION_CONFIG_VERSIONS",
+    "ASSIGN_ADD_FIX_VERSIONS", "CALLBACK_LIST_VERSIONS", "COLLECTIVE_WAIT_VERSIONS", "COORDINATION_CONFIG_VERSIONS",
+    "COORDINATION_STORE_VERSIONS", "CollectiveWaits", "CoordinationStore", "coordination_store",
+    "tensorflow_times_collectives", "time_collectives",
     "DATA_FUNCTION_FIX_VERSIONS", "KERAS_DEFERRED_INIT_VERSIONS", "KERAS_LOAD_IN_PLACE_VERSIONS",
     "KERAS_SNAPSHOT_VERSIONS", "LATE_COLLECTIVES_MESSAGE",
     "LATE_COLLECTIVES_VERSIONS", "MULTI_WORKER_FIX_VERSIONS", "OPTIMIZER_VARIABLES_FIX_VERSIONS",
