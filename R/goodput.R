@@ -5,9 +5,11 @@
 #' (the interpreter, TensorFlow, the cluster, the model, the first step), restore, checkpoint
 #' blocking (training waiting in saves), redone work (steps trained again because a failure came
 #' after the last checkpoint), evaluation, detection (for a start that failed: from the end of its
-#' last completed step to its end, e.g. waiting until a dead peer is declared lost), other (after
-#' training) and downtime (no process running, e.g. a requeued job waiting in the queue). Goodput is
-#' productive time over wall time.
+#' last completed step to its end, e.g. waiting until a dead peer is declared lost), hang (for a
+#' start whose step watchdog found it hung: from its last step to the watchdog's exit; the stuck
+#' worker and its frame named), other (after training) and downtime (no process running, e.g. a
+#' requeued job waiting in the queue). Goodput is productive time over wall time. Under a
+#' multi-worker strategy a worker the others persistently waited for is named as a straggler.
 #'
 #' @inheritParams make_or_restore_model
 #' @param checkpoint_dir Directory of checkpoints whose `runs/` holds the run log (never created:

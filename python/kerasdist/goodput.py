@@ -10,8 +10,8 @@ Each attempt (a start of the chief's process) runs from its process start to its
 - evaluation: validation during fit;
 - redone: training whose steps the next attempt trained again, because they came after the last
   checkpoint the attempt committed (its steps past the next attempt's restored step, at the
-  attempt's own pace; the step in progress when an attempt failed is redone too, its seconds in
-  detection or hang);
+  attempt's own pace; the step in progress when an attempt failed, which its step record says
+  began, is redone too, its seconds in detection or hang);
 - productive: the rest of the time between the first step and the end of training;
 - detection: for an attempt that failed (killed, crashed, a peer lost), from the end of the last
   step it completed (its step record, written at each step end) to its last sign of life: the step
@@ -23,7 +23,7 @@ Each attempt (a start of the chief's process) runs from its process start to its
 - other: after training ended (evaluation or prediction after fit, shutting down).
 Stragglers: under a multi-worker strategy the chief's log holds every worker's step times
 (`run_log.Event.STEP_TIMES`); a worker the others persistently waited for is named
-(`GoodputReport.straggler`, `run_log.straggler_of`).
+(`GoodputReport.straggler`, `stragglers.straggler_of`).
 Between attempts, downtime: no process of the run was running (a requeue waiting in the
 scheduler's queue, a person restarting it). Goodput is productive time over the wall time from
 the first start to the last end.
@@ -53,12 +53,11 @@ from kerasdist.checkpoint.run_log import (
     LoggedEvent,
     Status,
     StepRecord,
-    Straggler,
     productive_share,
     read_attempt_logs,
-    straggler_of,
 )
 from kerasdist.checkpoint.store import open_store
+from kerasdist.checkpoint.stragglers import Straggler, straggler_of
 
 PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "detection", "hang",
          "other", "downtime")
@@ -131,7 +130,7 @@ class GoodputReport:
             sqrt(2 x save cost x mean time between failures); None without failures or saves.
         mean_save_interval_seconds: seconds of training between this run's saves; None without.
         attempts: each attempt, oldest first.
-        straggler: a worker the others persistently waited for (`run_log.Straggler`: which, how
+        straggler: a worker the others persistently waited for (`stragglers.Straggler`: which, how
             much slower, the share of the training they spent waiting); None when none was.
     """
 
@@ -331,7 +330,10 @@ def _attempt(log: AttemptLog, restored_step: int, next_restored: int | None) -> 
     part["productive"] = stepping - part["redone"]
     part["other"] = (ended - started) - sum(part.values())
     workers = next((e.get("workers") for e in events if e.kind is Event.START), None)
-    in_progress = 1 if status in FAILED and first_step_at is not None and next_restored is not None else 0
+    # A failure in a step (its computation, or the hooks at its end: the step record says it began)
+    # leaves that step to redo too.
+    began = heartbeat.began if heartbeat is not None and heartbeat.began is not None else last_step
+    in_progress = 1 if status in FAILED and began > last_step and next_restored is not None else 0
     return Attempt(name=log.name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
                    saves=sum(1 for e in events if e.kind is Event.COMMITTED), seconds=part,

@@ -210,6 +210,7 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_begin = batch
+        self.recorder.step_began()
         self.step_times.step_began()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -288,9 +289,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         return self.watchdog.settling()
 
     def on_train_end(self, logs=None):
-        self._stop_watching()
+        # the trainer's next fit follows at once: the watchdog goes on watching (`stop_watching` at its end)
+        self.stop_watching(carry=self._continued and not self.model.stop_training and not self.hold.preempted)
         self.others.carry_at_fit_end(self.model)
-        self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
+        with self.watchdog.paused(for_peers=True):  # the write in flight: the other workers wait for it
+            self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
         if self.hold.preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
@@ -299,7 +302,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def stopped_by_lost_peer(self) -> None:
         """A peer of the cluster was lost mid-fit (`fit` raised, so Keras calls no end hook): the
         save in flight is finished, and the run log ends this fit as "peer lost"."""
-        self._stop_watching()
+        self.stop_watching()
         self._end_fit(Status.PEER_LOST)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -312,8 +315,10 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.step_times.start(peers, bool(getattr(self.model, "jit_compile", False)),
                               self.recorder.step_times if self._is_chief else None)
 
-    def _stop_watching(self) -> None:
-        self.watchdog.stop()
+    def stop_watching(self, carry: bool = False) -> None:
+        """No more step watchdog (the trainer's fits ended, or raised); `carry`: the trainer's next
+        fit follows at once, so the watchdog goes on."""
+        self.watchdog.stop(carry)
         self.step_times.stop()
 
     def _global_step(self) -> int:

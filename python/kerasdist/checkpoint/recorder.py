@@ -19,6 +19,7 @@ class RunRecorder:
 
     def __init__(self) -> None:
         self.log: RunLog | None = None
+        self._last_log: RunLog | None = None  # the log of the last fit: a hang between two fits goes there
         self._store: Any = None
         self._first_step_logged = False
         self._eval_started: float | None = None
@@ -38,6 +39,7 @@ class RunRecorder:
         """The chief's run log in `store`: the restores the `managers` made since the last fit,
         then this fit's begin at `step_of()`, which it follows."""
         self.log, self._store = run_log_for(store, context), store
+        self._last_log = self.log
         for manager in managers:
             for finished, seconds, info in manager.restores:
                 self.log.event(Event.RESTORED, at=finished, seconds=round(seconds, 4),
@@ -56,6 +58,11 @@ class RunRecorder:
         if not self._first_step_logged:
             self._first_step_logged = True
             self.log.event(Event.FIRST_STEP, step=step_of())
+
+    def step_began(self) -> None:
+        """The next step begins (its record: a failure before its end leaves it to redo)."""
+        if self.log is not None:
+            self.log.step_began()
 
     def epoch_began(self) -> None:
         self._epoch_started, self._epoch_blocked = time.perf_counter(), 0.0
@@ -89,8 +96,8 @@ class RunRecorder:
 
     def hung(self, **fields: Any) -> None:
         """The step watchdog found the fit hung (from its thread; the process exits 77 next, without
-        its exit handlers: the log is closed here)."""
-        log = self.log
+        its exit handlers: the log is closed here), also between a trainer's two fits."""
+        log = self.log or self._last_log
         if log is not None:
             log.event(Event.HANG, **fields)
             log.close()

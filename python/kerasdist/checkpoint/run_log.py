@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import socket
-import statistics
 import tempfile
 import threading
 import time
@@ -48,6 +47,7 @@ from kerasdist.checkpoint.layout import (
     RUN_STEP_SUFFIX,
     RUNS_FOLDER,
 )
+from kerasdist.checkpoint.stragglers import Straggler, straggler_of
 
 _IMPORTED_AT = time.time()
 _EVENT, _TIME = "event", "t"  # an event line's kind and time
@@ -123,10 +123,12 @@ class LoggedEvent:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """An attempt's `.step` file: the last training step it completed and the Unix time it ended."""
+    """An attempt's `.step` file: the last training step it completed, the Unix time it ended, and
+    the last step it began (one more while a step runs: a failure then leaves that step to redo)."""
 
     step: int
     t: float
+    began: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,82 +191,6 @@ def productive_share(productive: float, wall: float) -> float:
     return productive / wall if wall > 0 else 0.0
 
 
-# A worker counts as an epoch's straggler when the others waited at least this long per step for
-# it, and this share of a step; as the run's, when it was in this share of the epochs recorded.
-STRAGGLER_MIN_SECONDS = 0.002
-STRAGGLER_MIN_SHARE = 0.05
-STRAGGLER_PERSISTENCE = 2 / 3
-
-
-@dataclass(frozen=True)
-class Straggler:
-    """A worker whose steps are persistently slower than the others' (`straggler_of`).
-
-    Attributes:
-        worker: its task, e.g. "worker:1".
-        slower_seconds: how much longer its part of a step took than the others' (the mean, over
-            the epochs it was the slowest, of the seconds a step of the others waited for it).
-        slower_ratio: the others' step time over what it would be without the wait (1.9: its pace
-            made each step 1.9 times as long).
-        waiting_share: the share of the training the other workers spent waiting for it.
-        epochs: the epochs it was the slowest in; of_epochs: the epochs recorded.
-    """
-
-    worker: str
-    slower_seconds: float
-    slower_ratio: float
-    waiting_share: float
-    epochs: int
-    of_epochs: int
-
-    def __str__(self) -> str:
-        return (f"{self.worker}: {self.slower_seconds * 1000:.1f} ms a step slower than the others "
-                f"({self.slower_ratio:.2f}x their pace); they spent {self.waiting_share:.0%} of the training "
-                f"waiting for it (the slowest in {self.epochs} of {self.of_epochs} epochs)")
-
-
-def straggler_of(records: list[Mapping[str, Any]]) -> Straggler | None:
-    """The straggler that STEP_TIMES events' fields `records` show, or None. In each epoch the
-    worker that waited least in the all-reduces is the one the others waited for; it is that
-    epoch's straggler when the others' median wait, less its own (and less the chief's save
-    blocking, which the others waited for too), is at least `STRAGGLER_MIN_SECONDS` and
-    `STRAGGLER_MIN_SHARE` of a step; the run's, when it is so in `STRAGGLER_PERSISTENCE` of the
-    epochs."""
-    lateness: dict[str, list[float]] = {}
-    waited_seconds = trained_seconds = 0.0
-    usable = 0
-    for record in records:
-        waits = _own_waits(record)
-        if len(waits) < 2:
-            continue
-        usable += 1
-        steps, step_seconds = int(record["steps"]), float(record["step_seconds"])
-        slowest = min(waits, key=lambda task: (waits[task], task))
-        late = statistics.median(w for task, w in waits.items() if task != slowest) - waits[slowest]
-        trained_seconds += steps * step_seconds
-        if late >= STRAGGLER_MIN_SECONDS and late >= STRAGGLER_MIN_SHARE * step_seconds:
-            lateness.setdefault(slowest, []).append(late)
-            waited_seconds += steps * late
-    if not lateness:
-        return None
-    worker, lates = max(lateness.items(), key=lambda item: len(item[1]))
-    if len(lates) < STRAGGLER_PERSISTENCE * usable:
-        return None
-    slower = statistics.fmean(lates)
-    step = trained_seconds / sum(int(r["steps"]) for r in records if len(_own_waits(r)) >= 2)
-    return Straggler(worker, slower, step / max(step - slower, 1e-9), productive_share(waited_seconds, trained_seconds),
-                     len(lates), usable)
-
-
-def _own_waits(record: Mapping[str, Any]) -> dict[str, float]:
-    """Per worker, the seconds a step waited in all-reduces for the others: the chief's save
-    blocking taken out of the other workers' (they waited for the chief's saves as well)."""
-    waited = record.get("waited") or {}
-    blocked = float(record.get("save_blocked") or 0.0)
-    chief = record.get("chief")
-    return {task: max(0.0, float(w) - (0.0 if task == chief else blocked)) for task, w in waited.items()}
-
-
 class RunLogWarning(UserWarning):
     """The run log could not be written; training and checkpoints go on without it."""
 
@@ -307,9 +233,9 @@ class StepFile:
             os.close(fd)
 
 
-def step_record(step: int, at: float) -> bytes:
-    """The `.step` file's record: the last completed step and the Unix time it ended."""
-    return json.dumps({_TIME: round(at, 3), "step": step}).encode()
+def step_record(step: int, at: float, began: int) -> bytes:
+    """The `.step` file's record: the last completed step, the Unix time it ended, the last begun."""
+    return json.dumps({_TIME: round(at, 3), "step": step, "began": began}).encode()
 
 
 def spool_dir(location: str) -> Path:
@@ -336,10 +262,11 @@ class RunLog:
         self._lock = threading.Lock()
         self._broken = False
         self._step_of: Any = None  # a function giving the current step, while training
-        self._last: tuple[int, float] | None = None  # the last completed step and when it ended
+        # the last completed step, when it ended, and the last step begun
+        self._last: tuple[int, float, int] | None = None
         self._counted: int | None = None  # the step `steps_ended` counts from (read at `follow_steps`)
         self._step_file: StepFile | None = None
-        self._written_step: int | None = None  # the step the store has (object stores: uploaded)
+        self._written_step: tuple[int, int] | None = None  # the store's (object stores: uploaded) step, began
         self._stacks: tuple[Path, int] | None = None  # the backstop's file, once asked for
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -360,7 +287,17 @@ class RunLog:
         record goes to disk now when it changed (see the module docstring)."""
         if self._last is not None and self._last[0] == step:
             return
-        self._last = (step, time.time())
+        self._record((step, time.time(), step))
+
+    def step_began(self) -> None:
+        """The step after the last completed one begins (the chief's callback, at each batch begin,
+        the last hook before the step runs): recorded, so that a failure before its end leaves it
+        counted as redone. Nothing before this process's first step end."""
+        if self._last is not None and self._counted is not None and self._last[2] != self._counted + 1:
+            self._record((self._last[0], self._last[1], self._counted + 1))
+
+    def _record(self, last: tuple[int, float, int]) -> None:
+        self._last = last
         if self._broken:
             return
         try:
@@ -442,7 +379,7 @@ class RunLog:
         step_file, self._step_file = self._step_file, None
         if step_file is not None:
             step_file.close()
-            if not self.local and self._last is not None and self._written_step == self._last[0]:
+            if not self.local and self._last is not None and self._written_step == (self._last[0], self._last[2]):
                 step_file.path.unlink(missing_ok=True)
 
     def _beat(self, wake: threading.Event) -> None:
@@ -455,15 +392,16 @@ class RunLog:
         last, step_of = self._last, self._step_of
         if last is None and step_of is not None:
             try:
-                last = (int(step_of()), time.time())
+                step = int(step_of())
+                last = (step, time.time(), step)
             except Exception:  # noqa: BLE001 - a model being torn down: the last step written stands
                 return
         if last is None or (self.local and self._step_file is not None):
             return
         with self._lock:
-            if last[0] != self._written_step and not self._broken:
+            if (last[0], last[2]) != self._written_step and not self._broken:
                 self._write(RUN_STEP_SUFFIX, step_record(*last).decode())
-                self._written_step = last[0]
+                self._written_step = (last[0], last[2])
 
     def _write(self, suffix: str, text: str) -> None:
         try:
@@ -558,8 +496,9 @@ def read_attempt_logs(files: Mapping[str, bytes]) -> list[AttemptLog]:
         if records:
             events = [LoggedEvent(_kind(r.pop(_EVENT, None)), float(r.pop(_TIME)), r) for r in records]
             stacks, header = _stacks_of(files.get(attempt + RUN_STACKS_SUFFIX))
-            attempts.append(AttemptLog(attempt, events, StepRecord(int(step[0]["step"]), float(step[0][_TIME]))
-                                       if step else None, stacks, header))
+            record = StepRecord(int(step[0]["step"]), float(step[0][_TIME]),
+                                int(step[0].get("began", step[0]["step"]))) if step else None
+            attempts.append(AttemptLog(attempt, events, record, stacks, header))
     return sorted(attempts, key=lambda log: log.events[0].t)
 
 

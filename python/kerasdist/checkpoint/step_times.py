@@ -8,7 +8,7 @@ time) and, at each epoch end, gives the chief its mean per sampled step through 
 service (`peers`); the chief's
 run log records them all (`run_log.Event.STEP_TIMES`, from a background thread: the training
 thread never waits for them). A worker that arrives late at the all-reduces (a slow input
-pipeline, slow callbacks, a slow host) waits least; the others wait for it. `run_log.straggler_of`
+pipeline, slow callbacks, a slow host) waits least; the others wait for it. `stragglers.straggler_of`
 turns the records into the straggler `kerasdist.goodput` and the TensorBoard figures name.
 Not measured: one worker (nothing to wait for), parameter servers (the coordinator schedules each
 step on a free worker), steps compiled with XLA (no timestamps inside).

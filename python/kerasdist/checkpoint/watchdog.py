@@ -75,6 +75,8 @@ class StepWatchdog:
         self._task: str | None = None
         self._record: Callable[..., None] | None = None
         self._backstop = _Backstop()
+        self._carried = False  # the trainer's next fit follows at once: still watching
+        self._loop: Any = None  # the frame of the loop that runs the fit (its hooks' caller)
 
     @property
     def enabled(self) -> bool:
@@ -89,15 +91,20 @@ class StepWatchdog:
     # -- what the callback tells it -------------------------------------------------------------
     def start(self, *, step: int, task: str | None, is_chief: bool, peers: Peers | None,
               record: Callable[..., None] | None, stacks_fd: int | None = None) -> None:
-        """A fit begins on this thread at optimizer step `step`; armed from its first step end.
+        """A fit begins on this thread at optimizer step `step`; armed from its first step end
+        (or still armed, when the trainer's previous fit handed over: `stop(carry=True)`).
         `record(**fields)` writes the hang into the run log (the chief's); `stacks_fd`, the file
         the backstop dumps into (default: stderr)."""
         if not self.enabled:
             return
-        self._training_thread = threading.get_ident()
         self._step, self._task, self._is_chief, self._peers, self._record = step, task, is_chief, peers, record
-        self._armed, self._paused, self._told, self._slowest, self._settle = False, 0, [], 0.0, None
+        self._loop = _loop_frame()
         self._backstop.prepare(stacks_fd)
+        if self._carried and self._thread is not None and self._thread.is_alive():
+            self._carried = False
+            return
+        self._training_thread = threading.get_ident()
+        self._armed, self._paused, self._told, self._slowest, self._settle = False, 0, [], 0.0, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(self._stop,), name="kerasdist-step-watchdog",
                                         daemon=True)
@@ -143,6 +150,8 @@ class StepWatchdog:
             self._peers.delete_later(_PAUSED)  # type: ignore[union-attr]
         self._paused -= 1
         self._last = time.monotonic()
+        if self._armed and self._paused == 0:
+            self._backstop.arm(self.limit() + BACKSTOP_GRACE_SECONDS, self._last, self._step)
 
     @contextlib.contextmanager
     def settling(self) -> Iterator[None]:
@@ -160,8 +169,13 @@ class StepWatchdog:
             self._settle = max(self._settle or 0.0, waited)
             self._settling_since, self._last = None, time.monotonic()
 
-    def stop(self) -> None:
-        """The fit ended (or raised): no more watching."""
+    def stop(self, carry: bool = False) -> None:
+        """The fit ended (or raised): no more watching; `carry`, the trainer starts its next fit at
+        once (the rest of a resumed epoch, then the others): the time until its first step counts."""
+        if carry and self._thread is not None:
+            self._carried = True
+            return
+        self._carried = False
         thread, self._thread = self._thread, None
         self._stop.set()
         self._backstop.cancel()
@@ -183,6 +197,8 @@ class StepWatchdog:
             if self._chief_pauses():
                 self._last = time.monotonic()  # the chief is saving: every worker waits for it
                 continue
+            if not self._in_fit():
+                return  # the fit raised (Keras calls no end hook then): not a hang, nothing to watch
             self._fire(idle)
 
     def _chief_pauses(self) -> bool:
@@ -192,6 +208,18 @@ class StepWatchdog:
             return False
         paused_at = self._peers.get(_PAUSED, 0.05)
         return isinstance(paused_at, int) and paused_at >= self._step
+
+    def _in_fit(self) -> bool:
+        """Whether the training thread is still in the loop that runs the fit (between a
+        trainer's fits, `carry`: whether the trainer is still in them)."""
+        if self._carried or self._loop is None:
+            return True
+        frame = sys._current_frames().get(self._training_thread)
+        while frame is not None:
+            if frame is self._loop:
+                return True
+            frame = frame.f_back
+        return False
 
     def _effective_limit(self) -> float:
         if self._settling_since is None:
@@ -231,6 +259,19 @@ class StepWatchdog:
             _bounded(lambda: peers.get(f"{_HANG}/verdict", VERDICT_SECONDS), VERDICT_SECONDS + 1.0)
         _say(f"exiting with {HUNG_EXIT_CODE} (hung).")
         os._exit(HUNG_EXIT_CODE)
+
+
+def _loop_frame() -> Any:
+    """The frame of the training loop calling this fit's hooks (the caller of Keras's
+    `CallbackList`), or None when no CallbackList called."""
+    frame, in_list = sys._getframe(), False
+    while frame is not None:
+        here = frame.f_code.co_filename.endswith(os.path.join("callbacks", "callback_list.py"))
+        if in_list and not here:
+            return frame
+        in_list = in_list or here
+        frame = frame.f_back
+    return None
 
 
 def _answers(peers: Peers) -> dict[str, dict[str, Any]]:

@@ -4,7 +4,7 @@ tools/hang_recovery.py): a task that stops stepping, or whose input is slow.
 
 usage: train_hang.py --checkpoint-dir DIR --out-dir DIR [--hang KIND:TASK:STEP ...] [--hang-timeout T]
                      [--slow-input TASK:SECONDS] [--slow PHASE:SECONDS ...] [--epochs E] [--every-steps N]
-                     [--step-seconds S] [--validate] [--sync-save]
+                     [--step-seconds S] [--validate] [--sync-save] [--tensorboard DIR]
 
 --hang python:worker:1:7 has task worker:1 block for good in a callback at the end of step 7
 (`python`: time.sleep; `c`: a C sleep called through ctypes.PyDLL, which holds the GIL; `pipeline`:
@@ -14,7 +14,8 @@ run, in order: the first in the first attempt that reaches its step, the next in
 appends "<index> <unix time>" to `hangs-at` as it blocks: the outside stopwatch's start). TASK
 may be a Slurm task's "worker:K" (SLURM_PROCID) or the launcher's.
 --slow-input worker:1:0.05 makes that task's input pipeline take 0.05 s more per batch (a
-straggler). --slow first_step:20 (or restore, validation, save) stretches that phase by sleeping
+straggler); --tensorboard DIR trains along with a TensorBoard callback (kerasdist's run figures).
+--slow first_step:20 (or restore, validation, save) stretches that phase by sleeping
 (the first step: in the model's first call, while it is traced; restore: in the checkpoint
 manager's restore; validation: in the validation data; save: in a callback's get_state, which
 every checkpoint calls), to show the watchdog does not count them.
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "slurm
 import train as recipe  # noqa: E402  examples/slurm/train.py
 
 _stall = threading.Event()  # set: the input pipeline's map function blocks
+_one_at_a_time = threading.Lock()  # a slow input is slow whatever tf.data's parallelism
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,6 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slow", action="append", default=[])
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--sync-save", action="store_true")
+    parser.add_argument("--tensorboard")
     return parser.parse_args()
 
 
@@ -101,7 +104,8 @@ def pipeline_map(hang: Hang, slow_input: float):
 
     def python_part(x):
         if slow_input:
-            time.sleep(slow_input / 32)  # per sample: the batch of 32 is `slow_input` slower
+            with _one_at_a_time:
+                time.sleep(slow_input / 32)  # per sample: the batch of 32 is `slow_input` slower
         if _stall.is_set():
             _stall.clear()
             hang.stuck()
@@ -182,6 +186,8 @@ def main() -> None:
     callbacks = [recipe.Pace(args.step_seconds), hang]
     if "save" in phases:
         callbacks.append(SlowSave(phases["save"]))
+    if args.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(args.tensorboard))
     validation = None
     if args.validate:
         seconds = phases.get("validation", 0.0)
