@@ -243,6 +243,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         if not self._last_batch() and self.policy.due_at_step(self._global_step):
             self._save(self._epoch, self._step, logs)
+        if self._last_batch():
+            self.watchdog.epoch_ending()  # validation's setup and the epoch's end hooks follow
 
     def save_agreed_step(self) -> None:
         """Multi-worker preemption, on every worker at the step all agreed on: the chief saves it
@@ -256,6 +258,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
+        self.watchdog.epoch_ended()
         if self.hold.preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
         if self.model.stop_training and (self._batches_left() or 0) > 0:
@@ -276,17 +279,14 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.others.carry_into_next_fit(self.model)
 
     def on_test_begin(self, logs=None):
+        self.watchdog.epoch_ended()
         self.watchdog.pause()  # every worker validates: nobody waits for this one
         self.recorder.eval_began()
 
     def on_test_end(self, logs=None):
         self.recorder.eval_ended()
         self.watchdog.resume()
-
-    def steps_settling(self) -> contextlib.AbstractContextManager[None]:
-        """Around a trainer's wait for the steps it scheduled (ps_fit's epoch end): the watchdog
-        bounds it by how long such waits took before."""
-        return self.watchdog.settling()
+        self.watchdog.epoch_ending()  # the validation's teardown (its pipeline's thread ends) and the epoch's end hooks
 
     def on_train_end(self, logs=None):
         # the trainer's next fit follows at once: the watchdog goes on watching (`stop_watching` at its end)

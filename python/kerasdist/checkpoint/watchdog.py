@@ -7,8 +7,10 @@ logic restart the group from the newest checkpoint as after any failure.
 A thread of the checkpoint callback watches the time since the last step ended. What is not a
 step is not counted: the time before a fit's first step (building the pipeline, tracing, XLA
 compiling), restores (before that too), checkpoint saves (preemption saves included), validation
-passes. The limit is `hang_timeout` seconds, or with "auto" ten times the slowest step of the
-fit so far and at least two minutes. Once it passes, the watchdog writes where the process stands
+passes (from their setup on); the first epoch's end (other callbacks' epoch ends, ps_fit's wait
+for its steps), later ones being bounded by the limit plus twice the longest before. The limit is
+`hang_timeout` seconds, or with "auto" ten times the slowest step of the fit so far and at least
+two minutes. Once it passes, the watchdog writes where the process stands
 to stderr (the step, the seconds since it, every thread's Python stack), has the chief's run log
 record the hang (`run_log.Event.HANG`: which worker is stuck and in which frame) and ends the
 process with 77.
@@ -67,8 +69,9 @@ class StepWatchdog:
         self._last = 0.0  # time.monotonic() of the last step end (or pause end)
         self._slowest = 0.0  # the slowest step interval of this fit
         self._step = 0
-        self._settle: float | None = None  # the longest wait for steps in flight (ps_fit), once seen
-        self._settling_since: float | None = None
+        self._ending: float | None = None  # the longest epoch end so far (its last step to its end)
+        self._ending_since: float | None = None  # the epoch end under way, if any
+        self._ending_told = False  # the other workers were told of it (the chief's)
         self._training_thread = 0
         self._peers: Peers | None = None
         self._is_chief = True
@@ -104,7 +107,7 @@ class StepWatchdog:
             self._carried = False
             return
         self._training_thread = threading.get_ident()
-        self._armed, self._paused, self._told, self._slowest, self._settle = False, 0, [], 0.0, None
+        self._armed, self._paused, self._told, self._slowest, self._ending = False, 0, [], 0.0, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(self._stop,), name="kerasdist-step-watchdog",
                                         daemon=True)
@@ -153,21 +156,29 @@ class StepWatchdog:
         if self._armed and self._paused == 0:
             self._backstop.arm(self.limit() + BACKSTOP_GRACE_SECONDS, self._last, self._step)
 
-    @contextlib.contextmanager
-    def settling(self) -> Iterator[None]:
-        """A wait for the steps in flight (ps_fit's epoch end): bounded by the limit plus twice the
-        longest such wait so far; the first is not bounded (like a first step)."""
-        if self._thread is None:
-            yield
+    def epoch_ending(self) -> None:
+        """An epoch's last step ended, or its validation did: until `epoch_ended` (its validation
+        begins, or its end hooks ran), the setup of the validation (its pipeline, its first batch,
+        before any hook) or its teardown (its pipeline's threads ending), the other callbacks'
+        epoch ends and ps_fit's wait for its scheduled steps are bounded by the limit plus twice
+        the longest such time so far; the first is not bounded (like a first step). The chief's is
+        a pause for the other workers, who wait for it."""
+        if self._thread is None or self._ending_since is not None:
             return
-        self._settling_since = time.monotonic()
-        self._backstop.cancel()
-        try:
-            yield
-        finally:
-            waited = time.monotonic() - self._settling_since
-            self._settle = max(self._settle or 0.0, waited)
-            self._settling_since, self._last = None, time.monotonic()
+        self._ending_since = time.monotonic()
+        self._ending_told = self._peers is not None and self._is_chief
+        if self._ending_told:
+            self._peers.put_later(_PAUSED, self._step)  # type: ignore[union-attr]
+
+    def epoch_ended(self) -> None:
+        if self._thread is None or self._ending_since is None:
+            return
+        now = time.monotonic()
+        self._ending = max(self._ending or 0.0, now - self._ending_since)
+        self._ending_since, self._last = None, now
+        if self._ending_told:
+            self._ending_told = False
+            self._peers.delete_later(_PAUSED)  # type: ignore[union-attr]
 
     def stop(self, carry: bool = False) -> None:
         """The fit ended (or raised): no more watching; `carry`, the trainer starts its next fit at
@@ -188,7 +199,9 @@ class StepWatchdog:
         while not stop.wait(tick):
             if not self._armed or self._paused:
                 continue
-            idle = time.monotonic() - (self._settling_since or self._last)
+            # This thread runs, so the GIL is free: the backstop, for when it is not, moves on too.
+            self._backstop.arm(self.limit() + BACKSTOP_GRACE_SECONDS, time.monotonic(), self._step)
+            idle = time.monotonic() - (self._ending_since or self._last)
             limit = self._effective_limit()
             if idle >= limit / 2 and self._peers is not None and self._peers.get(_HANG, 0.01) is not None:
                 self._fire(idle)  # another worker declared a hang: this one waits for it too
@@ -222,9 +235,9 @@ class StepWatchdog:
         return False
 
     def _effective_limit(self) -> float:
-        if self._settling_since is None:
+        if self._ending_since is None:
             return self.limit()
-        return math.inf if self._settle is None else self.limit() + 2 * self._settle
+        return math.inf if self._ending is None else self.limit() + 2 * self._ending
 
     def _fire(self, idle: float) -> None:
         """Say where this process stands, agree with the peers on who is stuck, exit 77."""
@@ -365,8 +378,9 @@ def _where(frame: Any) -> str | None:
 
 class _Backstop:
     """faulthandler's dump of every thread (its own C thread) and SIGALRM's default action (the
-    kernel's), both needing no GIL, set a grace after the limit and moved on as steps end (at most
-    every half second: faulthandler starts a thread each time, about 0.1 ms)."""
+    kernel's), both needing no GIL, set a grace after the limit and moved on as steps end and as
+    the watching thread runs (which it cannot while C code holds the GIL); at most every half
+    second: faulthandler starts a thread each time, about 0.1 ms."""
 
     PERIOD = 0.5
 
@@ -374,18 +388,21 @@ class _Backstop:
         self._armed_at: float | None = None
         self._fd = 2
         self._kills = False
+        self._thread = 0
 
     def prepare(self, fd: int | None) -> None:
-        """Dump into `fd` (default stderr); kill by SIGALRM only where nobody handles it."""
+        """Dump into `fd` (default stderr); kill by SIGALRM only where nobody handles it; the
+        calling thread is the training thread."""
         self._fd = 2 if fd is None else fd
         self._kills = signal.getsignal(HANG_BACKSTOP_SIGNAL) == signal.SIG_DFL
+        self._thread = threading.get_ident()
 
     def arm(self, seconds: float, now: float, step: int) -> None:
         if self._armed_at is not None and now - self._armed_at < self.PERIOD:
             return
         self._armed_at = now
         with contextlib.suppress(Exception):  # a closed file or a signal not ours: no backstop
-            _write_stacks_header(self._fd, seconds, step)
+            _write_stacks_header(self._fd, seconds, step, self._thread)
             faulthandler.dump_traceback_later(seconds, file=self._fd)
             if self._kills:
                 signal.setitimer(signal.ITIMER_REAL, seconds + 0.5)
@@ -400,13 +417,13 @@ class _Backstop:
                 signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _write_stacks_header(fd: int, seconds: float, step: int) -> None:
+def _write_stacks_header(fd: int, seconds: float, step: int, thread: int) -> None:
     """In a stacks file (not stderr): when the dump below it, if any, was due, after which step,
     and the training thread's identity as faulthandler prints it."""
     if fd == 2:
         return
     line = (f'{{"due": {time.time() + seconds:.3f}, "step": {step}, '
-            f'"thread": "0x{threading.get_ident():016x}"}}').encode().ljust(STACKS_HEADER_BYTES - 1) + b"\n"
+            f'"thread": "0x{thread:016x}"}}').encode().ljust(STACKS_HEADER_BYTES - 1) + b"\n"
     os.pwrite(fd, line, 0)
 
 

@@ -26,7 +26,6 @@ and `kerasdist.launch(["train.py"], num_workers=2, num_ps=1)` runs it as a local
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,8 +163,7 @@ def _loop(model, coordinator, callback_list, train_step, train_iterator, test_st
             callback_list.on_train_batch_end(step, {})
             if model.stop_training:
                 break
-        with _settling(callback_list):
-            coordinator.join()
+        coordinator.join()
         logs = _metric_logs(model)
         if val_iterator is not None:
             callback_list.on_test_begin()  # as Keras's fit: the checkpoint callback's watchdog pauses
@@ -281,18 +279,6 @@ def _settle_before_preemption_saves(callback_list: Any, coordinator: Any) -> Non
     for callback in callback_list.callbacks:
         if isinstance(callback, CheckpointCallback):
             callback.settle = coordinator.join
-
-
-def _settling(callback_list: Any) -> contextlib.AbstractContextManager[None]:
-    """Around the wait for the steps scheduled: the checkpoint callback's step watchdog bounds it
-    by the waits before (its first is not bounded)."""
-    from kerasdist.checkpoint import CheckpointCallback
-
-    stack = contextlib.ExitStack()
-    for callback in callback_list.callbacks:
-        if isinstance(callback, CheckpointCallback):
-            stack.enter_context(callback.steps_settling())
-    return stack
 
 
 def _wants_settled_state(callback_list: Any) -> bool:
