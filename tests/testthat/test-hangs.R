@@ -22,6 +22,7 @@ test_that("a worker stuck in an R callback is restarted after hang_timeout and t
   attempts <- attr(goodput(file.path(dir, "ckpt")), "attempts")
   expect_identical(attempts$status, c("hung", "completed"))
   expect_identical(attempts$hang_worker[[1]], "worker:1")
+  expect_match(attempts$hang_frame[[1]], "^R code, called from ")
   expect_gte(attempts$hang_seconds[[1]], 8)
   # from the hang to the group's restart: the watchdog's share, whatever the machine's load
   hung_at <- as.numeric(readLines(file.path(dir, "out", "hung-at")))

@@ -366,10 +366,14 @@ def _runs_in_pipeline(frame: Any) -> bool:
     return False
 
 
+_R_CALL = f"{os.sep}rpytools{os.sep}"  # reticulate's Python side of a call into R
+
+
 def _where(frame: Any) -> str | None:
     if frame is None:
         return None
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return f"R code, called from {where}" if _R_CALL in frame.f_code.co_filename else where
 
 
 # --------------------------------------------------------------------------------------------
