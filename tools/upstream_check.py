@@ -61,6 +61,12 @@ CANARIES = {
         "test_preemption.py::test_upstream_handler_still_does_nothing_on_gce_cpu_vms",
     "SlurmClusterResolver on CPU-only nodes":
         "test_strategy.py::test_upstream_slurm_resolver_still_fails_on_cpu_only_nodes",
+    "tf.timestamp refused under op determinism (the step times' clock)":
+        "test_compat.py::test_tensorflows_own_clock_still_refuses_to_run_under_op_determinism",
+    "all-reduces through CollectiveReplicaLauncher.all_reduce (time_collectives)":
+        "test_compat.py::test_every_multi_worker_all_reduce_still_goes_through_the_launcher_the_step_times_time",
+    "the coordination service's store through the eager context (coordination_store)":
+        "test_compat.py::test_the_coordination_service_store_is_still_reached_through_the_eager_contexts_private_methods",
 }
 
 

@@ -12,6 +12,10 @@ active (never in eager calls, never inside XLA: the caller leaves jit-compiled s
 clock is Python's (`tf.numpy_function`): `tf.timestamp` refuses to run under
 `enable_op_determinism()`, which bitwise resumes need. A clock read costs tens of microseconds, so
 only the steps the caller samples read it (`CollectiveWaits.sample`; the others pass a `tf.cond`).
+The clock is declared stateless, its reads told apart by their inputs and ordered by explicit
+control dependencies, and only the first local replica's all-reduces are timed: TensorFlow chains
+stateful ops in program order, which across a process's replicas would make each replica's
+all-reduce wait for another's (a deadlock).
 Gated on the TensorFlow versions checked; its canary is in tests/python/test_compat.py
 (docs/upstream.md).
 """
@@ -52,6 +56,7 @@ class CollectiveWaits:
         maker.start()
         maker.join()
         self.total, self.sampling = made
+        self.device: str | None = None  # the first local replica's, the one timed
 
     def seconds(self) -> float:
         """The seconds summed so far (one read of the variable)."""
@@ -82,17 +87,23 @@ def _timed_all_reduce(self: Any, input_tensor: Any, control_input: Any = None, o
     waits = _active[0] if _active else None
     if waits is None or tf.executing_eagerly():
         return _original_all_reduce(self, input_tensor, control_input, options)
+    waits.device = waits.device or self._device
+    if self._device != waits.device:
+        return _original_all_reduce(self, input_tensor, control_input, options)
     input_tensor = tf.convert_to_tensor(input_tensor)
-    with tf.control_dependencies([input_tensor]):
-        before = _clock(waits)
+    before = _clock(waits, input_tensor)
     with tf.control_dependencies([before]):
         result = _original_all_reduce(self, input_tensor, control_input, options)
-    with tf.control_dependencies([result]):
-        waits.total.assign_add(_clock(waits) - before)
+    waits.total.assign_add(_clock(waits, result) - before)
     return result
 
 
-def _clock(waits: CollectiveWaits) -> Any:
-    """Python's clock in the graph while `waits` samples (0 otherwise)."""
-    return tf.cond(waits.sampling, lambda: tf.numpy_function(time.time, [], tf.float64, stateful=True),
-                   lambda: tf.constant(0.0, tf.float64))
+def _clock(waits: CollectiveWaits, after: Any) -> Any:
+    """Python's clock, read once `after` is computed, while `waits` samples (0 otherwise)."""
+    size = tf.size(after)
+
+    def read() -> Any:
+        return tf.numpy_function(lambda _: time.time(), [size], tf.float64, stateful=False)
+
+    with tf.control_dependencies([after]):
+        return tf.cond(waits.sampling, read, lambda: tf.constant(0.0, tf.float64))
