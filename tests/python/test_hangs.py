@@ -197,7 +197,20 @@ def test_a_process_stuck_in_c_holding_the_gil_is_ended_by_the_backstop_with_its_
 # The parts, without training
 
 
-def test_hang_timeout_is_checked_once_and_every_entry_point_takes_it():
+def test_the_launcher_and_the_supervisor_restart_on_a_hang_and_say_so():
+    from kerasdist.launch import supervisor
+    from kerasdist.launch.result import TaskFailure
+
+    hung, backstop = TaskFailure("worker", 1, 77), TaskFailure("worker", 1, -14)
+    assert hung.description == "worker 1 exited with status 77 (hung: no training step for hang_timeout)"
+    assert backstop.description.startswith("worker 1 was killed by SIGALRM (hung in C code that holds the GIL")
+    assert hung.is_hang and backstop.is_hang and backstop.exit_code == 142
+    assert {77, -14} <= set(supervisor.RESTARTED)
+    recipe = (ROOT / "examples" / "slurm" / "train.sbatch").read_text()
+    assert '137 | "$PEER_LOST" | "$HUNG" | "$HUNG_IN_C")' in recipe and "HUNG=77" in recipe
+
+
+def test_hang_timeout_is_checked_once_and_every_entry_point_takes_it(tmp_path):
     for function in (kerasdist.distributed_fit, kerasdist.custom_fit, kerasdist.checkpoint_callback):
         assert inspect.signature(function).parameters["hang_timeout"].default == "auto", function
         assert "hang_timeout:" in function.__doc__
@@ -206,7 +219,7 @@ def test_hang_timeout_is_checked_once_and_every_entry_point_takes_it():
     for bad in (0, -1, "soon", True, float("inf")):
         with pytest.raises(ValueError, match=r'hang_timeout must be a positive number of seconds, "auto" or None'):
             kerasdist.CheckpointOptions(hang_timeout=bad)
-    assert not kerasdist.checkpoint_callback("unused-dir", hang_timeout=None).watchdog.enabled
+    assert not kerasdist.checkpoint_callback(tmp_path, hang_timeout=None).watchdog.enabled
 
 
 def test_the_verdict_names_a_worker_stuck_in_python_else_the_one_that_did_not_answer():
