@@ -20,10 +20,11 @@ through the coordination service (`peers`) the first watchdog to fire has the ot
 each says where it stands (stuck in Python, in its input pipeline, or waiting in TensorFlow), and
 the chief names the stuck one and writes the hang before any of them exits. The chief's saves
 are paused time for every worker. A worker stuck in C code that holds the GIL cannot run its
-watchdog: its peers fire and exit, and a backstop it armed while it stepped (faulthandler's own
-thread, then SIGALRM, neither needing the GIL) dumps its stacks (on the chief, into the run log's
-folder, `runs/<attempt>.stacks`) two seconds after the limit and ends it by the signal (status
--14, 142 in a shell), unless its launcher or supervisor ended it first.
+watchdog: its peers fire and exit, and a backstop (faulthandler's own thread, then SIGALRM, neither
+needing the GIL), moved on at each step end and at each turn of the watchdog's thread, dumps its
+stacks (on the chief, into the run log's folder, `runs/<attempt>.stacks`) once that thread has not
+run for the limit and a second more, and ends it by the signal (status -14, 142 in a shell), unless
+its launcher or supervisor ended it first.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from kerasdist.preemption.exit import HANG_BACKSTOP_SIGNAL, HUNG_EXIT_CODE, end_
 AUTO = "auto"
 AUTO_FLOOR_SECONDS = 120.0  # "auto": at least this long
 AUTO_STEPS = 10  # "auto": this many times the slowest step of the fit so far
-BACKSTOP_GRACE_SECONDS = 2.0  # the backstop fires this long after the limit
-ANSWER_SECONDS = 2.0  # the chief waits this long for the other workers to say where they stand
+BACKSTOP_GRACE_SECONDS = 1.0  # the backstop fires this long after the limit without the watchdog's thread running
+ANSWER_SECONDS = 1.0  # the chief waits this long for the other workers to say where they stand
 VERDICT_SECONDS = 4.0  # another worker waits this long for the chief to have written the hang
 STUCK, WAITING = "stuck", "waiting"  # a worker's own state when its watchdog fires
 _HANG, _PAUSED = "hang", "paused"  # the peers' names
@@ -409,7 +410,7 @@ class _Backstop:
             _write_stacks_header(self._fd, seconds, step, self._thread)
             faulthandler.dump_traceback_later(seconds, file=self._fd)
             if self._kills:
-                signal.setitimer(signal.ITIMER_REAL, seconds + 0.5)
+                signal.setitimer(signal.ITIMER_REAL, seconds + 0.3)  # once the dump is written
 
     def cancel(self) -> None:
         if self._armed_at is None:
