@@ -62,11 +62,12 @@ def assert_equal_to(reference: Path, folder: Path) -> None:
 
 def test_workers_stuck_in_python_in_a_pipeline_and_in_c_are_restarted_and_end_bitwise_equal(reference, tmp_path):
     """One run, three hangs, one per attempt: worker 1 stuck in a callback (Python), the chief's
-    input pipeline stuck (a Python map function), worker 1 stuck in C code that holds the GIL.
+    input pipeline stuck (a Python map function; mid-epoch, once its buffers drained), worker 1
+    stuck in C code that holds the GIL.
     Each time every process of the group is gone within T + 6 s of the hang and the group is
     restarted; the run ends equal to the uninterrupted one; goodput names each stuck worker."""
     run = tmp_path / "run"
-    result = launch_run(run, "--hang-timeout", str(T), "--hang", "python:worker:1:5", "--hang", "pipeline:worker:0:9",
+    result = launch_run(run, "--hang-timeout", str(T), "--hang", "python:worker:1:5", "--hang", "pipeline:worker:0:12",
                         "--hang", "c:worker:1:16", max_restarts=3)
     assert result.ok and result.restarts == 3, result.message
     assert result.exit_codes[:2] == ({"worker 0": 77, "worker 1": 77},) * 2, result.exit_codes
@@ -117,7 +118,7 @@ def test_a_worker_whose_input_pipeline_is_slow_is_named_the_straggler(tmp_path):
     and the TensorBoard figures name worker 1, with how much slower and the others' waiting share."""
     run = tmp_path / "run"
     result = launch_run(run, "--slow-input", "worker:1:0.1", "--every-steps", "10", "--tensorboard",
-                        str(tmp_path / "tb"))
+                        str(tmp_path / "tb"), epochs=3)
     assert result.ok, result.message
     straggler = kerasdist.goodput(run / "ckpt").straggler
     assert straggler is not None and straggler.worker == "worker:1", straggler

@@ -100,6 +100,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.saver.on_committed = self.recorder.committed
         self.watchdog = StepWatchdog(self.options.hang_timeout)
         self.step_times = StepTimes()
+        self._peers: tuple[Any, Peers | None] | None = None  # (the RunContext, its peers)
         self.run = run if run is not None else RunRecord()
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
         self.tensorboard_dir: str | None = None
@@ -207,6 +208,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._epoch_steps = 0
         self.recorder.epoch_began()
         self.step_times.epoch_began()
+        self.watchdog.at_epoch_boundary()  # until the epoch's first step ends (its pipeline)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_begin = batch
@@ -244,7 +246,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if not self._last_batch() and self.policy.due_at_step(self._global_step):
             self._save(self._epoch, self._step, logs)
         if self._last_batch():
-            self.watchdog.epoch_ending()  # validation's setup and the epoch's end hooks follow
+            self.watchdog.at_epoch_boundary()  # validation's setup and the epoch's end hooks follow
 
     def save_agreed_step(self) -> None:
         """Multi-worker preemption, on every worker at the step all agreed on: the chief saves it
@@ -258,7 +260,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        self.watchdog.epoch_ended()
+        self.watchdog.boundary_done()
         if self.hold.preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
         if self.model.stop_training and (self._batches_left() or 0) > 0:
@@ -279,21 +281,24 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.others.carry_into_next_fit(self.model)
 
     def on_test_begin(self, logs=None):
-        self.watchdog.epoch_ended()
+        self.watchdog.boundary_done()
         self.watchdog.pause()  # every worker validates: nobody waits for this one
         self.recorder.eval_began()
 
     def on_test_end(self, logs=None):
         self.recorder.eval_ended()
         self.watchdog.resume()
-        self.watchdog.epoch_ending()  # the validation's teardown (its pipeline's thread ends) and the epoch's end hooks
+        self.watchdog.at_epoch_boundary()  # the validation's teardown (its pipeline's threads end), the end hooks
 
     def on_train_end(self, logs=None):
         # the trainer's next fit follows at once: the watchdog goes on watching (`stop_watching` at its end)
-        self.stop_watching(carry=self._continued and not self.model.stop_training and not self.hold.preempted)
+        carry = self._continued and not self.model.stop_training and not self.hold.preempted
+        self.stop_watching(carry)
         self.others.carry_at_fit_end(self.model)
         with self.watchdog.paused(for_peers=True):  # the write in flight: the other workers wait for it
             self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
+        if carry:
+            self.watchdog.at_epoch_boundary()  # until the next fit's first step
         if self.hold.preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
@@ -307,13 +312,17 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     # -- helpers ----------------------------------------------------------------------------
     def _watch(self, context: Any) -> None:
-        """Start the step watchdog and the step times for this fit (`watchdog`, `step_times`)."""
-        peers = Peers.of(context)
+        """Start the step watchdog and the step times for this fit (`watchdog`, `step_times`); the
+        other workers are reached through one `Peers` while the fits run in the same cluster."""
+        if self._peers is None or self._peers[0] is not context:
+            self._peers = (context, Peers.of(context))
+        peers = self._peers[1]
         self.watchdog.start(step=self._global_step(), task=context.task, is_chief=self._is_chief, peers=peers,
                             record=self.recorder.hung if self._is_chief else None,
                             stacks_fd=self.recorder.stacks_file() if self.watchdog.enabled else None)
-        self.step_times.start(peers, bool(getattr(self.model, "jit_compile", False)),
-                              self.recorder.step_times if self._is_chief else None)
+        # a step compiled with XLA has no room for the step times' clock
+        xla = bool(getattr(self.model, "jit_compile", False)) or bool(self.run.settings.get("jit_compile"))
+        self.step_times.start(peers, xla, self.recorder.step_times if self._is_chief else None)
 
     def stop_watching(self, carry: bool = False) -> None:
         """No more step watchdog (the trainer's fits ended, or raised); `carry`: the trainer's next

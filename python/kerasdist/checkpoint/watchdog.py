@@ -7,10 +7,10 @@ logic restart the group from the newest checkpoint as after any failure.
 A thread of the checkpoint callback watches the time since the last step ended. What is not a
 step is not counted: the time before a fit's first step (building the pipeline, tracing, XLA
 compiling), restores (before that too), checkpoint saves (preemption saves included), validation
-passes (from their setup on); the first epoch's end (other callbacks' epoch ends, ps_fit's wait
-for its steps), later ones being bounded by the limit plus twice the longest before. The limit is
-`hang_timeout` seconds, or with "auto" ten times the slowest step of the fit so far and at least
-two minutes. Once it passes, the watchdog writes where the process stands
+passes. An epoch boundary (a validation's setup and teardown, other callbacks' epoch hooks, a new
+epoch's pipeline, ps_fit's wait for its steps) gets five times the limit, or the limit plus twice
+the longest boundary before. The limit is `hang_timeout` seconds, or with "auto" ten times the
+slowest step of the fit so far and at least two minutes. Once it passes, the watchdog writes where the process stands
 to stderr (the step, the seconds since it, every thread's Python stack), has the chief's run log
 record the hang (`run_log.Event.HANG`: which worker is stuck and in which frame) and ends the
 process with 77.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import math
 import os
 import signal
 import sys
@@ -49,6 +48,7 @@ AUTO = "auto"
 AUTO_FLOOR_SECONDS = 120.0  # "auto": at least this long
 AUTO_STEPS = 10  # "auto": this many times the slowest step of the fit so far
 BACKSTOP_GRACE_SECONDS = 1.0  # the backstop fires this long after the limit without the watchdog's thread running
+BOUNDARY_LIMITS = 5  # an epoch boundary gets this many times the limit (or more, see at_epoch_boundary)
 ANSWER_SECONDS = 1.0  # the chief waits this long for the other workers to say where they stand
 VERDICT_SECONDS = 4.0  # another worker waits this long for the chief to have written the hang
 STUCK, WAITING = "stuck", "waiting"  # a worker's own state when its watchdog fires
@@ -70,9 +70,9 @@ class StepWatchdog:
         self._last = 0.0  # time.monotonic() of the last step end (or pause end)
         self._slowest = 0.0  # the slowest step interval of this fit
         self._step = 0
-        self._ending: float | None = None  # the longest epoch end so far (its last step to its end)
-        self._ending_since: float | None = None  # the epoch end under way, if any
-        self._ending_told = False  # the other workers were told of it (the chief's)
+        self._boundary: float = 0.0  # the longest epoch boundary so far
+        self._boundary_since: float | None = None  # the epoch boundary under way, if any
+        self._boundary_told = False  # the other workers were told of it (the chief's)
         self._training_thread = 0
         self._peers: Peers | None = None
         self._is_chief = True
@@ -108,7 +108,7 @@ class StepWatchdog:
             self._carried = False
             return
         self._training_thread = threading.get_ident()
-        self._armed, self._paused, self._told, self._slowest, self._ending = False, 0, [], 0.0, None
+        self._armed, self._paused, self._told, self._slowest, self._boundary = False, 0, [], 0.0, 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(self._stop,), name="kerasdist-step-watchdog",
                                         daemon=True)
@@ -118,9 +118,11 @@ class StepWatchdog:
         """`count` more steps ended (per batch end: a few microseconds)."""
         if self._thread is None:
             return
+        if self._boundary_since is not None:
+            self.boundary_done()  # the first step of an epoch (not one of its steps' times)
+        elif self._armed and self._paused == 0:
+            self._slowest = max(self._slowest, time.monotonic() - self._last)
         now = time.monotonic()
-        if self._armed and self._paused == 0:
-            self._slowest = max(self._slowest, now - self._last)
         self._last, self._armed = now, True
         self._step += count
         if self._paused == 0:
@@ -157,28 +159,29 @@ class StepWatchdog:
         if self._armed and self._paused == 0:
             self._backstop.arm(self.limit() + BACKSTOP_GRACE_SECONDS, self._last, self._step)
 
-    def epoch_ending(self) -> None:
-        """An epoch's last step ended, or its validation did: until `epoch_ended` (its validation
-        begins, or its end hooks ran), the setup of the validation (its pipeline, its first batch,
-        before any hook) or its teardown (its pipeline's threads ending), the other callbacks'
-        epoch ends and ps_fit's wait for its scheduled steps are bounded by the limit plus twice
-        the longest such time so far; the first is not bounded (like a first step). The chief's is
-        a pause for the other workers, who wait for it."""
-        if self._thread is None or self._ending_since is not None:
+    def at_epoch_boundary(self) -> None:
+        """An epoch boundary begins: an epoch's last step ended, or its validation did, or a new
+        epoch (or the trainer's next fit) began. Until `boundary_done` (a validation begins, the
+        epoch's end hooks ran, a step ended), the setup of a validation (its pipeline, its first
+        batch, read before any hook) or its teardown (its pipeline's threads ending), the other
+        callbacks' epoch hooks, a new epoch's pipeline and ps_fit's wait for its scheduled steps
+        get `BOUNDARY_LIMITS` times the limit, or the limit plus twice the longest boundary so
+        far. The chief's is a pause for the other workers, who wait for it."""
+        if self._thread is None or not self._armed or self._boundary_since is not None:
             return
-        self._ending_since = time.monotonic()
-        self._ending_told = self._peers is not None and self._is_chief
-        if self._ending_told:
+        self._boundary_since = time.monotonic()
+        self._boundary_told = self._peers is not None and self._is_chief
+        if self._boundary_told:
             self._peers.put_later(_PAUSED, self._step)  # type: ignore[union-attr]
 
-    def epoch_ended(self) -> None:
-        if self._thread is None or self._ending_since is None:
+    def boundary_done(self) -> None:
+        if self._thread is None or self._boundary_since is None:
             return
         now = time.monotonic()
-        self._ending = max(self._ending or 0.0, now - self._ending_since)
-        self._ending_since, self._last = None, now
-        if self._ending_told:
-            self._ending_told = False
+        self._boundary = max(self._boundary, now - self._boundary_since)
+        self._boundary_since, self._last = None, now
+        if self._boundary_told:
+            self._boundary_told = False
             self._peers.delete_later(_PAUSED)  # type: ignore[union-attr]
 
     def stop(self, carry: bool = False) -> None:
@@ -202,7 +205,7 @@ class StepWatchdog:
                 continue
             # This thread runs, so the GIL is free: the backstop, for when it is not, moves on too.
             self._backstop.arm(self.limit() + BACKSTOP_GRACE_SECONDS, time.monotonic(), self._step)
-            idle = time.monotonic() - (self._ending_since or self._last)
+            idle = time.monotonic() - (self._boundary_since or self._last)
             limit = self._effective_limit()
             if idle >= limit / 2 and self._peers is not None and self._peers.get(_HANG, 0.01) is not None:
                 self._fire(idle)  # another worker declared a hang: this one waits for it too
@@ -236,9 +239,9 @@ class StepWatchdog:
         return False
 
     def _effective_limit(self) -> float:
-        if self._ending_since is None:
+        if self._boundary_since is None:
             return self.limit()
-        return math.inf if self._ending is None else self.limit() + 2 * self._ending
+        return max(BOUNDARY_LIMITS * self.limit(), self.limit() + 2 * self._boundary)
 
     def _fire(self, idle: float) -> None:
         """Say where this process stands, agree with the peers on who is stuck, exit 77."""
