@@ -102,8 +102,13 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
 #'   step saves. The chief alone decides and writes, so workers never wait on it.
 #'   `kerasdist.goodput()` suggests a value from a run's failures and save cost.
-#' @param ... Checkpoint options (`CheckpointOptions` in Python) this function does not name, each a
-#'   named argument: none today; an option added in Python is taken here with no change in R.
+#' @param ... Further checkpoint options (`CheckpointOptions` in Python), each a named argument:
+#'   `hang_timeout`: the step watchdog: after this many seconds without a training step (a callback,
+#'   a data loader or a peer stuck), every thread's stack goes to stderr, the run log records the
+#'   hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or scheduler to
+#'   restart it. "auto" (default): ten times the slowest step of the fit so far, at least 120 s;
+#'   `NULL`: no watchdog. The time before a fit's first step, saves and validation passes are not
+#'   counted.
 #' @returns The callback (a Python Keras callback), for `callbacks = list(...)`.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.checkpoint_callback()`.

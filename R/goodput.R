@@ -5,9 +5,11 @@
 #' (the interpreter, TensorFlow, the cluster, the model, the first step), restore, checkpoint
 #' blocking (training waiting in saves), redone work (steps trained again because a failure came
 #' after the last checkpoint), evaluation, detection (for a start that failed: from the end of its
-#' last completed step to its end, e.g. waiting until a dead peer is declared lost), other (after
-#' training) and downtime (no process running, e.g. a requeued job waiting in the queue). Goodput is
-#' productive time over wall time.
+#' last completed step to its end, e.g. waiting until a dead peer is declared lost), hang (for a
+#' start whose step watchdog found it hung: from its last step to the watchdog's exit; the stuck
+#' worker and its frame named), other (after training) and downtime (no process running, e.g. a
+#' requeued job waiting in the queue). Goodput is productive time over wall time. Under a
+#' multi-worker strategy a worker the others persistently waited for is named as a straggler.
 #'
 #' @inheritParams make_or_restore_model
 #' @param checkpoint_dir Directory of checkpoints whose `runs/` holds the run log (never created:
@@ -20,11 +22,15 @@
 #'   least by Young/Daly, `sqrt(2 x save cost x mean time between failures)`, `NA` without failures
 #'   or without saves), `mean_save_interval_seconds` (the run's own) and `attempts` (a data frame:
 #'   one row per start of the chief's process, with its `status`: `"completed"`, `"preempted"`,
-#'   `"peer lost"` or `"killed or crashed"`, its first step's time, `last_step` and `last_step_at`
-#'   (the last step it completed and when), `detection_seconds` (its time after that step, when it
-#'   failed), `recovery_seconds`, from the previous attempt's failure (the end of its last completed
-#'   step) to this one's first step, and `workers`, the workers that trained in it: a job that
-#'   shrank on a lost host and grew back shows 2, 1, 2). An error if the directory holds no run log.
+#'   `"peer lost"`, `"hung"` or `"killed or crashed"`, its first step's time, `last_step` and
+#'   `last_step_at` (the last step it completed and when), `detection_seconds` (its time after that
+#'   step, when it failed), `recovery_seconds`, from the previous attempt's failure (the end of its
+#'   last completed step) to this one's first step, `workers`, the workers that trained in it: a job
+#'   that shrank on a lost host and grew back shows 2, 1, 2, `redone_steps`, and for a start that
+#'   hung (`status` `"hung"`: its step watchdog fired) `hang_seconds`, `hang_worker` and
+#'   `hang_frame`, the stuck worker and where it was stuck) and `straggler` (`NULL`, or a list
+#'   naming the `worker` the others persistently waited for, `slower_seconds`, `slower_ratio`,
+#'   `waiting_share`, `epochs`, `of_epochs`). An error if the directory holds no run log.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.goodput()`; the shell: `kerasdist goodput DIR`.
 #' @examplesIf !is.null(kerasdist_python())
@@ -55,6 +61,7 @@ goodput <- function(checkpoint_dir, storage_options = NULL) {
     suggested_interval_seconds = number(report$suggested_interval_seconds),
     mean_save_interval_seconds = number(report$mean_save_interval_seconds),
     attempts = columns_to_data_frame(tables$attempts),
+    straggler = if (is.null(report$straggler)) NULL else py_record_to_r(report$straggler),
     report = report
   )
 }

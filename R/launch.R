@@ -9,17 +9,18 @@
 #' prefixed with its role and index: `[worker 0] Epoch 1/3`.
 #'
 #' A process fails when it exits with a non-zero status (status 75, `kerasdist.PREEMPTED_EXIT_CODE`,
-#' "preempted, checkpoint saved", included) or is killed by a signal. The launcher then stops every
-#' process of the group (SIGTERM to its process group, SIGKILL after `grace_period` seconds; after a
-#' status 75 it first gives the others `grace_period` seconds to finish on their own, as
-#' multi-worker kerasdist runs stop together on preemption) and, while restarts remain, starts the
-#' whole group again on fresh ports, so that training resumes from the latest checkpoint. With
-#' `min_workers` below `num_workers`, a group that still fails once its restarts are used up goes on
-#' with one worker fewer (TF_CONFIG then names the workers left; kerasdist resumes the newest
-#' checkpoint with the same global batch, more samples per worker), with `max_restarts` restarts
-#' again, down to `min_workers`. A group start whose server reports its port already taken (the
-#' ports are found free, then released, so another program may grab one first) is retried up to 3
-#' times without using a restart.
+#' "preempted, checkpoint saved", and 77, `kerasdist.HUNG_EXIT_CODE`, "no training step for
+#' hang_timeout", included) or is killed by a signal. The launcher then stops every process of the
+#' group (SIGTERM to its process group, SIGKILL after `grace_period` seconds; after a status 75 or a
+#' hang it first gives the others `grace_period` seconds to finish on their own, as multi-worker
+#' kerasdist runs stop together on preemption, and their step watchdogs fire together on a hang)
+#' and, while restarts remain, starts the whole group again on fresh ports, so that training resumes
+#' from the latest checkpoint. With `min_workers` below `num_workers`, a group that still fails once
+#' its restarts are used up goes on with one worker fewer (TF_CONFIG then names the workers left;
+#' kerasdist resumes the newest checkpoint with the same global batch, more samples per worker),
+#' with `max_restarts` restarts again, down to `min_workers`. A group start whose server reports its
+#' port already taken (the ports are found free, then released, so another program may grab one
+#' first) is retried up to 3 times without using a restart.
 #'
 #' The run succeeds when every worker has exited with status 0 or, with parameter servers, when the
 #' chief (the coordinator) has. Tasks still running then (parameter servers and parameter-server

@@ -56,7 +56,13 @@
 #'   `every_epoch`: save at each epoch end; `keep_best`: also keep the checkpoint with the best
 #'   `monitor` value; `monitor`: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss";
 #'   `mode`: "min" or "max": whether a smaller or larger `monitor` is better; `handle_sigterm`: on
-#'   SIGTERM (preemption), save at the next step end and exit with status 75; default `TRUE`.
+#'   SIGTERM (preemption), save at the next step end and exit with status 75; default `TRUE`;
+#'   `hang_timeout`: the step watchdog: after this many seconds without a training step (a callback,
+#'   a data loader or a peer stuck), every thread's stack goes to stderr, the run log records the
+#'   hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or scheduler to
+#'   restart it. "auto" (default): ten times the slowest step of the fit so far, at least 120 s;
+#'   `NULL`: no watchdog. The time before a fit's first step, saves and validation passes are not
+#'   counted.
 #' @returns The training history of all epochs, earlier runs included, invisibly: a
 #'   `keras_training_history`, as keras3's `fit()` returns.
 #' @inheritSection resume_fit Preemption

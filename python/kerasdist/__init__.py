@@ -45,6 +45,7 @@ from kerasdist.launch import LaunchResult, TaskFailure, launch
 from kerasdist.loss_scaling import scaled_loss
 from kerasdist.monitoring import chief_path
 from kerasdist.preemption import (
+    HUNG_EXIT_CODE,
     PEER_LOST_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     PeerLostExit,
@@ -102,6 +103,7 @@ __all__ = [
     "PreemptedExit",
     "PEER_LOST_EXIT_CODE",
     "PeerLostExit",
+    "HUNG_EXIT_CODE",
     "CheckpointCallback",
     "CheckpointInfo",
     "CheckpointManager",

@@ -69,16 +69,20 @@ ATTEMPT_COLUMNS = {
     "name": "character", "started": "time", "ended": "time", "status": "character", "restored_step": "integer",
     "first_step_at": "time", "last_step": "integer", "saves": "integer", "last_step_at": "time",
     "detection_seconds": "double", "recovery_seconds": "double", "workers": "integer",
+    "redone_steps": "integer", "hang_seconds": "double", "hang_worker": "character", "hang_frame": "character",
 }
 
 
 def goodput_columns(report: Any) -> dict[str, list[Column]]:
     """R's `goodput()` tables as columns, (name, R type, values): `parts` (the report's rows: part,
-    seconds, share) and `attempts` (one row per process start; its detection seconds and its
-    recovery's total beside the `Attempt` fields)."""
+    seconds, share) and `attempts` (one row per process start; its detection seconds, its
+    recovery's total and, for one that hung, the hang's seconds, stuck worker and frame beside the
+    `Attempt` fields)."""
     attempts = [{name: getattr(attempt, name) for name in ATTEMPT_COLUMNS if hasattr(attempt, name)}
                 | {"detection_seconds": attempt.seconds.get("detection"),
-                   "recovery_seconds": (attempt.recovery or {}).get("total")} for attempt in report.attempts]
+                   "recovery_seconds": (attempt.recovery or {}).get("total")}
+                | {f"hang_{name}": (attempt.hang or {}).get(name) for name in ("seconds", "worker", "frame")}
+                for attempt in report.attempts]
     return {"parts": _columns(report.rows(), GOODPUT_COLUMNS), "attempts": _columns(attempts, ATTEMPT_COLUMNS)}
 
 

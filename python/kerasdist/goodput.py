@@ -10,13 +10,20 @@ Each attempt (a start of the chief's process) runs from its process start to its
 - evaluation: validation during fit;
 - redone: training whose steps the next attempt trained again, because they came after the last
   checkpoint the attempt committed (its steps past the next attempt's restored step, at the
-  attempt's own pace);
+  attempt's own pace; the step in progress when an attempt failed, which its step record says
+  began, is redone too, its seconds in detection or hang);
 - productive: the rest of the time between the first step and the end of training;
 - detection: for an attempt that failed (killed, crashed, a peer lost), from the end of the last
   step it completed (its step record, written at each step end) to its last sign of life: the step
   that never finished, a collective waiting on a dead peer until TensorFlow's coordination service
   declared it lost, the process's end;
+- hang: for an attempt that hung (its step watchdog fired, or the watchdog's backstop dumped its
+  stacks: C code holding the GIL), from the end of its last completed step to the watchdog's exit,
+  with the stuck worker and the frame it was stuck in (`Attempt.hang`);
 - other: after training ended (evaluation or prediction after fit, shutting down).
+Stragglers: under a multi-worker strategy the chief's log holds every worker's step times
+(`run_log.Event.STEP_TIMES`); a worker the others persistently waited for is named
+(`GoodputReport.straggler`, `stragglers.straggler_of`).
 Between attempts, downtime: no process of the run was running (a requeue waiting in the
 scheduler's queue, a person restarting it). Goodput is productive time over the wall time from
 the first start to the last end.
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -49,12 +57,14 @@ from kerasdist.checkpoint.run_log import (
     read_attempt_logs,
 )
 from kerasdist.checkpoint.store import open_store
+from kerasdist.checkpoint.stragglers import Straggler, straggler_of
 
-PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "detection", "other",
-         "downtime")
+PARTS = ("productive", "startup", "restore", "checkpoint_blocking", "redone", "evaluation", "detection", "hang",
+         "other", "downtime")
 RECOVERY_PARTS = ("detection", "down", "python_and_tensorflow", "cluster", "restore", "first_step")
 KILLED = "killed or crashed"  # an attempt whose log just stops (no TRAIN_END then EXIT)
-FAILED = (KILLED, Status.PEER_LOST.value)  # statuses whose time after the last completed step is detection
+HUNG = "hung"  # the step watchdog's HANG event, or its backstop's dump of the stacks
+FAILED = (KILLED, Status.PEER_LOST.value, HUNG)  # statuses whose time after the last completed step is lost
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,8 @@ class Attempt:
         name: the log's name (`<start time>-<host>-<pid>`).
         started, ended: Unix times of the process start and of its last sign of life.
         status: "completed", "preempted" (saved and exited 75), "peer lost" (another worker
-            disappeared mid-fit: exited 76, nothing saved), or "killed or crashed" (the log just
+            disappeared mid-fit: exited 76, nothing saved), "hung" (no step for the watchdog's
+            limit: exited 77, or ended by its backstop), or "killed or crashed" (the log just
             stops: SIGKILL, a lost host, an error).
         restored_step: the step it resumed from (0: from scratch); last_step: the last step it
             completed (its step record, written at every step end); last_step_at: the Unix time
@@ -76,6 +87,12 @@ class Attempt:
             `RECOVERY_PARTS` (and "total"); None otherwise.
         workers: the workers that trained in it (`RunContext.num_workers`; a job that shrank
             on a lost host and grew back shows 2, 1, 2); None in a log of an older kerasdist.
+        redone_steps: its steps the next attempt trained again (the step in progress at a
+            failure included).
+        hang: for a hung attempt: worker (the stuck one's task; None when none was found, or
+            for a process outside a cluster), frame (where it was stuck, None when unknown), cause,
+            seconds (from its last step to the exit), timeout (the watchdog's limit; None for the
+            backstop), by ("watchdog" or "backstop"), alone (no other worker); None otherwise.
     """
 
     name: str
@@ -90,6 +107,8 @@ class Attempt:
     recovery: dict[str, float] | None = None
     workers: int | None = None
     last_step_at: float | None = None
+    redone_steps: int = 0
+    hang: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +119,7 @@ class GoodputReport:
         checkpoint_dir: where the log was read.
         wall_seconds: from the first process start to the last sign of life.
         seconds: wall time split into `PARTS` (productive, startup, restore, checkpoint_blocking,
-            redone, evaluation, detection, other, downtime); they add up to `wall_seconds`.
+            redone, evaluation, detection, hang, other, downtime); they add up to `wall_seconds`.
         goodput: productive / wall; goodput_excluding_downtime: productive / (wall - downtime).
         redone_steps: steps trained twice.
         failures: attempts that ended without completing (killed, crashed or preempted) and were
@@ -111,6 +130,8 @@ class GoodputReport:
             sqrt(2 x save cost x mean time between failures); None without failures or saves.
         mean_save_interval_seconds: seconds of training between this run's saves; None without.
         attempts: each attempt, oldest first.
+        straggler: a worker the others persistently waited for (`stragglers.Straggler`: which, how
+            much slower, the share of the training they spent waiting); None when none was.
     """
 
     checkpoint_dir: str
@@ -125,6 +146,7 @@ class GoodputReport:
     suggested_interval_seconds: float | None
     mean_save_interval_seconds: float | None
     attempts: list[Attempt]
+    straggler: Straggler | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,6 +163,11 @@ class GoodputReport:
                  f"({self.goodput_excluding_downtime:.1%} without downtime)"]
         lines += [f"  {row['part']:<20} {row['seconds']:>10.1f} s  {row['share']:>6.1%}" for row in self.rows()]
         lines.append(f"  redone steps: {self.redone_steps}")
+        for number, attempt in enumerate(self.attempts, start=1):
+            if attempt.hang is not None:
+                lines.append(f"  {_hang_line(number, attempt.hang)}")
+        if self.straggler is not None:
+            lines.append(f"  straggler: {self.straggler}")
         sizes = [a.workers for a in self.attempts]
         if None not in sizes and len(set(sizes)) > 1:
             lines.append(f"  workers per attempt: {' -> '.join(map(str, sizes))} (the cluster was resized)")
@@ -167,6 +194,14 @@ def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
 
 
+def _hang_line(number: int, hang: dict[str, Any]) -> str:
+    who = hang.get("worker") or ("the process" if hang.get("alone") else "no worker found stuck")
+    where = f" in {hang['frame']}" if hang.get("frame") else ""
+    limit = f", hang_timeout {hang['timeout']:g} s" if hang.get("timeout") else ""
+    return (f"hang in attempt {number}: {who}{where} ({hang.get('cause')}); {_seconds(hang['seconds'])} from its "
+            f"last step to the exit{limit}")
+
+
 def goodput(checkpoint_dir: str | os.PathLike[str], *,
             storage_options: Mapping[str, Any] | None = None) -> GoodputReport:
     """What the run in `checkpoint_dir` spent its time on, from the run log the chief writes there
@@ -178,8 +213,11 @@ def goodput(checkpoint_dir: str | os.PathLike[str], *,
     checkpoint blocking (training waiting in saves), redone work (steps trained again because a
     failure came after the last checkpoint), evaluation, detection (for a start that failed: from
     the end of its last completed step to its end, e.g. waiting until a dead peer is declared
-    lost), other (after training) and downtime (no process running, e.g. a requeued job waiting in
-    the queue). Goodput is productive time over wall time.
+    lost), hang (for a start whose step watchdog found it hung: from its last step to the
+    watchdog's exit; the stuck worker and its frame named), other (after training) and downtime
+    (no process running, e.g. a requeued job waiting in the queue). Goodput is productive time
+    over wall time. Under a multi-worker strategy a worker the others persistently waited for is
+    named as a straggler.
 
     Args:
         checkpoint_dir: the run's checkpoint directory or URL (`s3://...`, `gs://...`), whose
@@ -188,7 +226,8 @@ def goodput(checkpoint_dir: str | os.PathLike[str], *,
 
     Returns:
         a `GoodputReport`: the wall time split into parts (see the module docstring), goodput,
-        redone steps, failures and the Young/Daly checkpoint interval; `print()` shows it.
+        redone steps, failures, hangs, the straggler and the Young/Daly checkpoint interval;
+        `print()` shows it.
 
     Raises:
         ValueError: `checkpoint_dir` holds no run log (no kerasdist training ran there).
@@ -228,14 +267,14 @@ def _report(location: str, logs: list[AttemptLog]) -> GoodputReport:
         seconds=seconds,
         goodput=productive_share(seconds["productive"], wall),
         goodput_excluding_downtime=productive_share(seconds["productive"], running),
-        redone_steps=sum(_redone_steps_of(a.last_step, restored)
-                         for a, restored in zip(attempts, [*restored_steps[1:], None], strict=True)),
+        redone_steps=sum(a.redone_steps for a in attempts),
         failures=failures,
         save_cost_seconds=save_cost,
         mean_time_between_failures=mtbf,
         suggested_interval_seconds=math.sqrt(2 * save_cost * mtbf) if save_cost and mtbf else None,
         mean_save_interval_seconds=trained / len(blocked) if blocked else None,
         attempts=attempts,
+        straggler=straggler_of([e.fields for log in logs for e in log.events if e.kind is Event.STEP_TIMES]),
     )
 
 
@@ -268,10 +307,15 @@ def _attempt(log: AttemptLog, restored_step: int, next_restored: int | None) -> 
     first_step_at = next((e.t for e in events if e.kind is Event.FIRST_STEP), None)
     ends = [e for e in events if e.kind is Event.TRAIN_END]
     status = ends[-1]["status"] if ends and events[-1].kind in (Event.TRAIN_END, Event.EXIT) else KILLED
+    hang = _hang_of(log) if status == KILLED else None
+    if hang is not None:
+        status, ended = HUNG, max(ended, hang.pop("at"))
     part = dict.fromkeys(PARTS, 0.0)
     part["restore"] = sum(float(e["seconds"]) for e in events if e.kind is Event.RESTORED)
     progress_at = _last_progress(events, heartbeat) if status in FAILED and first_step_at is not None else None
-    part["detection"] = ended - progress_at if progress_at is not None else 0.0
+    part["hang" if status == HUNG else "detection"] = ended - progress_at if progress_at is not None else 0.0
+    if hang is not None:
+        hang["seconds"] = round(part["hang"], 3)
     until = ended if progress_at is None else progress_at
     counts = _counts(events, until)
     part["checkpoint_blocking"], part["evaluation"] = counts.blocked_seconds, counts.eval_seconds
@@ -286,11 +330,53 @@ def _attempt(log: AttemptLog, restored_step: int, next_restored: int | None) -> 
     part["productive"] = stepping - part["redone"]
     part["other"] = (ended - started) - sum(part.values())
     workers = next((e.get("workers") for e in events if e.kind is Event.START), None)
+    # A failure in a step (its computation, or the hooks at its end: the step record says it began)
+    # leaves that step to redo too.
+    began = heartbeat.began if heartbeat is not None and heartbeat.began is not None else last_step
+    in_progress = 1 if status in FAILED and began > last_step and next_restored is not None else 0
     return Attempt(name=log.name, started=started, ended=ended, status=status, restored_step=restored_step,
                    first_step_at=first_step_at, last_step=last_step,
                    saves=sum(1 for e in events if e.kind is Event.COMMITTED), seconds=part,
                    workers=int(workers) if workers is not None else None,
-                   last_step_at=heartbeat.t if heartbeat else None)
+                   last_step_at=heartbeat.t if heartbeat else None, redone_steps=redone + in_progress, hang=hang)
+
+
+def _hang_of(log: AttemptLog) -> dict[str, Any] | None:
+    """How a killed-looking attempt hung: its watchdog's HANG event, or its backstop's dump of the
+    stacks (the watchdog could not run); None when it did not hang. Its "at" is when it ended."""
+    events = [e for e in log.events if e.kind is Event.HANG]
+    if events:
+        event = events[-1]
+        return {"worker": event.get("worker"), "frame": event.get("frame"), "cause": event.get("cause"),
+                "timeout": event.get("timeout"), "by": "watchdog", "alone": len(event.get("workers") or {}) < 2,
+                "at": event.t}
+    if log.stacks is None or log.stacks_header is None:
+        return None
+    task = next((e.get("task") for e in log.events if e.kind is Event.START), None)
+    return {"worker": task, "frame": _stuck_frame(log.stacks, str(log.stacks_header.get("thread", ""))),
+            "cause": "stuck in C code that holds the GIL: the watchdog's backstop dumped its stacks",
+            "timeout": None, "by": "backstop", "alone": True,
+            "at": float(log.stacks_header.get("due", log.events[-1].t))}
+
+
+def _stuck_frame(dump: str, thread: str) -> str | None:
+    """In faulthandler's `dump`, the innermost frame of `thread` ("0x..."): its first outside
+    Python's standard library, as "file:line in function"."""
+    frames: list[tuple[str, str, str]] = []
+    inside = False
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            inside = bool(thread) and thread in line
+            continue
+        match = _FRAME_LINE.match(line) if inside else None
+        if match:
+            frames.append((match[1], match[2], match[3]))
+    own = [f for f in frames if not _STDLIB_PATH.search(f[0])] or frames
+    return f"{own[0][0]}:{own[0][1]} in {own[0][2]}" if own else None
+
+
+_FRAME_LINE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_STDLIB_PATH = re.compile(r"/lib/python3[.\d]*/(?!site-packages/|dist-packages/)")
 
 
 def _last_progress(events: list[LoggedEvent], heartbeat: StepRecord | None) -> float | None:
@@ -311,7 +397,7 @@ def _recovery(events: list[LoggedEvent], previous: Attempt, attempt: Attempt) ->
     imported = at.get(Event.IMPORTED, attempt.started)
     ready = max(at.get(Event.READY, imported), imported)
     first_step = float(attempt.first_step_at or ready)
-    detection = previous.seconds.get("detection", 0.0)
+    detection = previous.seconds.get("detection", 0.0) + previous.seconds.get("hang", 0.0)
     parts = {"detection": detection, "down": attempt.started - previous.ended,
              "python_and_tensorflow": imported - attempt.started,
              "cluster": ready - imported, "restore": restore,
@@ -354,14 +440,14 @@ def plot_goodput(report: GoodputReport, path: str | os.PathLike[str]) -> None:
 
     colours = {"startup": "#bbbbbb", "restore": "#f0a030", "productive": "#4caf50", "redone": "#e53935",
                "checkpoint_blocking": "#7e57c2", "evaluation": "#42a5f5", "detection": "#8d6e63",
-               "other": "#eeeeee"}
+               "hang": "#ff7043", "other": "#eeeeee"}
     origin = report.attempts[0].started
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.5 * len(report.attempts)))
     labelled: set[str] = set()
     for row, attempt in enumerate(report.attempts):
         left = attempt.started - origin
         for part in ("startup", "restore", "productive", "checkpoint_blocking", "evaluation", "redone", "detection",
-                     "other"):
+                     "hang", "other"):
             width = attempt.seconds.get(part, 0.0)
             if width > 0:
                 ax.barh(row, width, left=left, color=colours[part], edgecolor="none",

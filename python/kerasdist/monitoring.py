@@ -82,8 +82,9 @@ def tensorboard_dir_of(callbacks: list[Any]) -> str | None:
     return next((c.log_dir for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)), None)
 
 
-def write_run_figures(log_dir: str, epoch: int, figures: dict[str, float]) -> None:
-    """`figures` as TensorBoard scalars `kerasdist/<name>` at `epoch`, in `log_dir`/kerasdist."""
+def write_run_figures(log_dir: str, epoch: int, figures: dict[str, Any]) -> None:
+    """`figures` as TensorBoard scalars `kerasdist/<name>` at `epoch`, in `log_dir`/kerasdist
+    (a text figure, such as the straggler named, as a text summary)."""
     import tensorflow as tf
 
     directory = os.path.join(log_dir, "kerasdist")
@@ -92,5 +93,8 @@ def write_run_figures(log_dir: str, epoch: int, figures: dict[str, float]) -> No
     writer = _WRITERS[directory]
     with writer.as_default():
         for name, value in figures.items():
-            tf.summary.scalar(f"kerasdist/{name}", value, step=epoch)
+            if isinstance(value, str):
+                tf.summary.text(f"kerasdist/{name}", value, step=epoch)
+            else:
+                tf.summary.scalar(f"kerasdist/{name}", value, step=epoch)
     writer.flush()

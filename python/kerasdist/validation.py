@@ -56,6 +56,16 @@ def optional_seconds(name: str, value: Any) -> float | None:
     return float(value)
 
 
+def seconds_or_auto(name: str, value: Any) -> float | str | None:
+    """None, "auto", or `value` as a positive, finite number of seconds."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    try:
+        return optional_seconds(name, value)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive number of seconds, \"auto\" or None, got {value!r}.") from None
+
+
 def fraction(name: str, value: Any) -> float:
     """`value` as a float strictly between 0 and 1 (a share of the data, e.g. validation_split)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \

@@ -597,3 +597,75 @@ def test_canary_keras_fit_steps_through_kerasdists_stream_one_pull_per_step_and_
                   callbacks=[Seen()])
     assert pulled == [0, 1, 2, 3, 4, 5]  # the peek's batch 0 was trained first: 6 steps, 6 pulls
     assert trained == [1, 1, 2, 3, 4, 5]  # before each step, only the batches of the steps before (and the peek)
+
+
+# --------------------------------------------------------------------------------------------
+# #59: the step times' all-reduce clock (`compat.tf_collectives`) and the coordination store
+# (`compat.tf_distribute.coordination_store`)
+
+
+def test_tensorflows_own_clock_still_refuses_to_run_under_op_determinism():
+    """Why the all-reduces are timed with Python's clock (tf.numpy_function) and not tf.timestamp:
+    bitwise resumes need op determinism, under which TensorFlow refuses to run a Timestamp op."""
+    from conftest import run_python
+
+    done = run_python("""
+        import tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        try:
+            tf.function(lambda: tf.timestamp())()
+            print("ran")
+        except tf.errors.FailedPreconditionError as error:
+            print("refused:", str(error).splitlines()[0])
+        """)
+    assert "refused:" in done.stdout and "Timestamp cannot be called when determinism is enabled" in done.stdout, \
+        done.stderr[-2000:]
+
+
+def test_every_multi_worker_all_reduce_still_goes_through_the_launcher_the_step_times_time():
+    """MultiWorkerMirroredStrategy (one process, 2 CPU devices: its collectives are the same ops)
+    reduces through CollectiveReplicaLauncher.all_reduce, in which `time_collectives` times the
+    sampled steps only; the clock runs under op determinism, and 2 local replicas do not wait on
+    each other's timing (a stateful clock made them deadlock)."""
+    from conftest import run_python
+
+    done = run_python("""
+        import kerasdist
+        kerasdist.simulate_devices(2)
+        import tensorflow as tf
+        from kerasdist import compat
+        tf.config.experimental.enable_op_determinism()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(["/cpu:0", "/cpu:1"])
+        waits = compat.CollectiveWaits()
+        assert compat.time_collectives(waits)
+
+        @tf.function
+        def step():
+            per_replica = strategy.run(lambda: tf.constant(1.0))
+            return strategy.reduce("SUM", per_replica, axis=None)
+
+        assert float(step()) == 2.0 and waits.seconds() == 0.0  # not sampled: no clock read
+        waits.sample(True)
+        assert float(step()) == 2.0
+        print("timed", waits.seconds() > 0)
+        compat.time_collectives(None)
+        """)
+    assert "timed True" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_coordination_service_store_is_still_reached_through_the_eager_contexts_private_methods():
+    """`coordination_store` calls these (the two-process behaviour is test_hangs.py's launcher runs,
+    where the chief names a worker stuck elsewhere from what that worker stored)."""
+    import inspect
+
+    from tensorflow.python.eager import context
+
+    from kerasdist.compat import tf_distribute
+
+    assert compat.version_within(tf.__version__, tf_distribute.COORDINATION_STORE_VERSIONS)
+    signatures = {name: list(inspect.signature(getattr(context.Context, name)).parameters)
+                  for name in ("set_config_key_value", "get_config_key_value", "delete_config_key_value")}
+    assert signatures == {"set_config_key_value": ["self", "key", "value"],
+                          "get_config_key_value": ["self", "key", "timeout_in_ms"],
+                          "delete_config_key_value": ["self", "key"]}
+    assert compat.coordination_store() is None  # no cluster here: no service, and no store

@@ -259,19 +259,29 @@ def test_a_sigkill_right_after_a_step_counts_the_steps_redone_exactly(tmp_path, 
     assert report.attempts[0].seconds["detection"] >= 0
 
 
-def kill_at_27_and_resume(ckpt: str, out: Path, env: dict) -> kerasdist.GoodputReport:
+def test_a_sigkill_in_a_callback_at_a_steps_end_counts_that_step_redone(tmp_path):
+    """#59: SIGKILLed inside a user's callback at the end of step 27 (before kerasdist's callback
+    has taken it; checkpoint 25): the step record says step 27 began and 26 ended, so the step in
+    progress counts too: 2 steps redone, not 1."""
+    report = kill_at_27_and_resume(str(tmp_path / "ckpt"), tmp_path / "out.npz", os.environ, in_step_end=True)
+    assert report.attempts[0].redone_steps == 2
+
+
+def kill_at_27_and_resume(ckpt: str, out: Path, env: dict, in_step_end: bool = False) -> kerasdist.GoodputReport:
     """Train 3 epochs of 10 steps, saving every 5 on the training thread, SIGKILLed right after
-    step 27; then resume to the end. The report of `ckpt`, its known losses checked."""
+    step 27 (or, `in_step_end`, in a callback at its end, before kerasdist's); then resume to the
+    end. The report of `ckpt`, its known losses checked."""
     args = [sys.executable, str(ANYWHERE), ckpt, str(out), "--strategy", "default", "--every-steps", "5",
             "--sync-save", "--epochs", "3"]
-    killed = subprocess.run([*args, "--kill-at-step", "27"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env=env)
+    kill = ["--kill-at-step", "27", *(["--kill-in-step-end"] if in_step_end else [])]
+    killed = subprocess.run([*args, *kill], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert killed.returncode == -9 and "step 27" in killed.stdout, killed.stderr[-2000:]
     resumed = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     report = kerasdist.goodput(ckpt)
     first, second = report.attempts
-    assert first.status == "killed or crashed" and (first.last_step, second.restored_step) == (27, 25)
+    completed = 26 if in_step_end else 27  # kerasdist's record: the last step its callback took
+    assert first.status == "killed or crashed" and (first.last_step, second.restored_step) == (completed, 25)
     assert report.redone_steps == 2 and first.last_step_at is not None
     assert second.recovery["total"] == pytest.approx(second.first_step_at - first.last_step_at, abs=0.01)
     return report

@@ -282,8 +282,9 @@ OUTSIDE_COMPAT = [p for p in MODULES if COMPAT not in p.parents]
 PRIVATE_UPSTREAM_MODULES = ("tensorflow.python", "tensorflow.compiler", "tensorflow.core", "tensorflow.tsl",
                             "keras.src", "tf_keras.src")
 # Private names of other libraries the package may use outside compat: the stdlib's os._exit
-# (an exit without Python's cleanup), fsspec's path and info helpers.
-OTHER_PRIVATE_ATTRIBUTES = {"_exit", "_strip_protocol", "_info"}
+# (an exit without Python's cleanup), sys._current_frames and sys._getframe (documented CPython
+# functions: the step watchdog's stacks), fsspec's path and info helpers.
+OTHER_PRIVATE_ATTRIBUTES = {"_exit", "_current_frames", "_getframe", "_strip_protocol", "_info"}
 
 
 def _is_private_upstream_module(name: str) -> bool:

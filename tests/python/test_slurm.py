@@ -174,6 +174,33 @@ def test_a_sigkilled_worker_is_forked_again_in_place_in_the_same_step_and_comple
     assert 0 < recovery["total"] < 120 and recovery["restore"] > 0 and recovery["python_and_tensorflow"] >= 0
 
 
+def test_a_chief_stuck_in_c_holding_the_gil_and_its_peer_are_restarted_in_place_and_complete_equal(
+        slurm_cluster, reference):
+    """#59 on 2 hosts: after step 8 the chief blocks in C code that holds the GIL
+    (tests/python/scripts/train_hang.py, hang_timeout 6 s). Its peer's step watchdog fires and
+    exits 77; the chief's own watchdog cannot run, its backstop dumps its stacks into the run log's
+    folder and ends it by SIGALRM; each supervisor forks its training process again in the same
+    step, and the job completes with the reference's weights; goodput names the chief and the
+    frame it was stuck in."""
+    run = chaos.new_run(slurm_cluster, "hang")
+    python = os.environ.get("KERASDIST_PYTHON", sys.executable)
+    script = Path(__file__).resolve().parent / "scripts" / "train_hang.py"
+    job_id = slurm_cluster.submit(
+        chaos.RECIPE, python, str(script), "--checkpoint-dir", str(run.checkpoint_dir), "--out-dir", str(run.out_dir),
+        "--step-seconds", str(PACE), "--hang", "c:worker:0:8", "--hang-timeout", "6",
+        options=chaos.JOB_OPTIONS, cwd=chaos.ROOT)
+    slurm_cluster.wait_final(job_id, 300)
+    job, output = assert_completed_equal(slurm_cluster, job_id, run, reference)
+    assert job.restarts == 0 and chaos.step_statuses(output) == [0], output[-3000:]
+    for task, what in ((0, "hung in C code (SIGALRM)"), (1, "hung (status 77)")):
+        assert f"kerasdist supervise (task {task}): the training process {what}: restart 1 of 3, in place" in output
+    report = kerasdist.goodput(run.checkpoint_dir)
+    first = report.attempts[0]
+    assert first.status == "hung" and first.hang["by"] == "backstop" and first.hang["worker"] == "worker:0", first
+    assert first.hang["frame"].startswith(f"{script}:") and first.hang["frame"].endswith("in on_train_batch_end")
+    assert report.attempts[-1].status == "completed"
+
+
 def test_a_step_whose_task_lost_a_peer_is_started_again_in_the_allocation_then_fails_with_76(slurm_cluster):
     """Status 76 (a task lost a peer: kerasdist's PeerLostExit, nothing saved): the recipe starts
     the step again inside the allocation as after a SIGKILL, KERASDIST_MAX_RESTARTS times, then

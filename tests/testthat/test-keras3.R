@@ -35,7 +35,7 @@ test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and r
   report <- goodput(file.path(dir, "ckpt"))
   expect_s3_class(report, "kerasdist_goodput")
   expect_identical(report$part, c("productive", "startup", "restore", "checkpoint_blocking", "redone",
-                                  "evaluation", "detection", "other", "downtime"))
+                                  "evaluation", "detection", "hang", "other", "downtime"))
   expect_equal(sum(report$seconds), attr(report, "wall_seconds"), tolerance = 1e-3)
   attempts <- attr(report, "attempts")
   expect_identical(attempts$status, c("killed or crashed", "completed"))

@@ -2,10 +2,12 @@
 
 It is made of parts, each in its module: `SavePolicy` (when to save, which checkpoints to keep),
 `Saver` (how: on the training thread or in the background, then pruned), `PreemptionHold`
-(SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures), all set by
-one `CheckpointOptions`, `OtherCallbacks` (the fit's other callbacks and their state) and, inside a
-Ray Train training function, `ray_train.RayReporter` (what Ray sees of the run). The
-callback follows the fit (epoch, step, history) and tells each part what happened.
+(SIGTERM held during fit), `RunRecorder` (the chief's run log and the run's figures),
+`StepWatchdog` (a fit that stops stepping ends with 77), all set by one `CheckpointOptions`;
+`StepTimes` (every worker's step times, for naming a straggler), `OtherCallbacks` (the fit's
+other callbacks and their state) and, inside a Ray Train training function,
+`ray_train.RayReporter` (what Ray sees of the run). The callback follows the fit (epoch, step,
+history) and tells each part what happened.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_
 from kerasdist.checkpoint.model_state import optimizer_step, plain
 from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions, takes_checkpoint_options
 from kerasdist.checkpoint.other_callbacks import OtherCallbacks
+from kerasdist.checkpoint.peers import Peers
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
 from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
 from kerasdist.checkpoint.recorder import RunRecorder
 from kerasdist.checkpoint.run_log import Status
 from kerasdist.checkpoint.save_policy import SavePolicy
 from kerasdist.checkpoint.saver import Saver
+from kerasdist.checkpoint.step_times import StepTimes
+from kerasdist.checkpoint.watchdog import StepWatchdog
 from kerasdist.preemption import PreemptedExit
 from kerasdist.ray_train import ray_reporter
 
@@ -97,6 +102,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.recorder = RunRecorder()
         self.saver.on_committed = self.recorder.committed
         self.ray = ray_reporter(self.saver)  # under Ray Train: reports to Ray (None elsewhere)
+        self.watchdog = StepWatchdog(self.options.hang_timeout)
+        self.step_times = StepTimes()
+        self._peers: tuple[Any, Peers | None] | None = None  # (the RunContext, its peers)
         self.run = run if run is not None else RunRecord()
         self.source: Any = None  # the data the trainer reads itself, whose position checkpoints keep
         # where the run's figures go as TensorBoard scalars (trainers set it when given a TensorBoard)
@@ -110,6 +118,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._step = 0
         self._batch_begin: int | None = None  # the first step of the current call (execution)
         self._batches_seen = 0  # in this fit's current epoch
+        self._epoch_steps = 0  # steps of this fit's current epoch
         self._saved_step: int | None = None  # the optimizer step of the last save
         self._history: list[dict[str, float]] = []
         self._logs: dict | None = None  # the last batch end's (multi-worker: the agreed step saves them)
@@ -197,6 +206,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             managers = {id(m): m for m in (self.manager, manager_of(self.model)) if m is not None}
             self.recorder.open(self.manager.store, context, managers.values(), self._global_step)
         self.hold.take(context.strategy, self)
+        self._watch(context)
 
     def on_epoch_begin(self, epoch, logs=None):
         first = self._first_epoch is None
@@ -205,10 +215,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self._step = self._step_offset if first else 0
         self._batches_seen = 0
+        self._epoch_steps = 0
         self.recorder.epoch_began()
+        self.step_times.epoch_began()
+        self.watchdog.at_epoch_boundary()  # until the epoch's first step ends (its pipeline)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_begin = batch
+        self.recorder.step_began()
+        self.step_times.step_began()
 
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 Keras calls the batch hooks once per execution, with its
@@ -218,11 +233,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         begin = last if self._batch_begin is None else min(self._batch_begin, last)
         self._batch_begin = None
         self._step += last - begin + 1
+        self._epoch_steps += last - begin + 1
         self._batches_seen = last + 1
+        self.watchdog.stepped(last - begin + 1)
+        self.step_times.steps_ended(last - begin + 1)
         self.recorder.steps_ended(last - begin + 1, self._global_step)
         if self._unprepared:  # after the first step, when the optimizer has made its slots
             self._unprepared = False
-            self.saver.prepare(self.model)
+            with self.watchdog.paused(for_peers=True):
+                self.saver.prepare(self.model)
         if self.hold.agreement is not None:
             self._logs = logs
             self.hold.agreement.check()  # on the agreed step: save_agreed_step, stop_preempted
@@ -236,6 +255,8 @@ class CheckpointCallback(keras.callbacks.Callback):
             return
         if not self._last_batch() and self.policy.due_at_step(self._global_step):
             self._save(self._epoch, self._step, logs)
+        if self._last_batch():
+            self.watchdog.at_epoch_boundary()  # validation's setup and the epoch's end hooks follow
 
     def save_agreed_step(self) -> None:
         """Multi-worker preemption, on every worker at the step all agreed on: the chief saves it
@@ -249,6 +270,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
+        self.watchdog.boundary_done()
         if self.hold.preempted and not self._last_batch():
             return  # stopped mid-epoch: the step checkpoint is the resume point
         if self.model.stop_training and (self._batches_left() or 0) > 0:
@@ -262,6 +284,7 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._save(epoch + 1, 0, logs)
         if self.ray is not None:
             self.ray.epoch_ended(epoch, logs, self._is_chief)
+        self.step_times.epoch_ended(epoch, self._epoch_steps, self.recorder.epoch_blocked)
         if self.recorder.is_open and self.tensorboard_dir is not None:
             from kerasdist.monitoring import write_run_figures
 
@@ -270,14 +293,24 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.others.carry_into_next_fit(self.model)
 
     def on_test_begin(self, logs=None):
+        self.watchdog.boundary_done()
+        self.watchdog.pause()  # every worker validates: nobody waits for this one
         self.recorder.eval_began()
 
     def on_test_end(self, logs=None):
         self.recorder.eval_ended()
+        self.watchdog.resume()
+        self.watchdog.at_epoch_boundary()  # the validation's teardown (its pipeline's threads end), the end hooks
 
     def on_train_end(self, logs=None):
+        # the trainer's next fit follows at once: the watchdog goes on watching (`stop_watching` at its end)
+        carry = self._continued and not self.model.stop_training and not self.hold.preempted
+        self.stop_watching(carry)
         self.others.carry_at_fit_end(self.model)
-        self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
+        with self.watchdog.paused(for_peers=True):  # the write in flight: the other workers wait for it
+            self._end_fit()  # under the SIGTERM hold: a preemption now waits for the write, then exits 75
+        if carry:
+            self.watchdog.at_epoch_boundary()  # until the next fit's first step
         if self.hold.preempted:
             saved = self.saved[-1] if self.saved else None  # the preemption's save, on the chief
             raise PreemptedExit(saved.path if saved else None,
@@ -286,9 +319,29 @@ class CheckpointCallback(keras.callbacks.Callback):
     def stopped_by_lost_peer(self) -> None:
         """A peer of the cluster was lost mid-fit (`fit` raised, so Keras calls no end hook): the
         save in flight is finished, and the run log ends this fit as "peer lost"."""
+        self.stop_watching()
         self._end_fit(Status.PEER_LOST)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _watch(self, context: Any) -> None:
+        """Start the step watchdog and the step times for this fit (`watchdog`, `step_times`); the
+        other workers are reached through one `Peers` while the fits run in the same cluster."""
+        if self._peers is None or self._peers[0] is not context:
+            self._peers = (context, Peers.of(context))
+        peers = self._peers[1]
+        self.watchdog.start(step=self._global_step(), task=context.task, is_chief=self._is_chief, peers=peers,
+                            record=self.recorder.hung if self._is_chief else None,
+                            stacks_fd=self.recorder.stacks_file() if self.watchdog.enabled else None)
+        # a step compiled with XLA has no room for the step times' clock
+        xla = bool(getattr(self.model, "jit_compile", False)) or bool(self.run.settings.get("jit_compile"))
+        self.step_times.start(peers, xla, self.recorder.step_times if self._is_chief else None)
+
+    def stop_watching(self, carry: bool = False) -> None:
+        """No more step watchdog (the trainer's fits ended, or raised); `carry`: the trainer's next
+        fit follows at once, so the watchdog goes on."""
+        self.watchdog.stop(carry)
+        self.step_times.stop()
+
     def _global_step(self) -> int:
         return optimizer_step(self.model)
 
@@ -329,7 +382,8 @@ class CheckpointCallback(keras.callbacks.Callback):
 
         in_background = self.options.async_save and not (final or self.hold.preempted)
         try:
-            self.saver.save(self.model, progress, in_background)
+            with self.watchdog.paused(for_peers=True):
+                self.saver.save(self.model, progress, in_background)
         finally:
             self.recorder.saved(optimizer_step(self.model), self.blocked_seconds[-1])
 

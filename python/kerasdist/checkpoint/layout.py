@@ -26,10 +26,12 @@ TEMP_PREFIX = ".tmp-ckpt-"
 REPLACED_MARK = ".replaced-"
 # Object stores: a new save of a step already there goes to `ckpt-<step>.s<ns since epoch>`.
 SAVED_AGAIN_MARK = ".s"
-# The run log (`run_log.py`), beside the checkpoints and never one: `runs/<attempt>.jsonl` and `.step`.
+# The run log (`run_log.py`), beside the checkpoints and never one: `runs/<attempt>.jsonl` and `.step`,
+# and `.stacks` when the step watchdog's backstop dumped a hung chief's stacks (`watchdog.py`).
 RUNS_FOLDER = "runs"
 RUN_LOG_SUFFIX = ".jsonl"
 RUN_STEP_SUFFIX = ".step"
+RUN_STACKS_SUFFIX = ".stacks"
 
 
 def entry_name(step: int) -> str:

@@ -1,6 +1,7 @@
 """The checkpoint options: one typed record, its one check and one docstring per field.
 
-`CheckpointOptions` says when checkpoints are written, how, which are kept and what SIGTERM does.
+`CheckpointOptions` says when checkpoints are written, how, which are kept, what SIGTERM does and
+when a fit that stopped stepping counts as hung.
 `checkpoint_callback`, `CheckpointCallback`, `distributed_fit` and `custom_fit` take its fields
 as keyword arguments (`takes_checkpoint_options` puts every field in their signature and their
 docstring), build the record once (`CheckpointOptions.from_kwargs`, which checks it) and pass it
@@ -8,7 +9,7 @@ on; `option_docs` lists the fields and their docs for front ends (R) that forwar
 
 A new checkpoint option is a field here (its default, its line under `Attributes`, its check in
 `__post_init__`) and its use in the part of the callback that acts on it (`save_policy`, `saver`,
-`preemption_hold`): every function above takes it, documented, with no other edit.
+`preemption_hold`, `watchdog`): every function above takes it, documented, with no other edit.
 """
 
 from __future__ import annotations
@@ -20,14 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kerasdist.validation import boolean, choice, integer, optional_integer, optional_seconds
+from kerasdist.validation import (
+    boolean,
+    choice,
+    integer,
+    optional_integer,
+    optional_seconds,
+    seconds_or_auto,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
 class CheckpointOptions:
-    """When checkpoints are written, how, which are kept, and what SIGTERM does.
+    """When checkpoints are written, how, which are kept, what SIGTERM does, and when a fit hangs.
 
     Attributes:
         every_epoch: save at each epoch end.
@@ -49,6 +57,12 @@ class CheckpointOptions:
             endpoint), checked by the store.
         handle_sigterm: on SIGTERM (preemption), save at the next step end and exit with status
             75; default True.
+        hang_timeout: the step watchdog: after this many seconds without a training step (a
+            callback, a data loader or a peer stuck), every thread's stack goes to stderr, the
+            run log records the hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for
+            the launcher or scheduler to restart it. "auto" (default): ten times the slowest step
+            of the fit so far, at least 120 s; None: no watchdog. The time before a fit's first
+            step, saves and validation passes are not counted.
     """
 
     every_epoch: bool = True
@@ -61,6 +75,7 @@ class CheckpointOptions:
     async_save: bool = True
     storage_options: Mapping[str, Any] | None = None
     handle_sigterm: bool = True
+    hang_timeout: float | str | None = "auto"
 
     def __post_init__(self) -> None:
         """The one check of the options (plain Python numbers kept)."""
@@ -77,6 +92,7 @@ class CheckpointOptions:
         if not isinstance(self.monitor, str) or not self.monitor:
             raise ValueError(f"monitor must be a metric name such as 'loss', got {self.monitor!r}.")
         boolean("handle_sigterm", self.handle_sigterm)
+        object.__setattr__(self, "hang_timeout", seconds_or_auto("hang_timeout", self.hang_timeout))
 
     @classmethod
     def from_kwargs(cls, options: CheckpointOptions | None = None, **kwargs: Any) -> CheckpointOptions:

@@ -1,6 +1,7 @@
 """The run log's recorder: what the checkpoint callback sees during a fit (the restores before it,
-its begin, step ends, saves, commits, validation, its end) written as the chief's run-log events
-(`run_log.Event`), and the run's figures for TensorBoard from the recorder's own counts."""
+its begin, step ends, saves, commits, validation, every worker's step times, a hang, its end)
+written as the chief's run-log events (`run_log.Event`), and the run's figures for TensorBoard
+from the recorder's own counts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class RunRecorder:
 
     def __init__(self) -> None:
         self.log: RunLog | None = None
+        self._last_log: RunLog | None = None  # the log of the last fit: a hang between two fits goes there
         self._store: Any = None
         self._first_step_logged = False
         self._eval_started: float | None = None
@@ -28,10 +30,16 @@ class RunRecorder:
     def is_open(self) -> bool:
         return self.log is not None
 
+    @property
+    def epoch_blocked(self) -> float:
+        """Seconds saves blocked training this epoch."""
+        return self._epoch_blocked
+
     def open(self, store: Any, context: Any, managers: Iterable[Any], step_of: Callable[[], int]) -> None:
         """The chief's run log in `store`: the restores the `managers` made since the last fit,
         then this fit's begin at `step_of()`, which it follows."""
         self.log, self._store = run_log_for(store, context), store
+        self._last_log = self.log
         for manager in managers:
             for finished, seconds, info in manager.restores:
                 self.log.event(Event.RESTORED, at=finished, seconds=round(seconds, 4),
@@ -50,6 +58,11 @@ class RunRecorder:
         if not self._first_step_logged:
             self._first_step_logged = True
             self.log.event(Event.FIRST_STEP, step=step_of())
+
+    def step_began(self) -> None:
+        """The next step begins (its record: a failure before its end leaves it to redo)."""
+        if self.log is not None:
+            self.log.step_began()
 
     def epoch_began(self) -> None:
         self._epoch_started, self._epoch_blocked = time.perf_counter(), 0.0
@@ -75,14 +88,42 @@ class RunRecorder:
             self.log.event(Event.EVAL, seconds=round(time.perf_counter() - self._eval_started, 4))
         self._eval_started = None
 
-    def figures(self, batches: int) -> dict[str, float]:
+    def step_times(self, **fields: Any) -> None:
+        """An epoch's steps on every worker (`step_times.StepTimes`, maybe from another thread)."""
+        log = self.log
+        if log is not None:
+            log.event(Event.STEP_TIMES, **fields)
+
+    def hung(self, **fields: Any) -> None:
+        """The step watchdog found the fit hung (from its thread; the process exits 77 next, without
+        its exit handlers: the log is closed here), also between a trainer's two fits."""
+        log = self.log or self._last_log
+        if log is not None:
+            log.event(Event.HANG, **fields)
+            log.close()
+
+    def stacks_file(self) -> int | None:
+        """The file the watchdog's backstop dumps into on the chief (`RunLog.stacks_file`)."""
+        return self.log.stacks_file() if self.log is not None else None
+
+    def figures(self, batches: int) -> dict[str, Any]:
         """The epoch's figures: seconds per step (over `batches`), seconds saves blocked training,
-        and this attempt's goodput so far (the log's counts: productive time over the time since
-        the process started)."""
-        figures = {"step_seconds": (time.perf_counter() - self._epoch_started) / max(batches, 1),
-                   "save_blocked_seconds": self._epoch_blocked}
+        this attempt's goodput so far (the log's counts: productive time over the time since the
+        process started) and, under a multi-worker strategy, each worker's seconds a step waited
+        for the others (the last epoch gathered) and the straggler, if any, named (text)."""
+        figures: dict[str, Any] = {"step_seconds": (time.perf_counter() - self._epoch_started) / max(batches, 1),
+                                   "save_blocked_seconds": self._epoch_blocked}
         if self.log is not None:
-            figures["goodput"] = self.log.counts.goodput(self.log.started, time.time())
+            counts = self.log.counts
+            figures["goodput"] = counts.goodput(self.log.started, time.time())
+            if counts.step_times:
+                for task, waited in (counts.step_times[-1].get("waited") or {}).items():
+                    figures[f"waited_seconds/{task.replace(':', '_')}"] = float(waited)
+            straggler = counts.straggler()
+            if straggler is not None:
+                figures["straggler_slower_seconds"] = straggler.slower_seconds
+                figures["straggler_waiting_share"] = straggler.waiting_share
+                figures["straggler"] = str(straggler)
         return figures
 
     def close(self, ended: bool, status: Status, step_of: Callable[[], int]) -> None:

@@ -41,11 +41,20 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kerasdist.checkpoint.layout import RUN_LOG_SUFFIX, RUN_STEP_SUFFIX, RUNS_FOLDER
+from kerasdist.checkpoint.layout import (
+    RUN_LOG_SUFFIX,
+    RUN_STACKS_SUFFIX,
+    RUN_STEP_SUFFIX,
+    RUNS_FOLDER,
+)
+from kerasdist.checkpoint.stragglers import Straggler, straggler_of
 
 _IMPORTED_AT = time.time()
 _EVENT, _TIME = "event", "t"  # an event line's kind and time
 _RECORD_BYTES = 80  # a step record, padded with spaces: each rewrite covers the one before
+# A stacks file's first line (when the dump below it was due, the step, the training thread), padded:
+# the step watchdog rewrites it in place as steps end; faulthandler writes the dump after it.
+STACKS_HEADER_BYTES = 160
 SPOOL_VARIABLE = "KERASDIST_RUN_SPOOL"  # where object-store runs keep their step records locally
 # Set by kerasdist's supervisor (launch/supervisor.py) in the first training process it forks: when
 # the supervisor started, so that its interpreter's start and TensorFlow's import count as this
@@ -64,8 +73,12 @@ class Event(str, Enum):
     seconds). TRAIN_BEGIN: a fit began (step). FIRST_STEP: its first step ended (step). SAVE: a
     save left the training thread (step, blocked: the seconds that thread waited). COMMITTED: a
     checkpoint committed (step, checkpoint, write seconds, bytes). EVAL: a validation pass
-    (seconds). TRAIN_END: a fit ended (step, status: a `Status`). EXIT: the interpreter ended by
-    itself (local logs only).
+    (seconds). STEP_TIMES: an epoch's steps on every worker (epoch, steps, step_seconds: the mean
+    step, waited: per worker the mean seconds a step of it waited in all-reduces for the others).
+    HANG: the step watchdog found no step for its limit (step: the last, seconds since it, timeout,
+    worker: the stuck one or null, frame: where it is stuck or null, cause, workers: each
+    worker's own state); the process exits 77 next. TRAIN_END: a fit ended (step, status: a
+    `Status`). EXIT: the interpreter ended by itself (local logs only).
     """
 
     START = "start"
@@ -77,6 +90,8 @@ class Event(str, Enum):
     SAVE = "save"
     COMMITTED = "committed"
     EVAL = "eval"
+    STEP_TIMES = "step_times"
+    HANG = "hang"
     TRAIN_END = "train_end"
     EXIT = "exit"
 
@@ -108,20 +123,25 @@ class LoggedEvent:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """An attempt's `.step` file: the last training step it completed and the Unix time it ended."""
+    """An attempt's `.step` file: the last training step it completed, the Unix time it ended, and
+    the last step it began (one more while a step runs: a failure then leaves that step to redo)."""
 
     step: int
     t: float
+    began: int | None = None
 
 
 @dataclass(frozen=True)
 class AttemptLog:
     """One attempt's run files read back: its name (`<start time>-<host>-<pid>`), its events in
-    the order written (never empty), and its step record (None: none written)."""
+    the order written (never empty), its step record (None: none written) and the stacks the step
+    watchdog's backstop dumped (None: none; `stacks_header` its first line)."""
 
     name: str
     events: list[LoggedEvent]
     step_record: StepRecord | None
+    stacks: str | None = None
+    stacks_header: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -134,6 +154,7 @@ class AttemptCounts:
     training_since: float | None = None  # the first step of the fit training now
     blocked_seconds: float = 0.0
     eval_seconds: float = 0.0
+    step_times: list[Mapping[str, Any]] = field(default_factory=list)  # STEP_TIMES events' fields
 
     def add(self, kind: Event | None, at: float, fields: Mapping[str, Any]) -> None:
         """Count an event of kind `kind` at Unix time `at` (a kind of a newer kerasdist: None, not counted)."""
@@ -146,6 +167,8 @@ class AttemptCounts:
             self.blocked_seconds += float(fields["blocked"])
         elif kind is Event.EVAL:
             self.eval_seconds += float(fields["seconds"])
+        elif kind is Event.STEP_TIMES:
+            self.step_times.append(fields)
 
     def stepping_seconds(self, until: float) -> float:
         """Training time (each first step to its end of training, a fit still training counted to
@@ -157,6 +180,10 @@ class AttemptCounts:
         """This attempt's goodput so far (started: its process start), nothing redone: what
         `kerasdist.goodput` reports for it when it is the run's only attempt."""
         return productive_share(self.stepping_seconds(now), now - started)
+
+    def straggler(self) -> Straggler | None:
+        """The straggler of this attempt's epochs so far (`straggler_of`)."""
+        return straggler_of(self.step_times)
 
 
 def productive_share(productive: float, wall: float) -> float:
@@ -196,9 +223,10 @@ class StepFile:
         self.path = path
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, at: int = 0) -> None:
+        """The record (padded), or with `at` a part of it rewritten there."""
         if self._fd is not None:
-            os.pwrite(self._fd, data.ljust(_RECORD_BYTES), 0)
+            os.pwrite(self._fd, data if at else data.ljust(_RECORD_BYTES), at)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -206,9 +234,13 @@ class StepFile:
             os.close(fd)
 
 
-def step_record(step: int, at: float) -> bytes:
-    """The `.step` file's record: the last completed step and the Unix time it ended."""
-    return json.dumps({_TIME: round(at, 3), "step": step}).encode()
+_BEGAN_DIGITS = 12  # the record's last field, space-padded: rewritten alone as each step begins
+
+
+def step_record(step: int, at: float, began: int) -> bytes:
+    """The `.step` file's record: the last completed step, the Unix time it ended, the last begun
+    (the last field, `_BEGAN_DIGITS` wide)."""
+    return f'{{"{_TIME}": {at:.3f}, "step": {step}, "began": {began:<{_BEGAN_DIGITS}}}}'.encode()
 
 
 def spool_dir(location: str) -> Path:
@@ -235,10 +267,13 @@ class RunLog:
         self._lock = threading.Lock()
         self._broken = False
         self._step_of: Any = None  # a function giving the current step, while training
-        self._last: tuple[int, float] | None = None  # the last completed step and when it ended
+        # the last completed step, when it ended, and the last step begun
+        self._last: tuple[int, float, int] | None = None
         self._counted: int | None = None  # the step `steps_ended` counts from (read at `follow_steps`)
         self._step_file: StepFile | None = None
-        self._written_step: int | None = None  # the step the store has (object stores: uploaded)
+        self._written_step: tuple[int, int] | None = None  # the store's (object stores: uploaded) step, began
+        self._stacks: tuple[Path, int] | None = None  # the backstop's file, once asked for
+        self._began_at = 0  # where the step record's began field starts
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -258,14 +293,32 @@ class RunLog:
         record goes to disk now when it changed (see the module docstring)."""
         if self._last is not None and self._last[0] == step:
             return
-        self._last = (step, time.time())
+        self._record((step, time.time(), step))
+
+    def step_began(self) -> None:
+        """The step after the last completed one begins (the chief's callback, at each batch begin,
+        the last hook before the step runs): recorded, so that a failure before its end leaves it
+        counted as redone. Nothing before this process's first step end."""
+        if self._last is None or self._counted is None or self._last[2] == self._counted + 1:
+            return
+        self._last = (self._last[0], self._last[1], self._counted + 1)
+        if self._step_file is not None and not self._broken:
+            try:  # the began field alone: a few bytes where it sits (a microsecond or so)
+                self._step_file.write(f"{self._counted + 1:<{_BEGAN_DIGITS}}".encode(), self._began_at)
+            except OSError as err:
+                self._fail(err)
+
+    def _record(self, last: tuple[int, float, int]) -> None:
+        self._last = last
         if self._broken:
             return
         try:
             if self._step_file is None:
                 folder = self.store.directory / RUNS_FOLDER if self.local else spool_dir(self.store.location)
                 self._step_file = StepFile(folder / (self.attempt + RUN_STEP_SUFFIX))
-            self._step_file.write(step_record(*self._last))
+            record = step_record(*self._last)
+            self._began_at = len(record) - 1 - _BEGAN_DIGITS
+            self._step_file.write(record)
         except OSError as err:
             self._fail(err)
 
@@ -317,12 +370,36 @@ class RunLog:
         self._step_of = None
         self._wake.set()
 
+    def stacks_file(self) -> int | None:
+        """A file descriptor for the step watchdog's backstop to dump a hung process's stacks into,
+        positioned after a header line the watchdog rewrites: `runs/<attempt>.stacks` (an object
+        store's in the spool, uploaded by the next attempt on the host); removed at `close` when
+        nothing was dumped. None when it cannot be made."""
+        if self._stacks is None:
+            folder = self.store.directory / RUNS_FOLDER if self.local else spool_dir(self.store.location)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / (self.attempt + RUN_STACKS_SUFFIX)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError:
+                return None
+            os.lseek(fd, STACKS_HEADER_BYTES, os.SEEK_SET)
+            self._stacks = (path, fd)
+        return self._stacks[1]
+
     def close(self) -> None:
         """Close the step file; an object store's spool goes once the store has its record."""
+        stacks, self._stacks = self._stacks, None
+        if stacks is not None:
+            path, fd = stacks
+            dumped = os.fstat(fd).st_size > STACKS_HEADER_BYTES
+            os.close(fd)
+            if not dumped:
+                path.unlink(missing_ok=True)
         step_file, self._step_file = self._step_file, None
         if step_file is not None:
             step_file.close()
-            if not self.local and self._last is not None and self._written_step == self._last[0]:
+            if not self.local and self._last is not None and self._written_step == (self._last[0], self._last[2]):
                 step_file.path.unlink(missing_ok=True)
 
     def _beat(self, wake: threading.Event) -> None:
@@ -335,15 +412,16 @@ class RunLog:
         last, step_of = self._last, self._step_of
         if last is None and step_of is not None:
             try:
-                last = (int(step_of()), time.time())
+                step = int(step_of())
+                last = (step, time.time(), step)
             except Exception:  # noqa: BLE001 - a model being torn down: the last step written stands
                 return
         if last is None or (self.local and self._step_file is not None):
             return
         with self._lock:
-            if last[0] != self._written_step and not self._broken:
+            if (last[0], last[2]) != self._written_step and not self._broken:
                 self._write(RUN_STEP_SUFFIX, step_record(*last).decode())
-                self._written_step = last[0]
+                self._written_step = (last[0], last[2])
 
     def _write(self, suffix: str, text: str) -> None:
         try:
@@ -365,15 +443,15 @@ def _salvage(store: Any) -> None:
     if not folder.is_dir():
         return
     host = socket.gethostname()
-    for path in folder.glob(f"*{RUN_STEP_SUFFIX}"):
-        attempt = path.name[: -len(RUN_STEP_SUFFIX)]
+    for path in [*folder.glob(f"*{RUN_STEP_SUFFIX}"), *folder.glob(f"*{RUN_STACKS_SUFFIX}")]:
+        attempt, suffix = path.name[: -len(path.suffix)], path.suffix
         owner, _, pid = attempt.rpartition("-")
         if not owner.endswith(f"-{host}") or not pid.isdigit() or _alive(int(pid)):
             continue
         try:
-            record = path.read_bytes().strip()
-            if record:
-                store.write_run_file(attempt + RUN_STEP_SUFFIX, record)
+            record = path.read_bytes()
+            if record.strip() and (suffix == RUN_STEP_SUFFIX or len(record) > STACKS_HEADER_BYTES):
+                store.write_run_file(attempt + suffix, record.strip() if suffix == RUN_STEP_SUFFIX else record)
             path.unlink()
         except Exception:  # noqa: BLE001 - a record left is only a less exact report, never an error
             continue
@@ -437,9 +515,22 @@ def read_attempt_logs(files: Mapping[str, bytes]) -> list[AttemptLog]:
         step = _parsed(attempt + RUN_STEP_SUFFIX, [step_file])  # none: a step file created, not written yet
         if records:
             events = [LoggedEvent(_kind(r.pop(_EVENT, None)), float(r.pop(_TIME)), r) for r in records]
-            attempts.append(AttemptLog(attempt, events, StepRecord(int(step[0]["step"]), float(step[0][_TIME]))
-                                       if step else None))
+            stacks, header = _stacks_of(files.get(attempt + RUN_STACKS_SUFFIX))
+            record = StepRecord(int(step[0]["step"]), float(step[0][_TIME]),
+                                int(step[0].get("began", step[0]["step"]))) if step else None
+            attempts.append(AttemptLog(attempt, events, record, stacks, header))
     return sorted(attempts, key=lambda log: log.events[0].t)
+
+
+def _stacks_of(data: bytes | None) -> tuple[str | None, dict[str, Any] | None]:
+    """A stacks file's dump and header; (None, None) when nothing was dumped."""
+    if data is None or len(data) <= STACKS_HEADER_BYTES:
+        return None, None
+    try:
+        header = json.loads(data[:STACKS_HEADER_BYTES].decode(errors="replace"))
+    except ValueError:
+        header = None
+    return data[STACKS_HEADER_BYTES:].decode(errors="replace"), header if isinstance(header, dict) else None
 
 
 def _kind(name: Any) -> Event | None:

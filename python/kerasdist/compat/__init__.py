@@ -23,7 +23,10 @@ Keras and TensorFlow (tools/upstream_check.py).
   private attributes ModelCheckpoint and TensorBoard keep state in;
 - `tf_distribute`: a MultiWorkerMirroredStrategy made too late
   (`explain_late_multi_worker_strategy`, applied at import), the coordination service's
-  heartbeat timeout (`configure_coordination`), its key-value store and barriers;
+  heartbeat timeout (`configure_coordination`), its key-value store and barriers
+  (`coordination_key_exists`, `wait_at_coordination_barrier`, `coordination_store`);
+- `tf_collectives`: the seconds this process's all-reduces took, per worker (`CollectiveWaits`,
+  `time_collectives`), for the step times that name a straggler;
 - `tf_cluster`: the preemption handler's GCE probe (`gce_metadata_probe_off`) and TensorFlow's
   SlurmClusterResolver on CPU-only nodes (`slurm_resolver`, `slurm_tasks_per_host`);
 - `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
@@ -93,6 +96,7 @@ from kerasdist.compat.tf_cluster import (
     slurm_tasks_per_host,
     tensorflow_needs_preemption_fix,
 )
+from kerasdist.compat.tf_collectives import CollectiveWaits, time_collectives
 from kerasdist.compat.tf_data import flat_map_on_cpu, map_on_cpu
 from kerasdist.compat.tf_data_state import (
     SYMBOLIC_REFUSED,
@@ -107,16 +111,17 @@ from kerasdist.compat.tf_distribute import (
     configure_coordination,
     coordination_heartbeat_timeout_seconds,
     coordination_key_exists,
+    coordination_store,
     explain_late_multi_worker_strategy,
     wait_at_coordination_barrier,
 )
 from kerasdist.compat.versions import version_within
 
 __all__ = [
-    "LATE_COLLECTIVES_VERSIONS", "MODEL_CHECKPOINT_COUNTERS", "TENSORBOARD_COUNTERS", "TRAINER",
+    "CollectiveWaits", "LATE_COLLECTIVES_VERSIONS", "MODEL_CHECKPOINT_COUNTERS", "TENSORBOARD_COUNTERS", "TRAINER",
     "MultiWorkerStrategyTooLate", "RecordedSave", "apply_keras_fixes", "apply_multi_worker_fixes",
     "apply_uneven_batch_fixes", "atomic_variable_increments", "calling_callback_list", "compiled_metrics",
-    "configure_coordination", "coordination_heartbeat_timeout_seconds", "coordination_key_exists",
+    "configure_coordination", "coordination_heartbeat_timeout_seconds", "coordination_key_exists", "coordination_store",
     "explain_late_multi_worker_strategy", "flat_map_on_cpu", "gce_metadata_probe_off",
     "initializers_deferred", "is_multi_worker", "keras_as_released", "keras_defers_initializers",
     "keras_loads_weights_in_place", "keras_model_bytes", "keras_needs_atomic_increments",
@@ -124,7 +129,7 @@ __all__ = [
     "keras_needs_uneven_batch_fixes", "keras_snapshot_supported", "layers_within", "load_keras_weights",
     "map_on_cpu", "optimizer_batch_counter", "record_save", "recording_store", "remove_keras_fixes",
     "replica_variables", "save_if_preempted", "slurm_gpu_share", "slurm_resolver", "slurm_tasks_per_host",
-    "symbolic_build", "tensorboard_writers", "tensorflow_needs_preemption_fix",
+    "symbolic_build", "time_collectives", "tensorboard_writers", "tensorflow_needs_preemption_fix",
     "tensorflow_reads_into_tensors", "variable_bytes", "version_within", "wait_at_coordination_barrier",
     "warm_saving_skipsets", "wrapped_function", "write_keras_zip", "zip_crc_later_supported",
     # the data users bring, resumable (data/resumable.py)

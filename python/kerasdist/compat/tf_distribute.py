@@ -112,3 +112,53 @@ def wait_at_coordination_barrier(barrier: str, timeout_ms: int) -> None:
     from tensorflow.python.eager import context
 
     context.context().wait_at_barrier(barrier, timeout_in_ms=timeout_ms)
+
+
+# TensorFlow releases whose eager context reaches the coordination service's key-value store only
+# through its private methods (set/get/delete_config_key_value; 2.21 checked). kerasdist's step
+# watchdog and step times use it to tell the other workers of a hang, a pause and their figures.
+COORDINATION_STORE_VERSIONS = ((2, 0), (2, 22))
+
+
+class CoordinationStore:
+    """The coordination service's key-value store (it lives in the leader task, worker 0 or the
+    chief, and serves from C++ threads: a call from a thread of ours works while the training
+    thread waits in a collective). Every method gives up quietly: the store is for reports and
+    hints, never in training's way."""
+
+    def __init__(self, context: Any):
+        self._context = context
+
+    def put(self, key: str, value: str) -> bool:
+        """Store `value` under `key` if the key is new; whether it was stored."""
+        try:
+            self._context.set_config_key_value(key, value)
+            return True
+        except Exception:  # noqa: BLE001 - taken already, or the service is gone
+            return False
+
+    def get(self, key: str, timeout_seconds: float) -> str | None:
+        """The value under `key`, waiting up to `timeout_seconds` for it to appear; None without."""
+        try:
+            return self._context.get_config_key_value(key, max(1, round(timeout_seconds * 1000)))
+        except Exception:  # noqa: BLE001 - not there (DeadlineExceeded), or the service is gone
+            return None
+
+    def delete(self, key: str) -> None:
+        try:
+            self._context.delete_config_key_value(key)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+
+def coordination_store() -> CoordinationStore | None:
+    """This process's coordination-service store, or None: another TensorFlow, or no service (one
+    worker, a strategy without one)."""
+    from tensorflow.python.eager import context
+
+    if not version_within(tf.__version__, COORDINATION_STORE_VERSIONS):
+        return None
+    current = context.context()
+    if not current.coordination_service or not hasattr(current, "get_config_key_value"):
+        return None
+    return CoordinationStore(current)

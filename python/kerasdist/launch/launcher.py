@@ -53,11 +53,13 @@ def launch(
     stdout/stderr prefixed with its role and index: `[worker 0] Epoch 1/3`.
 
     A process fails when it exits with a non-zero status (status 75,
-    `kerasdist.PREEMPTED_EXIT_CODE`, "preempted, checkpoint saved", included) or is killed by a
+    `kerasdist.PREEMPTED_EXIT_CODE`, "preempted, checkpoint saved", and 77,
+    `kerasdist.HUNG_EXIT_CODE`, "no training step for hang_timeout", included) or is killed by a
     signal. The launcher then stops every process of the group (SIGTERM to its process group,
-    SIGKILL after `grace_period` seconds; after a status 75 it first gives the others
+    SIGKILL after `grace_period` seconds; after a status 75 or a hang it first gives the others
     `grace_period` seconds to finish on their own, as multi-worker kerasdist runs stop together
-    on preemption) and, while restarts remain, starts the whole group
+    on preemption, and their step watchdogs fire together on a hang) and, while restarts remain,
+    starts the whole group
     again on fresh ports, so that training resumes from the latest checkpoint. With
     `min_workers` below `num_workers`, a group that still fails once its restarts are used up
     goes on with one worker fewer (TF_CONFIG then names the workers left; kerasdist resumes the
@@ -197,8 +199,11 @@ def _attempt(
             group.finish_output_of(outcome.failure)
             _say(f"{outcome.failure.description}; stopping the group.")
     finally:
-        preempted = outcome.failure is not None and outcome.failure.returncode == PREEMPTED_EXIT_CODE
-        group.stop(grace_period, settle=preempted)
+        # After a preemption (75) or a hang (77), the other workers end on their own: they stop at the
+        # same agreed step, or their watchdogs fire too (a SIGTERM cannot reach a stuck step).
+        failure = outcome.failure
+        settle = failure is not None and (failure.returncode == PREEMPTED_EXIT_CODE or failure.is_hang)
+        group.stop(grace_period, settle=settle)
         outcome.exit_codes = group.exit_codes()
     return outcome
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from kerasdist.preemption import PEER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE
+from kerasdist.preemption import HUNG_EXIT_CODE, PEER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE
+from kerasdist.preemption.exit import HANG_BACKSTOP_SIGNAL
 
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
@@ -38,6 +39,9 @@ class TaskFailure:
         """E.g. "worker 1 was killed by SIGKILL" or "worker 1 exited with status 3"."""
         if self.never_up:
             return f"{self.task} {self.never_up}"
+        if self.returncode == -HANG_BACKSTOP_SIGNAL:
+            return (f"{self.task} was killed by {_signal_name(-self.returncode)} (hung in C code that holds the "
+                    "GIL: the step watchdog's backstop)")
         if self.returncode < 0:
             return f"{self.task} was killed by {_signal_name(-self.returncode)}"
         if self.returncode == PREEMPTED_EXIT_CODE:
@@ -47,7 +51,14 @@ class TaskFailure:
             )
         if self.returncode == PEER_LOST_EXIT_CODE:
             return f"{self.task} exited with status {self.returncode} (a peer was lost; newest checkpoint intact)"
+        if self.returncode == HUNG_EXIT_CODE:
+            return f"{self.task} exited with status {self.returncode} (hung: no training step for hang_timeout)"
         return f"{self.task} exited with status {self.returncode}"
+
+    @property
+    def is_hang(self) -> bool:
+        """Whether the process ended because training stopped stepping (its watchdog or backstop)."""
+        return self.returncode in (HUNG_EXIT_CODE, -HANG_BACKSTOP_SIGNAL)
 
     @property
     def exit_code(self) -> int:

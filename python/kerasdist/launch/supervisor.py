@@ -10,8 +10,9 @@ process, which runs the script, `-c` code or `-m` module as `python` would. The 
 the supervisor's child: in a Slurm step it is in the step (its process tree, its cgroup), so the
 step's signals, kills and accounting reach it, unlike a process forked by a server of another step.
 
-When the training process dies of SIGKILL (an out-of-memory kill, a `kill -9`) or exits 76 (kerasdist: a peer of
-its cluster was lost), the supervisor has not been signalled and restarts are left, it forks a new
+When the training process dies of SIGKILL (an out-of-memory kill, a `kill -9`), exits 76 (kerasdist: a peer of
+its cluster was lost) or hung (exit 77, its step watchdog; or killed by SIGALRM, the watchdog's backstop
+for C code that holds the GIL), the supervisor has not been signalled and restarts are left, it forks a new
 one at once, in place: no interpreter start, no TensorFlow import (about 4-6 s of CPU a restart,
 more on a loaded machine), no new step. The peers: a restarted worker registers with the chief's
 coordination service under a new incarnation. If the chief's old process still runs (blocked in a
@@ -59,7 +60,8 @@ from typing import NoReturn
 
 PREEMPTED = 75
 PEER_LOST = 76
-RESTARTED = (-signal.SIGKILL, PEER_LOST)  # exit codes restarted in place (negative: killed by that signal)
+HUNG = 77  # kerasdist's step watchdog; SIGALRM is its backstop's (kerasdist.preemption.exit)
+RESTARTED = (-signal.SIGKILL, PEER_LOST, HUNG, -signal.SIGALRM)  # restarted in place (negative: that signal)
 FORMED_FD_VARIABLE = "KERASDIST_SUPERVISOR_FD"  # a restarted process writes to it once its cluster formed
 DEFAULT_FORM_TIMEOUT = 60.0
 FORMING, FORMED = b"1", b"2"  # what a training process writes there
@@ -193,7 +195,8 @@ class Supervisor:
             if self.signalled or code not in RESTARTED or restarts >= self.max_restarts:
                 warm.exit_like(status)
             restarts += 1
-            what = "was killed (SIGKILL)" if code < 0 else f"lost a peer (status {PEER_LOST})"
+            what = {-signal.SIGKILL: "was killed (SIGKILL)", PEER_LOST: f"lost a peer (status {PEER_LOST})",
+                    HUNG: f"hung (status {HUNG})", -signal.SIGALRM: "hung in C code (SIGALRM)"}[code]
             _say(f"the training process {what}: restart {restarts} of {self.max_restarts}, in place")
             self._log_restart(code)
 

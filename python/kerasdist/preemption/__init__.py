@@ -20,14 +20,16 @@ and hands it back to the one before when its time ends.
 
 A peer lost mid-fit (its process killed, its host down) is no signal but TensorFlow's error in a
 collective: `exit.exit_on_lost_peer` turns it into `PeerLostExit` (76), nothing saved, the newest
-checkpoint intact.
+checkpoint intact. A fit that stops stepping (a hang: no step for `hang_timeout`) is no signal
+either: the checkpoint callback's watchdog ends the process with 77 (`HUNG_EXIT_CODE`).
 
-Modules: `exit` (statuses 75 and 76, `PreemptedExit` and `PeerLostExit`), `signals`
+Modules: `exit` (statuses 75, 76 and 77, `PreemptedExit` and `PeerLostExit`), `signals`
 (the handlers and who holds SIGTERM), `agreement` (multi-worker: every worker stops at one agreed
 step; imports TensorFlow, so it is imported where it is used).
 """
 
 from kerasdist.preemption.exit import (
+    HUNG_EXIT_CODE,
     PEER_LOST_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     PeerLostExit,
@@ -37,5 +39,5 @@ from kerasdist.preemption.exit import (
 )
 from kerasdist.preemption.signals import SigtermHold
 
-__all__ = ["PEER_LOST_EXIT_CODE", "PREEMPTED_EXIT_CODE", "PeerLostExit", "PreemptedExit", "SigtermHold",
-           "exit_on_lost_peer", "exit_preempted"]
+__all__ = ["HUNG_EXIT_CODE", "PEER_LOST_EXIT_CODE", "PREEMPTED_EXIT_CODE", "PeerLostExit", "PreemptedExit",
+           "SigtermHold", "exit_on_lost_peer", "exit_preempted"]

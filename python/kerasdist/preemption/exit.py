@@ -1,12 +1,15 @@
 """What a process ends with when it cannot go on: status 75 when preempted (during a fit, after
-saving), 76 when a peer of its multi-worker cluster was lost."""
+saving), 76 when a peer of its multi-worker cluster was lost, 77 when it stopped stepping (its
+step watchdog fired: `checkpoint/watchdog.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +62,25 @@ _PEER_LOST_WORDS = re.compile(r"Collective ops is aborted|Connection reset by pe
 # place takes seconds): its new server knows none of the old groups (FAILED_PRECONDITION).
 _PEER_RESTARTED = re.compile(r"(not found|failed to resolve)\. This normally means the server has restarted")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+HUNG_EXIT_CODE = 77  # "no training step for hang_timeout": restart the group, like any failure
+# A process whose watchdog thread cannot run (C code holding the GIL) is ended by the signal's
+# default action instead (`checkpoint/watchdog.py`'s backstop): status -14, 142 in a shell.
+HANG_BACKSTOP_SIGNAL = signal.SIGALRM
+_ending_hung = threading.Event()  # the step watchdog fired: this process ends with 77
+
+
+def end_hung() -> None:
+    """The step watchdog fired and is ending the process with 77: from now on an error for a lost
+    peer (the peers' watchdogs end theirs at the same time) waits for that instead of exiting 76."""
+    _ending_hung.set()
+
+
+def _wait_if_ending_hung() -> None:
+    """Block for good when the watchdog is ending the process (it calls `os._exit(77)` shortly)."""
+    if _ending_hung.is_set():
+        threading.Event().wait()
 
 
 class PeerLostExit(SystemExit):
@@ -124,6 +146,7 @@ def exit_when_peer_lost(num_workers: int, task: str | None) -> None:
         if lost is None:
             previous(kind, error, trace)
             return
+        _wait_if_ending_hung()
         sys.stderr.write(f"{lost}\n")
         sys.stderr.flush()
         os._exit(PEER_LOST_EXIT_CODE)  # TensorFlow's exit handlers may wait for the peer that is gone
@@ -141,6 +164,7 @@ def exit_on_lost_peer(num_workers: int, task: str | None, on_lost: Callable[[], 
         lost = peer_lost(err, num_workers, task)
         if lost is None:
             raise
+        _wait_if_ending_hung()
         if on_lost is not None:
             on_lost()
         sys.stderr.write(f"{lost}\n")

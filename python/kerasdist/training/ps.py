@@ -166,7 +166,9 @@ def _loop(model, coordinator, callback_list, train_step, train_iterator, test_st
         coordinator.join()
         logs = _metric_logs(model)
         if val_iterator is not None:
+            callback_list.on_test_begin()  # as Keras's fit: the checkpoint callback's watchdog pauses
             logs.update(_validate(model, coordinator, test_step, val_iterator, validation_steps))
+            callback_list.on_test_end(logs)
         callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
             break

@@ -135,13 +135,16 @@ def train_from(start: ResumePoint, epochs: int, checkpoint: CheckpointCallback, 
     """
     plan = segments_from(start, epochs, steps=steps, one_call=one_call)
     histories = []
-    for index, segment in enumerate(plan):
-        if index and model.stop_training:
-            break
-        with checkpoint.resuming_mid_epoch(segment.skip, then_continues=index + 1 < len(plan)):
-            history = run(segment)
-        if history is not None:
-            histories.append(history)
+    try:
+        for index, segment in enumerate(plan):
+            if index and model.stop_training:
+                break
+            with checkpoint.resuming_mid_epoch(segment.skip, then_continues=index + 1 < len(plan)):
+                history = run(segment)
+            if history is not None:
+                histories.append(history)
+    finally:
+        checkpoint.stop_watching()  # also when a fit raised (Keras then calls no end hook)
     return merged_history(model, start.history, histories)
 
 

@@ -3,7 +3,7 @@
 usage: train_anywhere.py CHECKPOINT_DIR OUT.npz [--strategy auto|default|mirrored] [--devices N]
                          [--batch-size 32] [--epochs 2] [--every-steps 1]
                          [--kill-at-step S] [--kill-task TASK] [--kill-signal KILL|TERM]
-                         [--pause-before-kill SECONDS] [--sync-save]
+                         [--pause-before-kill SECONDS] [--kill-in-step-end] [--sync-save]
                          [--api distributed_fit|resume_fit]
 distributed_fit on 320 samples (a Dense model, global batch 32: 10 steps an epoch), a checkpoint
 every step. `--devices 2 --strategy mirrored` splits the CPU into 2 replicas; under the launcher
@@ -12,7 +12,9 @@ run through make_or_restore_model + make_dataset + resume_fit.
 Prints "step G" after every optimizer step (flushed).
 `--kill-at-step S` sends the process itself `--kill-signal` once step S is checkpointed (its
 background write done; `--pause-before-kill` seconds later, so the run log's heartbeat has step S; on the
-launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given); comma lists
+launcher's first attempt only, and only on `--kill-task`, e.g. worker:1, when given; with
+`--kill-in-step-end`, inside a callback at the end of step S instead, before kerasdist's callback
+has taken the step, as a user's callback killed there would be); comma lists
 (`--kill-at-step 3,9 --kill-task worker:0,worker:1`) kill on attempt k at the k-th step and task. The chief
 (or the only process) writes its final weights to OUT.npz, any other worker to OUT-<task>.npz.
 """
@@ -45,16 +47,19 @@ def build_model():
 
 
 class PrintAndKill(keras.callbacks.Callback):
-    def __init__(self, kill_at: int | None, sig: int, pause: float = 0.0):
+    def __init__(self, kill_at: int | None, sig: int, pause: float = 0.0, in_step_end: bool = False):
         super().__init__()
-        self.kill_at, self.sig, self.pause = kill_at, sig, pause
+        self.kill_at, self.sig, self.pause, self.in_step_end = kill_at, sig, pause, in_step_end
 
     def on_train_batch_end(self, batch, logs=None):
-        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+        step = int(self.model.optimizer.iterations.numpy())
+        print(f"step {step}", flush=True)
+        if self.in_step_end and self.kill_at is not None and step >= self.kill_at:
+            os.kill(os.getpid(), self.sig)  # kerasdist's callback, after this one, has not taken the step
 
     def on_train_batch_begin(self, batch, logs=None):  # the step before done, its checkpoint taken
         step = int(self.model.optimizer.iterations.numpy())
-        if self.kill_at is not None and step >= self.kill_at:
+        if not self.in_step_end and self.kill_at is not None and step >= self.kill_at:
             self.kill_at = None
             time.sleep(self.pause)
             background.wait_for_all()  # "once step S is checkpointed": its background write done
@@ -74,6 +79,7 @@ def main():
     parser.add_argument("--kill-task")
     parser.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM"])
     parser.add_argument("--pause-before-kill", type=float, default=0.0)
+    parser.add_argument("--kill-in-step-end", action="store_true")
     parser.add_argument("--sync-save", action="store_true", help="save on the training thread (async_save=False)")
     parser.add_argument("--api", default="distributed_fit", choices=["distributed_fit", "resume_fit"])
     args = parser.parse_args()
@@ -93,7 +99,8 @@ def main():
     steps = [int(s) for s in args.kill_at_step.split(",")] if args.kill_at_step else []
     tasks = args.kill_task.split(",") if args.kill_task else [None] * len(steps)
     kill = steps[attempt] if attempt < len(steps) and tasks[attempt] in (None, context.task) else None
-    callbacks = [PrintAndKill(kill, getattr(signal, f"SIG{args.kill_signal}"), args.pause_before_kill)]
+    callbacks = [PrintAndKill(kill, getattr(signal, f"SIG{args.kill_signal}"), args.pause_before_kill,
+                              args.kill_in_step_end)]
     if args.api == "distributed_fit":
         model = kerasdist.distributed_fit(
             build_model, x, y, epochs=args.epochs, checkpoint_dir=args.checkpoint_dir, strategy=strategy,
