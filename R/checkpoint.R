@@ -88,22 +88,20 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
 #'   `NULL`: only at epoch ends.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it.
+#'   `kerasdist.goodput()` suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
 #'   deleted).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.
 #' @param monitor The epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
 #' @param mode "min" or "max": whether a smaller or larger `monitor` is better.
-#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
-#'   default `TRUE`.
 #' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
 #'   only while the model's state is copied; `FALSE` writes each one on the training thread before
 #'   training goes on.
-#' @param every_seconds Also save at the first step end this many seconds after the last save (or
-#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
-#'   step saves. The chief alone decides and writes, so workers never wait on it.
-#'   `kerasdist.goodput()` suggests a value from a run's failures and save cost.
-#' @param ... Checkpoint options (`CheckpointOptions` in Python) this function does not name, each a
-#'   named argument: none today; an option added in Python is taken here with no change in R.
+#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
+#'   default `TRUE`.
 #' @returns The callback (a Python Keras callback), for `callbacks = list(...)`.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.checkpoint_callback()`.
@@ -112,16 +110,10 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' model |> fit(x, y, epochs = 10, callbacks = list(checkpoint_callback("checkpoints")))
 #' }
 #' @export
-checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
-                                keep_best = FALSE, monitor = "loss", mode = "min",
-                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL,
-                                every_seconds = NULL, ...) {
-  call_python(
-    kerasdist_module()$checkpoint_callback, checkpoint_dir,
-    every_epoch = every_epoch, every_steps = every_steps, keep = keep,
-    keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
-    async_save = async_save, storage_options = storage_options, every_seconds = every_seconds, ...
-  )
+checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, every_seconds = NULL,
+                                keep = 3L, keep_best = FALSE, monitor = "loss", mode = "min",
+                                async_save = TRUE, storage_options = NULL, handle_sigterm = TRUE) {
+  call_python_forwarding(kerasdist_module()$checkpoint_callback)
 }
 
 # r-docs: python/kerasdist/checkpoint/manager.py:latest_checkpoint (make r-docs)

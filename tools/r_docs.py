@@ -36,11 +36,6 @@ SECTIONS = ("Args:", "Returns:", "Raises:", "Attributes:", "Example:", "Examples
 WIDTH = 100
 
 
-# Functions decorated with `takes_checkpoint_options` take every field of CheckpointOptions as a
-# keyword: their R twins document the fields they name and forward the others through `...`.
-CHECKPOINT_OPTIONS = "python/kerasdist/checkpoint/options.py:CheckpointOptions"
-
-
 @functools.cache
 def module_tree(path: str) -> ast.Module:
     """The parsed module at `path` (from the repository's root), read once per run."""
@@ -74,37 +69,22 @@ def docstring(spec: str) -> str:
     return ast.get_docstring(definition(spec)) or ""
 
 
-def takes_checkpoint_options(spec: str) -> bool:
-    return any(isinstance(d, ast.Name) and d.id == "takes_checkpoint_options" for d in definition(spec).decorator_list)
-
-
 def record_docs(spec: str) -> dict[str, str]:
     """A record's fields and their docs (its `Attributes:` or `Args:` section)."""
     parts = sections(docstring(spec))
     return arguments(parts.get("Attributes:") or parts.get("Args:", ""))
 
 
-def checkpoint_option_docs() -> dict[str, str]:
-    return record_docs(CHECKPOINT_OPTIONS)
-
-
 def field_docs_of_decorators(spec: str) -> dict[str, str]:
-    """The fields `@with_field_docs(Record)` adds to a function's docstring when it is imported."""
+    """The fields `@with_field_docs(Record, leave_out=...)` adds to a function's docstring when it
+    is imported."""
     found: dict[str, str] = {}
     for decorator in definition(spec).decorator_list:
         if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "with_field_docs":
-            found.update(record_docs(class_index()[decorator.args[0].id]))
+            left_out = set().union(*(ast.literal_eval(k.value) for k in decorator.keywords if k.arg == "leave_out"))
+            docs = record_docs(class_index()[decorator.args[0].id])
+            found.update({name: text for name, text in docs.items() if name not in left_out})
     return found
-
-
-def forwarded_options_text(documented: list[str]) -> str:
-    """`...`'s @param: the checkpoint options the R function does not name, each with its doc."""
-    others = {name: text for name, text in checkpoint_option_docs().items() if name not in documented}
-    if not others:
-        return ("Checkpoint options (`CheckpointOptions` in Python) this function does not name, each a named "
-                "argument: none today; an option added in Python is taken here with no change in R.")
-    listed = "; ".join(f"`{name}`: {text.rstrip('.')}" for name, text in others.items())
-    return "Further checkpoint options (`CheckpointOptions` in Python), each a named argument: " + listed + "."
 
 
 def sections(doc: str) -> dict[str, str]:
@@ -189,6 +169,21 @@ def r_formals(r_source: str, function: str) -> list[str]:
     return [name for name in names if name]
 
 
+def inherited_texts(function: str) -> dict[str, str]:
+    """What `@inheritParams function` documents: per parameter of its Python twin, the docstring's
+    text, or "r" where its entry in tools/r_docs.json gives R words."""
+    wrappers = {name: spec for r_file, specs in json.loads(OVERRIDES.read_text()).items()
+                if not r_file.startswith("_") for name, spec in specs.items()}
+    spec = wrappers[function]
+    r_words = {name: "r" for name, text in spec.get("params", {}).items() if text is not None}
+    return {**python_arguments(spec["python"]), **r_words}
+
+
+def python_arguments(spec: str) -> dict[str, str]:
+    """The docs of each argument of the Python function `spec`: its `Args:` and its records' fields."""
+    return {**field_docs_of_decorators(spec), **arguments(sections(docstring(spec)).get("Args:", ""))}
+
+
 def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     """The generated roxygen lines of one wrapper, its marker first."""
     parts = sections(docstring(spec["python"]))
@@ -202,15 +197,13 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     lines.append("#'")
     if "inherit" in spec:
         lines.append(f"#' @inheritParams {spec['inherit']}")
-    python_args = {**field_docs_of_decorators(spec["python"]), **arguments(parts.get("Args:", ""))}
-    if takes_checkpoint_options(spec["python"]):
-        python_args = {**checkpoint_option_docs(), **python_args}
-        if "..." in formals and "..." not in spec.get("params", {}):
-            python_args["..."] = forwarded_options_text(formals)
+    python_args = python_arguments(spec["python"])
+    inherited = inherited_texts(spec["inherit"]) if "inherit" in spec else {}
     for name in formals:
         overrides = spec.get("params", {})
-        if name in overrides and overrides[name] is None:
-            continue  # documented by `inherit`
+        if (name in overrides and overrides[name] is None) or (
+                name not in overrides and inherited.get(name) in ("r", python_args.get(name))):
+            continue  # documented by `inherit`: null here, or the same words there
         text = overrides.get(name)
         if text is None and name in python_args:
             text = to_r(python_args[name][:1].upper() + python_args[name][1:])

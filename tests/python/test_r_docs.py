@@ -32,7 +32,7 @@ def test_committed_r_files_are_what_the_tool_writes():
 
 def test_a_docstring_edit_reaches_the_r_file(tmp_path, monkeypatch):
     """A checkpoint option's doc is written once, in CheckpointOptions: an edit there reaches every
-    R wrapper that names the option, and the `...` of those that forward the rest."""
+    R wrapper that takes the option."""
     tool = _tool()
     source = (ROOT / "python/kerasdist/checkpoint/options.py").read_text()
     edited = source.replace("keep: how many of the newest checkpoints to keep (>= 1;",
@@ -42,12 +42,13 @@ def test_a_docstring_edit_reaches_the_r_file(tmp_path, monkeypatch):
     assert edited != source
     module = tmp_path / "options.py"
     module.write_text(edited)
-    monkeypatch.setattr(tool, "CHECKPOINT_OPTIONS", f"{module}:CheckpointOptions")
+    classes = {**tool.class_index(), "CheckpointOptions": f"{module}:CheckpointOptions"}
+    monkeypatch.setattr(tool, "class_index", lambda: classes)
     generated = tool.generate("R/checkpoint.R", _overrides()["R/checkpoint.R"])
     assert generated != (ROOT / "R/checkpoint.R").read_text()
     assert "#' @param keep How many of the newest checkpoints to keep (>= 1, `NULL` for all;" in generated
     fit = tool.generate("R/training-distributed.R", _overrides()["R/training-distributed.R"])
-    assert "`keep_best`: also keep the best checkpoint by `monitor`;" in fit
+    assert "#' @param keep_best Also keep the best checkpoint by `monitor`." in fit
 
 
 def test_every_argument_of_a_generated_wrapper_is_documented():
