@@ -9,7 +9,7 @@
 #' skipped with a warning. Under a multi-worker strategy only the chief reads `checkpoint_dir`, and
 #' every other worker gets the state it restored (hosts need not share a disk; see `chief_state`).
 #' `latest_checkpoint(checkpoint_dir)` then tells the epoch and step to resume from; pass its
-#' `epoch` as `initial_epoch` to `fit` (or use `resume_fit`, which continues from the checkpoint
+#' `epoch` as `initial_epoch` to `fit` (or use [resume_fit()], which continues from the checkpoint
 #' restored here) so `epochs=N` means N in total.
 #'
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL:
@@ -19,9 +19,9 @@
 #'   last; unfinished uploads are never restored.
 #' @param build_fn An R (or Python) function with no arguments returning a compiled Keras model (a
 #'   keras3 model or one made through reticulate). If `NULL`, the model is loaded whole from the
-#'   newest checkpoint.
-#' @param strategy A strategy from [select_strategy()]; `NULL` for the active one.
-#' @param custom_objects Named list of custom classes or functions for loading.
+#'   newest checkpoint (its config, with `custom_objects` and `safe_mode`).
+#' @param strategy A `tf.distribute.Strategy`; `NULL`: the active one.
+#' @param custom_objects A named list of custom classes or functions needed to load a saved model.
 #' @param safe_mode Refuse to load lambdas from checkpoints (Keras safe mode); default `TRUE`.
 #' @param storage_options For an object-store `checkpoint_dir`: a named list of options for its
 #'   fsspec filesystem (credentials, endpoint), e.g.
@@ -90,8 +90,8 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #'   `NULL`: only at epoch ends.
 #' @param every_seconds Also save at the first step end this many seconds after the last save (or
 #'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
-#'   step saves. The chief alone decides and writes, so workers never wait on it.
-#'   `kerasdist.goodput()` suggests a value from a run's failures and save cost.
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
 #'   deleted).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.

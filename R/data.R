@@ -32,23 +32,25 @@
 #' @param batch_size Global batch size (all replicas together).
 #' @param per_replica_batch_size Batch size of one replica; the global size is this times the
 #'   strategy's replicas. Give one of the two; neither means 32.
-#' @param strategy The strategy `fit()` runs under; `NULL` for the one whose scope is active.
+#' @param strategy The strategy fit will run under; `NULL`: the one whose scope is active.
 #' @param drop_remainder Drop each epoch's last, smaller batch.
 #' @param shuffle Permute each epoch; the order is a pure function of (seed, epoch).
 #' @param seed The shuffle seed (an integer).
 #' @param initial_epoch The epoch of the first pass (0-based, like Keras's `initial_epoch`), or the
 #'   first epoch of the stream.
-#' @param skip_batches Batches of `initial_epoch` already consumed (a mid-epoch resume); needs
-#'   `epochs` or `repeat_epochs`.
+#' @param skip_batches Batches of `initial_epoch` already consumed (a mid-epoch resume); needs the
+#'   stream form (`epochs` or `repeat_epochs`), since a one-epoch dataset's passes all have the same
+#'   length.
 #' @param epochs `NULL` (default): the dataset is one epoch, the next one on each new pass. An
 #'   integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive, like Keras's
 #'   `epochs`).
 #' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's `repeat=True`; `repeat` is
 #'   a reserved word in R).
 #' @param per_worker Build one pipeline per worker with
-#'   `strategy$distribute_datasets_from_function()`, each reading only its share; otherwise the
-#'   dataset carries the auto-shard policy of its source (DATA for in-memory data, FILE for files
-#'   when there are at least as many files as workers, DATA otherwise).
+#'   `strategy$distribute_datasets_from_function()`, each reading only its share; returns a
+#'   distributed dataset. Otherwise the dataset carries the auto-shard policy of its source: DATA
+#'   for in-memory data, FILE for files when there are at least as many files as workers, DATA
+#'   otherwise.
 #' @param cache `TRUE` or "memory" to cache in memory, or a file path prefix; caches the source
 #'   records (files, an existing dataset) before shuffling. In-memory arrays are already in memory,
 #'   so it changes nothing for them.
@@ -60,7 +62,7 @@
 #' @param file_format "tfrecord" or "csv"; default from the file extension.
 #' @param label_column For CSV/TFRecord files: the column (feature) that is y.
 #' @param features For TFRecord files of `tf.train.Example`: a named list of float feature shapes,
-#'   e.g. `list(x = 3L, y = integer(0))`; the non-label features, concatenated, are `x`.
+#'   e.g. `list(x = 3L, y = integer(0))`. The non-label features, concatenated, are `x`.
 #' @param shuffle_buffer Block size of the stream-source shuffle with `cache`.
 #' @returns A `tf.data.Dataset` (Python object), or a distributed dataset with `per_worker = TRUE`;
 #'   [dataset_info()] tells what was decided. For a validation split see [make_dataset_split()].
@@ -133,7 +135,7 @@ make_dataset_split <- function(x, y = NULL, validation_split, sample_weight = NU
 #'
 #' @inheritParams make_dataset
 #' @param validation_split Fraction in (0, 1) of the samples (the last ones, as Keras's `fit` holds
-#'   out) kept out of training (`make_dataset_split`); in-memory data only.
+#'   out) kept out of training ([make_dataset_split()]); in-memory data only.
 #' @returns A list of class `kerasdist_dataset_info`, as [dataset_info()] gives.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.

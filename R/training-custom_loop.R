@@ -5,12 +5,12 @@
 #'
 #' Every epoch, `data`'s batches are distributed and `step_fn(model, optimizer, batch)` runs on
 #' every replica through `strategy.run`, all in one `tf.function`. The dict it returns holds
-#' per-replica scalars already scaled with `scaled_loss` (each replica's share of the global mean):
-#' they are summed across replicas, averaged over the epoch's steps and logged as Keras logs them
-#' (`verbose`, callbacks, History). Checkpoints are written through kerasdist's checkpoint callback
-#' at every epoch end (and every `every_steps` steps, and on SIGTERM, which then exits with status
-#' 75); the same call after a crash continues at the next unseen batch, bit for bit on the default
-#' strategy with seeded data and op determinism.
+#' per-replica scalars already scaled with [scaled_loss()] (each replica's share of the global
+#' mean): they are summed across replicas, averaged over the epoch's steps and logged as Keras logs
+#' them (`verbose`, callbacks, History). Checkpoints are written through kerasdist's checkpoint
+#' callback at every epoch end (and every `every_steps` steps, and on SIGTERM, which then exits with
+#' status 75); the same call after a crash continues at the next unseen batch, bit for bit on the
+#' default strategy with seeded data and op determinism.
 #'
 #' From R, `step_fn` must be a **Python** function: TensorFlow calls it on one thread per replica,
 #' where R code cannot run. Write it with `reticulate::py_run_string()` and pass `py$step`; it
@@ -23,13 +23,16 @@
 #'   `checkpoint_dir`).
 #' @param data A `tf.data.Dataset` of global batches (e.g. from [make_dataset()]), or a Python
 #'   function of a `tf.distribute.InputContext` (with `steps_per_epoch`).
-#' @param step_fn A Python function `step_fn(model, optimizer, batch)`; `NULL` for Keras's own step
-#'   of the compiled model.
+#' @param step_fn A Python function `step_fn(model, optimizer, batch) -> dict of scalars`; it runs
+#'   on the replicas' threads, so it cannot be an R function. `NULL`: [fit_step()], Keras's own step
+#'   for a compiled model.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint_dir Directory of checkpoints (or an object-store URL); `NULL` for the one
-#'   `model` was made or restored from.
-#' @param optimizer `NULL` for the compiled model's optimizer; an optimizer given for a model
-#'   compiled without one is attached, so checkpoints hold its state.
+#' @param checkpoint_dir Directory of checkpoints (or an object-store URL, `s3://bucket/run`);
+#'   `NULL` for the one the model was made or restored from by [make_or_restore_model()].
+#' @param optimizer `NULL`: the compiled model's optimizer; an optimizer given for a model compiled
+#'   without one is attached (`model.compile(optimizer=...)`), so checkpoints hold its state.
+#' @param strategy Where a build function builds the model; `NULL`: the active strategy. A model
+#'   given built trains under its own strategy.
 #' @param steps_per_epoch Batches per epoch, when `data` cannot tell.
 #' @param callbacks A Keras callback or a list of them.
 #' @param verbose 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
@@ -42,9 +45,10 @@
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
 #'   `NULL`: only at epoch ends.
-#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
-#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
-#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
 #'   deleted).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.

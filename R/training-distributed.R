@@ -27,12 +27,12 @@
 #'   `dataset_batch()`, keras3's `image_dataset_from_directory()`; each batch one global batch,
 #'   split over the replicas), a Python `keras.utils.PyDataset` or generator. A restart continues
 #'   either at the next unseen batch ([resume_rule()] says how, for batches).
-#' @param y The targets, same number of rows as `x` (or a column name).
+#' @param y The targets, as [make_dataset()] takes them (`NULL` when `x` holds them).
 #' @param epochs Total number of epochs, counting those done by earlier (interrupted) runs.
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL
-#'   (`"s3://bucket/run"`, `"gs://bucket/run"`): see [make_or_restore_model()].
-#' @param strategy A strategy from [select_strategy()] (or any `tf.distribute.Strategy`), or a kind
-#'   for [select_strategy()]: `"auto"`, `"default"`, `"mirrored"`, ...
+#'   (`s3://bucket/run`, `gs://bucket/run`): see [make_or_restore_model()].
+#' @param strategy A `tf.distribute.Strategy` (from [select_strategy()] or not), or a kind for
+#'   [select_strategy()]: "auto" (default), "default", "mirrored", ...
 #' @param batch_size Global batch size; or give `per_replica_batch_size`; neither means 32.
 #' @param per_replica_batch_size Batch size of one replica (multiplied by the replicas).
 #' @param seed Seed of the per-epoch shuffle.
@@ -40,20 +40,21 @@
 #' @param sample_weight Optional per-sample weights (a numeric vector).
 #' @param validation_split Fraction in (0, 1) of the samples (the last ones, as in Keras) held out
 #'   for validation; in-memory data only.
-#' @param validation_data `list(x_val, y_val)` (batched like the training data, in order) or a
+#' @param validation_data `list(x_val, y_val)` (batched like the training data, unshuffled) or a
 #'   batched `tf.data.Dataset`.
-#' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own,
-#'   R ones included); checkpoints are added by `distributed_fit()` itself.
+#' @param callbacks More Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own, R ones
+#'   included); checkpoints are added by distributed_fit itself.
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param steps_per_epoch Batches per epoch of data of batches that cannot tell (a Python generator;
 #'   a dataset with a filter is counted once, by a pass over it).
 #' @param verbose Passed to `fit`.
-#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU). Like
-#'   `jit_compile` and `gradient_accumulation_steps`, recorded in every checkpoint: a resumed run
-#'   with other values is refused, naming the setting.
-#' @param jit_compile Compile the training step with XLA.
-#' @param gradient_accumulation_steps Apply the optimizer every this many steps; `NULL`: every step.
+#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
+#'   model must be built under it (pass a build function). Recorded in every checkpoint, as the next
+#'   two: a resumed run with other values is refused, naming the setting.
+#' @param jit_compile Compile the per-replica step with XLA.
+#' @param gradient_accumulation_steps Apply the optimizer once every this many batches, their
+#'   gradients averaged (Keras 3 optimizers accumulate them); `NULL` or 1: every batch.
 #' @param steps_per_execution Training steps per call into the graph (Keras's `compile` option;
 #'   callbacks' batch hooks then run once per call). An integer must divide the steps of an epoch,
 #'   and `every_steps` must be a multiple of it; above 1 it needs a strategy of one replica (Keras
@@ -66,9 +67,10 @@
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
 #'   `NULL`: only at epoch ends.
-#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
-#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
-#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
 #'   deleted).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.
@@ -134,7 +136,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
 #' what to use instead; [distributed_fit()] runs this check before training.
 #'
 #' @param model A compiled Keras model.
-#' @param strategy The strategy training will run under; `NULL` for the active one.
+#' @param strategy The strategy training will run under; `NULL`: the active one.
 #' @returns A character vector of the places holding R functions (e.g. `"loss"`, `"metrics[1]"`),
 #'   invisibly; empty if none. With one replica they are allowed (they run on the calling thread)
 #'   and only reported.

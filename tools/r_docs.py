@@ -4,13 +4,16 @@ Each wrapper to generate is named in tools/r_docs.json, per R file: the Python f
 it forwards to, as "python/kerasdist/<module>.py:<name>", and what R says differently (an R type
 in a parameter, an R value returned, an R paragraph): `title`, `params`, `returns`, `details`,
 `inherit`, `python_description` (false: the docstring's description holds only in Python, and
-`details` replaces it). In the R file, the generated lines follow a marker comment
-(`# r-docs: <python>`) down to the first hand-written tag (`@section`, `@inheritSection`, `@family`, `@seealso`,
-`@examples`, `@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
-paragraph), the description (its other paragraphs before `Args:`), one `@param` per argument of
-the R function (Python's `Args:` entry unless `params` gives the R text; none where `inherit`
-covers it) and `@returns`. Python's words become R's (None, True, False), the text is escaped for
-roxygen and wrapped.
+`details` replaces it). A parameter's text there is R's own words in full, null (documented by
+`inherit`), or a map {Python phrase: R words} applied to the docstring's text. In the R file, the
+generated lines follow a marker comment (`# r-docs: <python>`) down to the first hand-written tag
+(`@section`, `@inheritSection`, `@family`, `@seealso`, `@examples`, `@examplesIf`, `@export`,
+`@keywords`), which stay as they are: the title (the docstring's first paragraph), the description
+(its other paragraphs before `Args:`), one `@param` per argument of the R function (Python's
+`Args:` entry unless `params` gives the R text; none where `inherit` covers it: null there, or
+the inherited function's Python text is the same) and `@returns`. Python's words become R's
+(None, True, False; a function R exports, named in code, a link to its page), the text is escaped
+for roxygen and wrapped.
 
     python tools/r_docs.py            # rewrite the R files
     python tools/r_docs.py --check    # exit 1, naming the files, if they differ from the output
@@ -117,13 +120,18 @@ def arguments(args_text: str) -> dict[str, str]:
     return found
 
 
-def to_r(text: str) -> str:
+def to_r(text: str, links: bool = True) -> str:
     """Python's words as R says them, escaped for roxygen's markdown (brackets outside code are
-    not links; % and @ are literal)."""
+    not links; % and @ are literal); a function R exports, named in code (`make_dataset`,
+    `kerasdist.goodput()`), becomes a link to its R page unless `links` is False (a title)."""
     pieces = re.split(r"(`[^`]*`)", text)
     out = []
     for piece in pieces:
         code = piece.startswith("`")
+        function = re.fullmatch(r"`(?:kerasdist\.)?(\w+)(?:\(\)|\(\.\.\.\))?`", piece) if code and links else None
+        if function and function[1] in r_exports():
+            out.append(f"[{function[1]}()]")
+            continue
         piece = re.sub(r"\bNone\b", "NULL" if code else "`NULL`", piece)
         piece = re.sub(r"\bTrue\b", "TRUE" if code else "`TRUE`", piece)
         piece = re.sub(r"\bFalse\b", "FALSE" if code else "`FALSE`", piece)
@@ -132,6 +140,24 @@ def to_r(text: str) -> str:
         piece = piece.replace("%", "\\%").replace("@", "@@")
         out.append(piece)
     return "".join(out).replace("``NULL``", "`NULL`")
+
+
+@functools.cache
+def r_exports() -> frozenset[str]:
+    """The functions the R package exports (its NAMESPACE)."""
+    return frozenset(re.findall(r"^export\((\w+)\)$", (ROOT / "NAMESPACE").read_text(), re.M))
+
+
+def in_r_words(python_text: str, words: dict[str, str]) -> str:
+    """Python's text of a parameter with R words in place of some of its phrases (`words`: phrase
+    -> R words, written as roxygen markdown); the rest goes through `to_r`. A phrase Python's text
+    no longer holds stops the tool, naming it, so the R words cannot drift from the docstring."""
+    missing = [phrase for phrase in words if phrase not in python_text]
+    if missing:
+        raise SystemExit(f"r_docs: {missing} not in the Python text {python_text!r}: update tools/r_docs.json")
+    pattern = "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
+    text = "".join(words[piece] if piece in words else to_r(piece) for piece in re.split(f"({pattern})", python_text))
+    return text[:1].upper() + text[1:]
 
 
 def paragraphs(text: str) -> list[str]:
@@ -170,13 +196,11 @@ def r_formals(r_source: str, function: str) -> list[str]:
 
 
 def inherited_texts(function: str) -> dict[str, str]:
-    """What `@inheritParams function` documents: per parameter of its Python twin, the docstring's
-    text, or "r" where its entry in tools/r_docs.json gives R words."""
+    """What `@inheritParams function` documents: per parameter, its Python twin's docstring text
+    (whether the R page words it in R or not)."""
     wrappers = {name: spec for r_file, specs in json.loads(OVERRIDES.read_text()).items()
                 if not r_file.startswith("_") for name, spec in specs.items()}
-    spec = wrappers[function]
-    r_words = {name: "r" for name, text in spec.get("params", {}).items() if text is not None}
-    return {**python_arguments(spec["python"]), **r_words}
+    return python_arguments(wrappers[function]["python"])
 
 
 def python_arguments(spec: str) -> dict[str, str]:
@@ -189,7 +213,7 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     parts = sections(docstring(spec["python"]))
     summary, *body = paragraphs(parts[""])  # the first paragraph is the title, unless `title` replaces it
     lines = [f"{MARKER}{spec['python']} (make r-docs)"]
-    lines.append("#' " + to_r(spec.get("title", summary.rstrip("."))))
+    lines.append("#' " + to_r(spec.get("title", summary.rstrip(".")), links=False))
     if not spec.get("python_description", True):  # Python's text says what only holds in Python
         body = []
     for paragraph in [to_r(text) for text in body] + spec.get("details", []):
@@ -202,10 +226,12 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     for name in formals:
         overrides = spec.get("params", {})
         if (name in overrides and overrides[name] is None) or (
-                name not in overrides and inherited.get(name) in ("r", python_args.get(name))):
-            continue  # documented by `inherit`: null here, or the same words there
+                name not in overrides and name in python_args and inherited.get(name) == python_args[name]):
+            continue  # documented by `inherit`: null here, or the same Python words there
         text = overrides.get(name)
-        if text is None and name in python_args:
+        if isinstance(text, dict):  # R words for some of Python's
+            text = in_r_words(python_args[name], text)
+        elif text is None and name in python_args:
             text = to_r(python_args[name][:1].upper() + python_args[name][1:])
         if text is not None:
             lines += wrap(text, f"#' @param {name} ", "#'   ")

@@ -94,10 +94,10 @@ def plan_strategy(
         tf_config: a TF_CONFIG dict or JSON text to use instead of the TF_CONFIG variable.
         cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; its cluster is used
             instead of TF_CONFIG.
-        environ: the environment to read TF_CONFIG, SLURM_* and TPU_NAME from; default the
-            process environment.
-        gpus: GPU names to plan for; default the GPUs TensorFlow sees.
-        tpu: a TPU name or address; False for none; default detected from TPU_NAME,
+        environ: the environment variables to read TF_CONFIG, SLURM_* and TPU_NAME from;
+            None: the process environment.
+        gpus: GPU names to plan for; None: the GPUs TensorFlow sees.
+        tpu: a TPU name or address; False for none; None: detected from TPU_NAME,
             COLAB_TPU_ADDR or a local TPU device.
 
     Returns:
@@ -195,7 +195,7 @@ def describe_strategy(strategy: Any = None) -> StrategyDescription:
     """Describe a strategy: kind, the signal that chose it, replicas, devices, workers, chief.
 
     Args:
-        strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; default the
+        strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; None: the
             strategy whose scope is active (the default strategy outside any scope).
     """
     context = context_of(strategy)

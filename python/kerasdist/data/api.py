@@ -111,7 +111,7 @@ def make_dataset_split(
 
     Args:
         x: in-memory data (arrays, data frames, lists or dicts of arrays).
-        y: targets, as `x` (or None when `x` holds them).
+        y: targets, as `x` (for a data frame `x`, a column name), or None when `x` holds them.
         validation_split: fraction in (0, 1) of the samples kept out for validation.
 
     The other arguments are `make_dataset`'s, the fields of `DatasetOptions`, each documented

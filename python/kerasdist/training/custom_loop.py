@@ -141,15 +141,15 @@ def custom_fit(
             that input pipeline's per-replica batches (`distribute_datasets_from_function`);
             `steps_per_epoch` is then required.
         step_fn: a Python function `step_fn(model, optimizer, batch) -> dict of scalars`; it runs
-            on the replicas' threads, so it cannot be an R function. Default `fit_step`, Keras's
+            on the replicas' threads, so it cannot be an R function. None: `fit_step`, Keras's
             own step for a compiled model.
         epochs: total number of epochs, counting those done by earlier runs.
         checkpoint_dir: directory of checkpoints (or an object-store URL, `s3://bucket/run`);
             None for the one the model was made or restored from by `make_or_restore_model`.
-        optimizer: default the compiled model's optimizer; an optimizer given for a model
+        optimizer: None: the compiled model's optimizer; an optimizer given for a model
             compiled without one is attached (`model.compile(optimizer=...)`), so checkpoints
             hold its state.
-        strategy: where a build function builds the model; default the active strategy. A
+        strategy: where a build function builds the model; None: the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
