@@ -19,16 +19,16 @@ setup-demo:
 	@tools/setup.sh demo
 
 demo: setup-demo
-	@echo "== Python: python -m kerasdist info --devices 2"
+	@echo "== Python: kerasdist info --devices 2"
 	@$(PYTHON) -m kerasdist info --devices 2
 	@echo
 	@echo "== R: simulate_devices(2); kerasdist_info()"
 	@Rscript -e 'kerasdist::simulate_devices(2); kerasdist::kerasdist_info()'
 	@echo
-	@echo "== Python: python -m kerasdist demo (CNN on the bundled digits, 2 CPU replicas, killed and resumed)"
+	@echo "== Python: kerasdist demo (CNN on the bundled digits, 2 CPU replicas, killed and resumed)"
 	@$(PYTHON) -m kerasdist demo --run-dir runs/demo
 	@echo
-	@echo "== R: kerasdist::kerasdist_demo() (the same run from the R API)"
+	@echo "== R: kerasdist::kerasdist_demo() (the same run, from R)"
 	@Rscript -e 'kerasdist::kerasdist_demo("runs/demo-r")'
 
 test: setup

@@ -5,10 +5,10 @@
 #' the strategy `select_strategy(kind)` gives on this machine and why) after a line with the
 #' versions of R and reticulate.
 #'
-#' @inheritParams select_strategy
+#' @inheritParams plan_strategy
 #' @returns The text, invisibly.
 #' @family setup
-#' @seealso Python: `kerasdist.kerasdist_info()`; `python -m kerasdist info`.
+#' @seealso Python: `kerasdist.kerasdist_info()`; `kerasdist info`.
 #' @examplesIf !is.null(kerasdist_python())
 #' kerasdist_info()   # prints; the text is also returned, invisibly
 #' @export

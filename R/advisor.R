@@ -19,8 +19,8 @@
 #' @param model Where the model comes from, as "module:function" (an importable module) or
 #'   "path/to/file.py:function"; the function takes no arguments and returns a compiled Keras model.
 #'   It is called in each strategy's process, inside the strategy's scope.
-#' @param x Training data (matrices, arrays, vectors), or `NULL` for both `x` and `y`: random data
-#'   shaped for the model's input and output.
+#' @param x Training data (matrices, arrays, vectors); `NULL` (and `y` `NULL`): random data shaped
+#'   for the model's input and output.
 #' @param y Training targets, as `x`.
 #' @param strategies Character vector, a subset of `"default"`, `"mirrored"`, `"multi_worker"`;
 #'   `NULL` for all three.
@@ -35,8 +35,8 @@
 #'   built under `mixed_float16` on a GPU, `mixed_bfloat16` on a CPU) and with `jit_compile=TRUE`
 #'   (XLA), in one more process of that strategy that times the model plain and with each option,
 #'   interleaved round by round (each speedup compares runs of the same moment), and say in `reason`
-#'   whether either helps (more than 5\% faster) and so is worth passing to `distributed_fit` or
-#'   `custom_fit`. Off by default: one more process.
+#'   whether either helps (more than 5\% faster) and so is worth passing to [distributed_fit()] or
+#'   [custom_fit()]. Off by default: one more process.
 #' @returns A list of class `kerasdist_strategy_benchmark`: `timings` (a data frame, one row per
 #'   strategy: replicas, devices, steps_per_second, examples_per_second, step_ms, compute_ms,
 #'   input_wait_ms, input_only_ms, error), `recommendation`, `reason`, `model`, `parameters`,
@@ -45,7 +45,7 @@
 #'   `NULL`) and `text` (what `print()` shows).
 #' @family strategy
 #' @seealso Python: `kerasdist.bench_strategies()`; command line:
-#'   `python -m kerasdist bench --model module:function`.
+#'   `kerasdist bench --model module:function`.
 #' @examples
 #' \dontrun{
 #' report <- bench_strategies("kerasdist.example_models:tiny_dense", steps = 100)

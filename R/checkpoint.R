@@ -9,7 +9,7 @@
 #' skipped with a warning. Under a multi-worker strategy only the chief reads `checkpoint_dir`, and
 #' every other worker gets the state it restored (hosts need not share a disk; see `chief_state`).
 #' `latest_checkpoint(checkpoint_dir)` then tells the epoch and step to resume from; pass its
-#' `epoch` as `initial_epoch` to `fit` (or use `resume_fit`, which continues from the checkpoint
+#' `epoch` as `initial_epoch` to `fit` (or use [resume_fit()], which continues from the checkpoint
 #' restored here) so `epochs=N` means N in total.
 #'
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL:
@@ -19,9 +19,9 @@
 #'   last; unfinished uploads are never restored.
 #' @param build_fn An R (or Python) function with no arguments returning a compiled Keras model (a
 #'   keras3 model or one made through reticulate). If `NULL`, the model is loaded whole from the
-#'   newest checkpoint.
-#' @param strategy A strategy from [select_strategy()]; `NULL` for the active one.
-#' @param custom_objects Named list of custom classes or functions for loading.
+#'   newest checkpoint (its config, with `custom_objects` and `safe_mode`).
+#' @param strategy A `tf.distribute.Strategy`; `NULL`: the active one.
+#' @param custom_objects A named list of custom classes or functions needed to load a saved model.
 #' @param safe_mode Refuse to load lambdas from checkpoints (Keras safe mode); default `TRUE`.
 #' @param storage_options For an object-store `checkpoint_dir`: a named list of options for its
 #'   fsspec filesystem (credentials, endpoint), e.g.
@@ -88,27 +88,26 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' @param every_epoch Save at each epoch end.
 #' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
 #'   `NULL`: only at epoch ends.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
 #' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
 #'   deleted).
 #' @param keep_best Also keep the checkpoint with the best `monitor` value.
 #' @param monitor The epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
 #' @param mode "min" or "max": whether a smaller or larger `monitor` is better.
-#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
-#'   default `TRUE`.
 #' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
 #'   only while the model's state is copied; `FALSE` writes each one on the training thread before
 #'   training goes on.
-#' @param every_seconds Also save at the first step end this many seconds after the last save (or
-#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
-#'   step saves. The chief alone decides and writes, so workers never wait on it.
-#'   `kerasdist.goodput()` suggests a value from a run's failures and save cost.
-#' @param ... Further checkpoint options (`CheckpointOptions` in Python), each a named argument:
-#'   `hang_timeout`: the step watchdog: after this many seconds without a training step (a callback,
-#'   a data loader or a peer stuck), every thread's stack goes to stderr, the run log records the
-#'   hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or scheduler to
-#'   restart it. "auto" (default): ten times the slowest step of the fit so far, at least 120 s;
-#'   `NULL`: no watchdog. The time before a fit's first step, saves and validation passes are not
-#'   counted.
+#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
+#'   default `TRUE`.
+#' @param hang_timeout The step watchdog: after this many seconds without a training step (a
+#'   callback, a data loader or a peer stuck), every thread's stack goes to stderr, the run log
+#'   records the hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or
+#'   scheduler to restart it. "auto" (default): ten times the slowest step of the fit so far, at
+#'   least 120 s; `NULL`: no watchdog. The time before a fit's first step, saves and validation
+#'   passes are not counted.
 #' @returns The callback (a Python Keras callback), for `callbacks = list(...)`.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.checkpoint_callback()`.
@@ -117,16 +116,11 @@ make_or_restore_model <- function(checkpoint_dir, build_fn = NULL, strategy = NU
 #' model |> fit(x, y, epochs = 10, callbacks = list(checkpoint_callback("checkpoints")))
 #' }
 #' @export
-checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, keep = 3L,
-                                keep_best = FALSE, monitor = "loss", mode = "min",
-                                handle_sigterm = TRUE, async_save = TRUE, storage_options = NULL,
-                                every_seconds = NULL, ...) {
-  call_python(
-    kerasdist_module()$checkpoint_callback, checkpoint_dir,
-    every_epoch = every_epoch, every_steps = every_steps, keep = keep,
-    keep_best = keep_best, monitor = monitor, mode = mode, handle_sigterm = handle_sigterm,
-    async_save = async_save, storage_options = storage_options, every_seconds = every_seconds, ...
-  )
+checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps = NULL, every_seconds = NULL,
+                                keep = 3L, keep_best = FALSE, monitor = "loss", mode = "min",
+                                async_save = TRUE, storage_options = NULL, handle_sigterm = TRUE,
+                                hang_timeout = "auto") {
+  call_python_forwarding(kerasdist_module()$checkpoint_callback)
 }
 
 # r-docs: python/kerasdist/checkpoint/manager.py:latest_checkpoint (make r-docs)

@@ -12,7 +12,7 @@
 #' training script can ask the same question (for example, write logs only on the chief); [launch()]
 #' describes its tasks' clusters too.
 #'
-#' @param strategy A strategy; `NULL`: the active one, as above.
+#' @param strategy A `tf.distribute.Strategy`; `NULL`: the active one, as above.
 #' @returns A list of class `kerasdist_run_context`: `strategy`, `kind`, `num_replicas`,
 #'   `num_workers` (workers, plus the chief except under parameter servers), `task_type` and
 #'   `task_index` (`NULL` outside a cluster), `is_chief`, `task` (e.g. `"worker:1"`) and `formed_at`

@@ -32,23 +32,25 @@
 #' @param batch_size Global batch size (all replicas together).
 #' @param per_replica_batch_size Batch size of one replica; the global size is this times the
 #'   strategy's replicas. Give one of the two; neither means 32.
-#' @param strategy The strategy `fit()` runs under; `NULL` for the one whose scope is active.
+#' @param strategy The strategy fit will run under; `NULL`: the one whose scope is active.
 #' @param drop_remainder Drop each epoch's last, smaller batch.
 #' @param shuffle Permute each epoch; the order is a pure function of (seed, epoch).
 #' @param seed The shuffle seed (an integer).
 #' @param initial_epoch The epoch of the first pass (0-based, like Keras's `initial_epoch`), or the
 #'   first epoch of the stream.
-#' @param skip_batches Batches of `initial_epoch` already consumed (a mid-epoch resume); needs
-#'   `epochs` or `repeat_epochs`.
+#' @param skip_batches Batches of `initial_epoch` already consumed (a mid-epoch resume); needs the
+#'   stream form (`epochs` or `repeat_epochs`), since a one-epoch dataset's passes all have the same
+#'   length.
 #' @param epochs `NULL` (default): the dataset is one epoch, the next one on each new pass. An
 #'   integer: one stream of the epochs `initial_epoch` .. `epochs - 1` (exclusive, like Keras's
 #'   `epochs`).
 #' @param repeat_epochs `TRUE` for one endless stream of epochs (Python's `repeat=True`; `repeat` is
 #'   a reserved word in R).
 #' @param per_worker Build one pipeline per worker with
-#'   `strategy$distribute_datasets_from_function()`, each reading only its share; otherwise the
-#'   dataset carries the auto-shard policy of its source (DATA for in-memory data, FILE for files
-#'   when there are at least as many files as workers, DATA otherwise).
+#'   `strategy$distribute_datasets_from_function()`, each reading only its share; returns a
+#'   distributed dataset. Otherwise the dataset carries the auto-shard policy of its source: DATA
+#'   for in-memory data, FILE for files when there are at least as many files as workers, DATA
+#'   otherwise.
 #' @param cache `TRUE` or "memory" to cache in memory, or a file path prefix; caches the source
 #'   records (files, an existing dataset) before shuffling. In-memory arrays are already in memory,
 #'   so it changes nothing for them.
@@ -60,7 +62,7 @@
 #' @param file_format "tfrecord" or "csv"; default from the file extension.
 #' @param label_column For CSV/TFRecord files: the column (feature) that is y.
 #' @param features For TFRecord files of `tf.train.Example`: a named list of float feature shapes,
-#'   e.g. `list(x = 3L, y = integer(0))`; the non-label features, concatenated, are `x`.
+#'   e.g. `list(x = 3L, y = integer(0))`. The non-label features, concatenated, are `x`.
 #' @param shuffle_buffer Block size of the stream-source shuffle with `cache`.
 #' @returns A `tf.data.Dataset` (Python object), or a distributed dataset with `per_worker = TRUE`;
 #'   [dataset_info()] tells what was decided. For a validation split see [make_dataset_split()].
@@ -85,8 +87,11 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
                          repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
                          map_fn = NULL, check_finite = FALSE, file_format = NULL,
                          label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
-  call_dataset_function(kerasdist_module()$make_dataset, environment(), sys.call())
+  call_python_forwarding(kerasdist_module()$make_dataset, DATASET_RENAMED)
 }
+
+# make_dataset()'s R name for the Python argument `repeat`, a reserved word in R.
+DATASET_RENAMED <- c(repeat_epochs = "repeat")
 
 # r-docs: python/kerasdist/data/api.py:make_dataset_split (make r-docs)
 #' Make a training dataset and a validation dataset from one set of samples
@@ -95,12 +100,10 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
 #' `fit(validation_split = )` holds out the last ones), and one unshuffled, finite pass over those
 #' rows.
 #'
+#' @inheritParams make_dataset
 #' @param x In-memory data: R matrices and arrays, data frames, lists of them.
 #' @param y Targets, as `x` (for a data frame `x`, a column name), or `NULL` when `x` holds them.
 #' @param validation_split Fraction in (0, 1) of the samples kept out for validation.
-#' @param ... Further arguments of [make_dataset()], by name (`batch_size`, `seed`, `strategy`,
-#'   ...), with its defaults; they shape the training dataset, and the validation dataset has its
-#'   batch size (and `drop_remainder`).
 #' @returns A list: `train`, the training dataset (as [make_dataset()] makes it from the other
 #'   arguments), and `validation`, the held-out rows batched like it; [dataset_info()] of each tells
 #'   its sizes (`validation_samples` on the training one).
@@ -112,48 +115,15 @@ make_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
 #' model |> fit(parts$train, validation_data = parts$validation, epochs = 5)
 #' }
 #' @export
-make_dataset_split <- function(x, y = NULL, validation_split, ...) {
-  args <- dataset_arguments(x, y, validation_split = validation_split, ..., call = sys.call())
-  parts <- call_dataset_function(kerasdist_module()$make_dataset_split, args, sys.call())
+make_dataset_split <- function(x, y = NULL, validation_split, sample_weight = NULL, batch_size = NULL,
+                               per_replica_batch_size = NULL, strategy = NULL,
+                               drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
+                               initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
+                               repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
+                               map_fn = NULL, check_finite = FALSE, file_format = NULL,
+                               label_column = NULL, features = NULL, shuffle_buffer = 10000L) {
+  parts <- call_python_forwarding(kerasdist_module()$make_dataset_split, DATASET_RENAMED)
   list(train = parts$train, validation = parts$validation)
-}
-
-# make_dataset()'s arguments as a list: its defaults, replaced by those given (for the functions
-# that take make_dataset()'s arguments through `...`).
-dataset_arguments <- function(x, y, ..., call) {
-  given <- list(...)
-  known <- c(names(formals(make_dataset)), "validation_split")
-  unknown <- setdiff(setdiff(names(given), ""), known)
-  if (length(given) && (is.null(names(given)) || any(names(given) == "") || length(unknown))) {
-    kerasdist_abort(sprintf(
-      "Arguments after `y` must be named arguments of make_dataset(); got %s.",
-      if (length(unknown)) paste0("`", unknown, "`", collapse = ", ") else "an unnamed one"
-    ), call = call)
-  }
-  args <- as.list(formals(make_dataset))
-  args[c("x", "y", names(given))] <- c(list(x, y), given)
-  args
-}
-
-# make_dataset()'s arguments (`args`: its environment, or dataset_arguments()) converted for Python
-# once, for make_dataset(), make_dataset_split() and plan_dataset() alike.
-call_dataset_function <- function(fun, args, call) {
-  a <- as.list(args)
-  # make_dataset() has no validation_split (make_dataset_split() and plan_dataset() do)
-  split <- if (is.null(a$validation_split)) list() else list(validation_split = a$validation_split)
-  do.call(call_python, c(list(
-    fun, x = a$x,
-    y = a$y,
-    sample_weight = a$sample_weight, batch_size = a$batch_size,
-    per_replica_batch_size = a$per_replica_batch_size, strategy = a$strategy,
-    drop_remainder = a$drop_remainder, shuffle = a$shuffle, seed = a$seed,
-    initial_epoch = a$initial_epoch, skip_batches = a$skip_batches,
-    epochs = a$epochs, `repeat` = a$repeat_epochs,
-    per_worker = a$per_worker, cache = a$cache, map_fn = a$map_fn, check_finite = a$check_finite,
-    file_format = a$file_format, label_column = a$label_column,
-    features = a$features,
-    shuffle_buffer = a$shuffle_buffer, call = call
-  ), split), quote = TRUE)  # quote: `call` is a call, not to be run again
 }
 
 # r-docs: python/kerasdist/data/api.py:plan_dataset (make r-docs)
@@ -164,17 +134,23 @@ call_dataset_function <- function(fun, args, call) {
 #' building any pipeline.
 #'
 #' @inheritParams make_dataset
-#' @param ... Arguments of [make_dataset()], by name, with its defaults; and `validation_split`, as
-#'   in [make_dataset_split()]: the plan is then that of its training dataset.
+#' @param validation_split Fraction in (0, 1) of the samples (the last ones, as Keras's `fit` holds
+#'   out) kept out of training ([make_dataset_split()]); in-memory data only.
 #' @returns A list of class `kerasdist_dataset_info`, as [dataset_info()] gives.
 #' @family data
 #' @seealso Python: `kerasdist.plan_dataset()`.
 #' @examplesIf !is.null(kerasdist_python())
 #' plan_dataset(matrix(runif(300), ncol = 3), batch_size = 16)$steps_per_epoch
 #' @export
-plan_dataset <- function(x, y = NULL, ...) {
-  args <- dataset_arguments(x, y, ..., call = sys.call())
-  info <- call_dataset_function(kerasdist_module()$plan_dataset, args, sys.call())
+plan_dataset <- function(x, y = NULL, sample_weight = NULL, batch_size = NULL,
+                         per_replica_batch_size = NULL, strategy = NULL,
+                         drop_remainder = FALSE, shuffle = TRUE, seed = 0L,
+                         initial_epoch = 0L, skip_batches = 0L, epochs = NULL,
+                         repeat_epochs = FALSE, per_worker = FALSE, cache = NULL,
+                         map_fn = NULL, check_finite = FALSE, file_format = NULL,
+                         label_column = NULL, features = NULL, shuffle_buffer = 10000L,
+                         validation_split = NULL) {
+  info <- call_python_forwarding(kerasdist_module()$plan_dataset, DATASET_RENAMED)
   structure(py_record_to_r(info), class = "kerasdist_dataset_info")
 }
 

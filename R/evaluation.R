@@ -6,7 +6,7 @@
 # r-docs: python/kerasdist/evaluation.py:distributed_evaluate (make r-docs)
 #' Evaluate a model under its strategy, with the single-device results
 #'
-#' The data is batched by `make_dataset` in its own order (no shuffle, one pass) and evaluated by
+#' The data is batched by [make_dataset()] in its own order (no shuffle, one pass) and evaluated by
 #' Keras under the strategy the model was built in (`model.distribute_strategy`), each global batch
 #' split over the replicas. The result is that of a single-device
 #' `model.evaluate(x, y, return_dict=TRUE)`: losses and metrics over all samples, a last partial
@@ -17,13 +17,13 @@
 #' than the batch size): an upstream Keras bug that `library(kerasdist)` fixes for keras3's `fit()`,
 #' `evaluate()` and `predict()` too.
 #'
-#' @param model A compiled keras3 model, built or restored in a strategy's scope (or in none).
+#' @param model A compiled Keras model, built (or restored) in a strategy's scope, or in none.
 #' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
 #'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` of `(x, y)` or
 #'   `(x, y, w)` elements. File patterns are refused (read them into a dataset first).
-#' @param y Targets with as many samples as `x`; `NULL` when `x` is a dataset.
-#' @param sample_weight Optional per-sample weights (a numeric vector).
-#' @param batch_size Global batch size (all replicas together); `NULL` for 32.
+#' @param y Targets, for in-memory `x`; `NULL` when `x` carries them.
+#' @param sample_weight Optional per-sample weights (in-memory `x` only).
+#' @param batch_size Global batch size (all replicas together); `NULL`: 32, as Keras.
 #' @param per_replica_batch_size Instead, the batch size of one replica.
 #' @param callbacks A keras3 callback or a list of them.
 #' @param verbose Keras's verbosity: 0 (silent, the default), 1 or 2.
@@ -56,10 +56,10 @@ distributed_evaluate <- function(model, x, y = NULL, sample_weight = NULL, batch
 #' Predict under a model's strategy, one row per sample in the order of x
 #'
 #' @inheritParams distributed_evaluate
-#' @param model A keras3 model, built or restored in a strategy's scope (or in none).
+#' @param model A Keras model, built (or restored) in a strategy's scope, or in none.
 #' @param x Features: a numeric matrix or array (first index = sample), a numeric vector, a data
 #'   frame, a list of them (several inputs), or a finite, unbatched `tf.data.Dataset` whose elements
-#'   are `x` or `(x, y)` (the targets are dropped).
+#'   are `x` or `(x, y[, w])` (the targets are dropped).
 #' @returns An R matrix or array with one row per sample (a list of them for a model with several
 #'   outputs).
 #' @family evaluation

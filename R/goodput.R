@@ -84,7 +84,7 @@ print.kerasdist_goodput <- function(x, ...) {
 #' ([install_kerasdist()] installs it).
 #'
 #' @param report What [goodput()] returned.
-#' @param path Where to write the PNG (one file name).
+#' @param path The PNG file to write.
 #' @returns `path`, invisibly.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.plot_goodput()`; the shell: `kerasdist goodput DIR --plot PNG`.

@@ -49,8 +49,8 @@
 #'   When reached, the group is stopped and `exit_code` is 124.
 #' @param grace_period Seconds between SIGTERM and SIGKILL when a group is stopped (time for
 #'   checkpoints to save on SIGTERM); 0 or more (0 sends SIGKILL at once).
-#' @param env Named list or character vector of extra environment variables for every process.
-#' @param cwd Working directory of the processes (and of a relative script path), or `NULL` for the
+#' @param env A named list or character vector of extra environment variables for every process.
+#' @param cwd Working directory of the processes (and of a relative script path); `NULL`: the
 #'   current one.
 #' @param startup_timeout Seconds within which every worker and ps task must come up (its TensorFlow
 #'   server accepting connections on its port); a task that does not is named ("worker 1 did not
@@ -58,11 +58,12 @@
 #'   (the default) waits as long as TensorFlow does, which is forever.
 #' @param min_workers The fewest workers to go on with when failures outlast `max_restarts`; `NULL`
 #'   (the default) is `num_workers`: never fewer. Not with parameter servers.
-#' @param warm_start `TRUE` forks each Python task (a `.py` command) from a process that has already
-#'   imported TensorFlow and Keras, so that starts and restarts skip that import (about 6 s of CPU
-#'   each); `NULL` (the default) does so only when the environment variable `KERASDIST_WARM_START`
-#'   names a running server; `FALSE` never. A task whose environment differs from the server's in
-#'   what the import reads (`TF_*`, `KERAS_*`, `PYTHON*`, ...) starts cold, as without it.
+#' @param warm_start Fork each Python task (a `.py` command) from a process that has already
+#'   imported TensorFlow and Keras (`kerasdist.launch.warm_start`), so that starts and restarts skip
+#'   that import (about 6 s of CPU each). `TRUE` starts such a server for the run (or uses the one
+#'   `KERASDIST_WARM_START` names); `NULL` (the default) uses `KERASDIST_WARM_START`'s if set;
+#'   `FALSE` never. A task whose environment differs from the server's in what the import reads
+#'   (TF_*, KERAS_*, PYTHON*, ...) starts cold, as without it.
 #' @returns A list of class `kerasdist_launch_result`, invisibly: `exit_code` (0 on success; the
 #'   failing process's status, 128 + N if signal N killed it, 124 on timeout or when a task did not
 #'   come up within `startup_timeout`), `ok`, `restarts`, `failed` (e.g.
@@ -73,7 +74,7 @@
 #'   `num_workers` (the workers of the last attempt: fewer than asked after going on without one).
 #' @family launch
 #' @seealso Python: `kerasdist.launch()`; command line:
-#'   `python -m kerasdist launch -n N -- COMMAND ...`.
+#'   `kerasdist launch -n N -- COMMAND ...`.
 #' @examples
 #' \dontrun{
 #' # train.R reads TF_CONFIG through select_strategy() and resumes from its checkpoints

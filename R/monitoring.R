@@ -7,8 +7,8 @@
 #' (`callback_tensorboard()`, `callback_csv_logger()`, `callback_model_checkpoint()`); use it for
 #' what your own code writes.
 #'
-#' @param path A file or directory path (a name pattern such as `"model-{epoch}.keras"` is kept).
-#' @param context Where this process trains, from [run_context()]; `NULL`: `run_context()` (this
+#' @param path A file or directory path (a name pattern such as "model-{epoch}.keras" is kept).
+#' @param context Where this process trains, from [run_context()]; `NULL`: [run_context()] (this
 #'   process's place in its cluster).
 #' @returns The path to write to, a string.
 #' @family strategy

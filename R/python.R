@@ -385,6 +385,20 @@ call_python <- function(fun, ..., call = sys.call(-1)) {
   result[[1]]
 }
 
+# call_python() with the calling R function's own arguments, each by its name: for a wrapper whose
+# arguments are its Python twin's keywords, with the same defaults (tests/python/test_signatures.py
+# ties them). `renamed` gives the Python name of an R argument that must differ
+# (`c(repeat_epochs = "repeat")`: `repeat` is reserved in R). An argument given no value is left
+# out, so Python names it.
+call_python_forwarding <- function(fun, renamed = character(), env = parent.frame(), call = sys.call(-1)) {
+  force(call)
+  own <- setdiff(names(formals(sys.function(sys.parent()))), "...")
+  args <- Filter(function(value) !identical(value, quote(expr = )), mget(own, envir = env))
+  at <- names(args) %in% names(renamed)
+  names(args)[at] <- renamed[names(args)[at]]
+  do.call(call_python, c(list(fun), args, list(call = call)), quote = TRUE)  # quote: `call` is not run again
+}
+
 # A Python exception's class name, from the class reticulate gives its condition (e.g.
 # "tensorflow.python.framework.errors_impl.InvalidArgumentError"); "Error" for an R error.
 python_error_type <- function(err) {

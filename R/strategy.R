@@ -7,15 +7,13 @@
 #' a cluster with more than one worker (TF_CONFIG, or Slurm with more than one task) ->
 #' "multi_worker"; more than one GPU -> "mirrored"; one GPU -> "one_device" on it; CPU split by
 #' `simulate_devices(n)` with n > 1 -> "mirrored" over those; otherwise "default".
-#' `describe_strategy()` on the result tells which signal decided.
+#' [describe_strategy()] on the result tells which signal decided.
 #'
 #' Printing the result describes it (see [describe_strategy()]).
 #'
 #' @inheritParams plan_strategy
-#' @param kind `"auto"`, `"default"`, `"one_device"`, `"mirrored"`, `"multi_worker"`,
-#'   `"parameter_server"` or `"tpu"`.
-#' @param cross_device_ops For `"mirrored"`: `"nccl"`, `"hierarchical_copy"`,
-#'   `"reduce_to_one_device"` or `NULL` for TensorFlow's choice.
+#' @param cross_device_ops For "mirrored": "nccl", "hierarchical_copy", "reduce_to_one_device", a
+#'   `tf.distribute.CrossDeviceOps` object, or `NULL` for TensorFlow's choice.
 #' @param communication For "multi_worker": "auto", "ring" or "nccl".
 #' @returns The strategy (a Python `tf.distribute.Strategy`); use it as
 #'   `with(strategy$scope(), { ... })`.
@@ -51,18 +49,19 @@ select_strategy <- function(kind = "auto", devices = NULL, cross_device_ops = NU
 #' `cross_device_ops` and `communication`, which only shape a strategy once it is made, are
 #' [select_strategy()]'s alone.
 #'
-#' @param kind `"auto"` (decide from the signals below) or one of `"default"`, `"one_device"`,
-#'   `"mirrored"`, `"multi_worker"`, `"parameter_server"`, `"tpu"`.
+#' @param kind "auto" (decide from the signals below) or one of "default", "one_device", "mirrored",
+#'   "multi_worker", "parameter_server", "tpu".
 #' @param devices Character vector of devices for `"mirrored"` or `"one_device"`, e.g.
 #'   `c("/gpu:0", "/gpu:1")`.
-#' @param tf_config A TF_CONFIG as JSON text or a nested list, used instead of the `TF_CONFIG`
-#'   environment variable.
-#' @param cluster_resolver A TensorFlow cluster resolver (Python object); its cluster is used
+#' @param tf_config A TF_CONFIG as JSON text or a nested list to use instead of the TF_CONFIG
+#'   variable.
+#' @param cluster_resolver A `tf.distribute.cluster_resolver.ClusterResolver`; its cluster is used
 #'   instead of TF_CONFIG.
-#' @param environ Named list of environment variables to read TF_CONFIG, SLURM_* and TPU_NAME from;
-#'   `NULL` for the process environment.
-#' @param gpus GPU names to plan for; `NULL` for the GPUs TensorFlow sees.
-#' @param tpu A TPU name or address, `FALSE` for none, `NULL` to detect.
+#' @param environ The environment variables to read TF_CONFIG, SLURM_* and TPU_NAME from; `NULL`:
+#'   the process environment.
+#' @param gpus GPU names to plan for; `NULL`: the GPUs TensorFlow sees.
+#' @param tpu A TPU name or address; `FALSE` for none; `NULL`: detected from TPU_NAME,
+#'   COLAB_TPU_ADDR or a local TPU device.
 #' @returns A list of class `kerasdist_strategy_plan`: `kind`, `reason`, `devices`, `tpu` and
 #'   `cluster` (see [parse_tf_config()]); printing it shows Python's text.
 #' @family strategy
@@ -99,8 +98,8 @@ call_with_signals <- function(fun, kind, devices, tf_config, cluster_resolver, e
 # r-docs: python/kerasdist/strategy.py:describe_strategy (make r-docs)
 #' Describe a strategy
 #'
-#' @param strategy A strategy from [select_strategy()] or any `tf.distribute.Strategy`; `NULL` for
-#'   the one whose scope is active.
+#' @param strategy A strategy from [select_strategy()] or any `tf.distribute.Strategy`; `NULL`: the
+#'   strategy whose scope is active (the default strategy outside any scope).
 #' @returns A list of class `kerasdist_strategy_description`; printing it shows Python's text.
 #' @family strategy
 #' @seealso Python: `kerasdist.describe_strategy()`.

@@ -5,12 +5,12 @@
 #'
 #' Every epoch, `data`'s batches are distributed and `step_fn(model, optimizer, batch)` runs on
 #' every replica through `strategy.run`, all in one `tf.function`. The dict it returns holds
-#' per-replica scalars already scaled with `scaled_loss` (each replica's share of the global mean):
-#' they are summed across replicas, averaged over the epoch's steps and logged as Keras logs them
-#' (`verbose`, callbacks, History). Checkpoints are written through kerasdist's checkpoint callback
-#' at every epoch end (and every `every_steps` steps, and on SIGTERM, which then exits with status
-#' 75); the same call after a crash continues at the next unseen batch, bit for bit on the default
-#' strategy with seeded data and op determinism.
+#' per-replica scalars already scaled with [scaled_loss()] (each replica's share of the global
+#' mean): they are summed across replicas, averaged over the epoch's steps and logged as Keras logs
+#' them (`verbose`, callbacks, History). Checkpoints are written through kerasdist's checkpoint
+#' callback at every epoch end (and every `every_steps` steps, and on SIGTERM, which then exits with
+#' status 75); the same call after a crash continues at the next unseen batch, bit for bit on the
+#' default strategy with seeded data and op determinism.
 #'
 #' From R, `step_fn` must be a **Python** function: TensorFlow calls it on one thread per replica,
 #' where R code cannot run. Write it with `reticulate::py_run_string()` and pass `py$step`; it
@@ -24,20 +24,17 @@
 #' @param data A `tf.data.Dataset` of global batches (from [make_dataset()], or batched by you: read
 #'   one batch per step, its position kept), a Python `keras.utils.PyDataset` or generator, or a
 #'   Python function of a `tf.distribute.InputContext` (with `steps_per_epoch`).
-#' @param step_fn A Python function `step_fn(model, optimizer, batch)`; `NULL` for Keras's own step
-#'   of the compiled model.
+#' @param step_fn A Python function `step_fn(model, optimizer, batch) -> dict of scalars`; it runs
+#'   on the replicas' threads, so it cannot be an R function. `NULL`: [fit_step()], Keras's own step
+#'   for a compiled model.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint_dir Directory of checkpoints (or an object-store URL); `NULL` for the one
-#'   `model` was made or restored from.
-#' @param optimizer `NULL` for the compiled model's optimizer; an optimizer given for a model
-#'   compiled without one is attached, so checkpoints hold its state.
-#' @param strategy Where a build function builds the model; default the active strategy. A model
+#' @param checkpoint_dir Directory of checkpoints (or an object-store URL, `s3://bucket/run`);
+#'   `NULL` for the one the model was made or restored from by [make_or_restore_model()].
+#' @param optimizer `NULL`: the compiled model's optimizer; an optimizer given for a model compiled
+#'   without one is attached (`model.compile(optimizer=...)`), so checkpoints hold its state.
+#' @param strategy Where a build function builds the model; `NULL`: the active strategy. A model
 #'   given built trains under its own strategy.
 #' @param steps_per_epoch Batches per epoch, when `data` cannot tell.
-#' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
-#'   `NULL`: only at epoch ends.
-#' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
-#'   deleted).
 #' @param callbacks A Keras callback or a list of them.
 #' @param verbose 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
 #' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
@@ -46,23 +43,29 @@
 #' @param jit_compile Compile the per-replica step with XLA.
 #' @param gradient_accumulation_steps Apply the optimizer once every this many batches, their
 #'   gradients averaged (Keras 3 optimizers accumulate them); `NULL` or 1: every batch.
+#' @param every_epoch Save at each epoch end.
+#' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
+#'   `NULL`: only at epoch ends.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
+#' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
+#'   deleted).
+#' @param keep_best Also keep the checkpoint with the best `monitor` value.
+#' @param monitor The epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
+#' @param mode "min" or "max": whether a smaller or larger `monitor` is better.
 #' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
 #'   only while the model's state is copied; `FALSE` writes each one on the training thread before
 #'   training goes on.
-#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
-#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
-#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
-#' @param ... Further checkpoint options (`CheckpointOptions` in Python), each a named argument:
-#'   `every_epoch`: save at each epoch end; `keep_best`: also keep the checkpoint with the best
-#'   `monitor` value; `monitor`: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss";
-#'   `mode`: "min" or "max": whether a smaller or larger `monitor` is better; `handle_sigterm`: on
-#'   SIGTERM (preemption), save at the next step end and exit with status 75; default `TRUE`;
-#'   `hang_timeout`: the step watchdog: after this many seconds without a training step (a callback,
-#'   a data loader or a peer stuck), every thread's stack goes to stderr, the run log records the
-#'   hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or scheduler to
-#'   restart it. "auto" (default): ten times the slowest step of the fit so far, at least 120 s;
-#'   `NULL`: no watchdog. The time before a fit's first step, saves and validation passes are not
-#'   counted.
+#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
+#'   default `TRUE`.
+#' @param hang_timeout The step watchdog: after this many seconds without a training step (a
+#'   callback, a data loader or a peer stuck), every thread's stack goes to stderr, the run log
+#'   records the hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or
+#'   scheduler to restart it. "auto" (default): ten times the slowest step of the fit so far, at
+#'   least 120 s; `NULL`: no watchdog. The time before a fit's first step, saves and validation
+#'   passes are not counted.
 #' @returns The training history of all epochs, earlier runs included, invisibly: a
 #'   `keras_training_history`, as keras3's `fit()` returns.
 #' @inheritSection resume_fit Preemption
@@ -90,20 +93,13 @@
 #' epochs = 3, checkpoint_dir = "ckpt")
 #' }
 #' @export
-custom_fit <- function(model, data, step_fn = NULL, epochs, checkpoint_dir = NULL, optimizer = NULL,
-                       strategy = NULL, steps_per_epoch = NULL, every_steps = NULL, keep = 3L,
-                       callbacks = NULL, verbose = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                       gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
-                       every_seconds = NULL, ...) {
-  history <- call_python(  # an R step_fn is refused there, before anything runs
-    kerasdist_module()$custom_fit, model, data, step_fn = step_fn, epochs = epochs,
-    checkpoint_dir = checkpoint_dir,
-    optimizer = optimizer, strategy = strategy, steps_per_epoch = steps_per_epoch,
-    every_steps = every_steps, keep = keep, callbacks = callbacks,
-    verbose = verbose, mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
-    storage_options = storage_options, every_seconds = every_seconds, ...
-  )
+custom_fit <- function(model, data, step_fn = NULL, epochs = NULL, checkpoint_dir = NULL, optimizer = NULL,
+                       strategy = NULL, steps_per_epoch = NULL, callbacks = NULL, verbose = "auto",
+                       mixed_precision = FALSE, jit_compile = FALSE, gradient_accumulation_steps = NULL,
+                       every_epoch = TRUE, every_steps = NULL, every_seconds = NULL, keep = 3L, keep_best = FALSE,
+                       monitor = "loss", mode = "min", async_save = TRUE, storage_options = NULL,
+                       handle_sigterm = TRUE, hang_timeout = "auto") {
+  history <- call_python_forwarding(kerasdist_module()$custom_fit)  # an R step_fn is refused there
   invisible(as_training_history(history))
 }
 

@@ -27,12 +27,12 @@
 #'   `dataset_batch()`, keras3's `image_dataset_from_directory()`; each batch one global batch,
 #'   split over the replicas), a Python `keras.utils.PyDataset` or generator. A restart continues
 #'   either at the next unseen batch ([resume_rule()] says how, for batches).
-#' @param y The targets, same number of rows as `x` (or a column name).
+#' @param y The targets, as [make_dataset()] takes them (`NULL` when `x` holds them).
 #' @param epochs Total number of epochs, counting those done by earlier (interrupted) runs.
 #' @param checkpoint_dir Directory of checkpoints, created if missing; or an object-store URL
-#'   (`"s3://bucket/run"`, `"gs://bucket/run"`): see [make_or_restore_model()].
-#' @param strategy A strategy from [select_strategy()] (or any `tf.distribute.Strategy`), or a kind
-#'   for [select_strategy()]: `"auto"`, `"default"`, `"mirrored"`, ...
+#'   (`s3://bucket/run`, `gs://bucket/run`): see [make_or_restore_model()].
+#' @param strategy A `tf.distribute.Strategy` (from [select_strategy()] or not), or a kind for
+#'   [select_strategy()]: "auto" (default), "default", "mirrored", ...
 #' @param batch_size Global batch size; or give `per_replica_batch_size`; neither means 32.
 #' @param per_replica_batch_size Batch size of one replica (multiplied by the replicas).
 #' @param seed Seed of the per-epoch shuffle.
@@ -40,19 +40,21 @@
 #' @param sample_weight Optional per-sample weights (a numeric vector).
 #' @param validation_split Fraction in (0, 1) of the samples (the last ones, as in Keras) held out
 #'   for validation; in-memory data only.
-#' @param validation_data `list(x_val, y_val)` (batched like the training data, in order) or a
+#' @param validation_data `list(x_val, y_val)` (batched like the training data, unshuffled) or a
 #'   batched `tf.data.Dataset`.
-#' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
-#'   `NULL`: only at epoch ends.
-#' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
-#'   deleted).
-#' @param callbacks A list of more Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own,
-#'   R ones included); checkpoints are added by `distributed_fit()` itself.
+#' @param callbacks More Keras callbacks (TensorBoard, EarlyStopping, CSVLogger, your own, R ones
+#'   included); checkpoints are added by distributed_fit itself.
 #' @param dataset_args A named list of more [make_dataset()] arguments, e.g.
 #'   `list(drop_remainder = TRUE)`.
 #' @param steps_per_epoch Batches per epoch of data of batches that cannot tell (a Python generator;
 #'   a dataset with a filter is counted once, by a pass over it).
 #' @param verbose Passed to `fit`.
+#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU, TPU); the
+#'   model must be built under it (pass a build function). Recorded in every checkpoint, as the next
+#'   two: a resumed run with other values is refused, naming the setting.
+#' @param jit_compile Compile the per-replica step with XLA.
+#' @param gradient_accumulation_steps Apply the optimizer once every this many batches, their
+#'   gradients averaged (Keras 3 optimizers accumulate them); `NULL` or 1: every batch.
 #' @param steps_per_execution Training steps per call into the graph (Keras's `compile` option;
 #'   callbacks' batch hooks then run once per call). An integer must divide the steps of an epoch,
 #'   and `every_steps` must be a multiple of it; above 1 it needs a strategy of one replica (Keras
@@ -62,28 +64,29 @@
 #'   makes one call last about 50 ms of estimated compute (from the model's size and the batch),
 #'   which hides the per-call hand-off of small models. Not recorded: a resumed run may use another
 #'   value and still continues exactly.
-#' @param mixed_precision Train under `mixed_float16` (GPU) or `mixed_bfloat16` (CPU). Like
-#'   `jit_compile` and `gradient_accumulation_steps`, recorded in every checkpoint: a resumed run
-#'   with other values is refused, naming the setting.
-#' @param jit_compile Compile the training step with XLA.
-#' @param gradient_accumulation_steps Apply the optimizer every this many steps; `NULL`: every step.
+#' @param every_epoch Save at each epoch end.
+#' @param every_steps Also save every this many steps (batches, also under gradient accumulation);
+#'   `NULL`: only at epoch ends.
+#' @param every_seconds Also save at the first step end this many seconds after the last save (or
+#'   the start of fit): time-based saves ("every 10 minutes": `every_seconds=600`), resumed like
+#'   step saves. The chief alone decides and writes, so workers never wait on it. [goodput()]
+#'   suggests a value from a run's failures and save cost.
+#' @param keep How many of the newest checkpoints to keep (>= 1; the newest valid one is never
+#'   deleted).
+#' @param keep_best Also keep the checkpoint with the best `monitor` value.
+#' @param monitor The epoch metric `keep_best` compares, e.g. "loss" or "val_loss".
+#' @param mode "min" or "max": whether a smaller or larger `monitor` is better.
 #' @param async_save Write checkpoints in a background thread (default `TRUE`), so training waits
 #'   only while the model's state is copied; `FALSE` writes each one on the training thread before
 #'   training goes on.
-#' @param every_seconds Also checkpoint at the first step end this many seconds after the last save
-#'   (time-based, e.g. `600` for every 10 minutes); `NULL`: no time-based saves. The chief alone
-#'   decides and writes. [goodput()] suggests a value from a run's failures and save cost.
-#' @param ... Further checkpoint options (`CheckpointOptions` in Python), each a named argument:
-#'   `every_epoch`: save at each epoch end; `keep_best`: also keep the checkpoint with the best
-#'   `monitor` value; `monitor`: the epoch metric `keep_best` compares, e.g. "loss" or "val_loss";
-#'   `mode`: "min" or "max": whether a smaller or larger `monitor` is better; `handle_sigterm`: on
-#'   SIGTERM (preemption), save at the next step end and exit with status 75; default `TRUE`;
-#'   `hang_timeout`: the step watchdog: after this many seconds without a training step (a callback,
-#'   a data loader or a peer stuck), every thread's stack goes to stderr, the run log records the
-#'   hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or scheduler to
-#'   restart it. "auto" (default): ten times the slowest step of the fit so far, at least 120 s;
-#'   `NULL`: no watchdog. The time before a fit's first step, saves and validation passes are not
-#'   counted.
+#' @param handle_sigterm On SIGTERM (preemption), save at the next step end and exit with status 75;
+#'   default `TRUE`.
+#' @param hang_timeout The step watchdog: after this many seconds without a training step (a
+#'   callback, a data loader or a peer stuck), every thread's stack goes to stderr, the run log
+#'   records the hang and the process exits with status 77 (`HUNG_EXIT_CODE`), for the launcher or
+#'   scheduler to restart it. "auto" (default): ten times the slowest step of the fit so far, at
+#'   least 120 s; `NULL`: no watchdog. The time before a fit's first step, saves and validation
+#'   passes are not counted.
 #' @returns The training history of all epochs, earlier runs included, as keras3's `fit()` returns
 #'   it (invisibly): a `keras_training_history`, so `plot(history)`, `as.data.frame(history)` and
 #'   `print(history)` work; `history$metrics$loss` is the loss per epoch and `history$model` the
@@ -114,27 +117,15 @@
 #' }
 #' @export
 distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strategy = "auto",
-                            batch_size = NULL, per_replica_batch_size = NULL, seed = 0L,
-                            shuffle = TRUE, sample_weight = NULL, validation_split = NULL,
-                            validation_data = NULL, every_steps = NULL, keep = 3L,
+                            batch_size = NULL, per_replica_batch_size = NULL, seed = 0L, shuffle = TRUE,
+                            sample_weight = NULL, validation_split = NULL, validation_data = NULL,
                             callbacks = NULL, dataset_args = NULL, steps_per_epoch = NULL, verbose = "auto",
-                            steps_per_execution = "auto", mixed_precision = FALSE, jit_compile = FALSE,
-                            gradient_accumulation_steps = NULL, async_save = TRUE, storage_options = NULL,
-                            every_seconds = NULL, ...) {
-  history <- call_python(
-    kerasdist_module()$distributed_fit, build_fn, x = x,
-    y = y,
-    epochs = epochs, checkpoint_dir = checkpoint_dir, strategy = strategy,
-    batch_size = batch_size, per_replica_batch_size = per_replica_batch_size,
-    seed = seed, shuffle = shuffle, sample_weight = sample_weight,
-    validation_split = validation_split, validation_data = validation_data,
-    every_steps = every_steps, keep = keep, callbacks = callbacks,
-    dataset_args = dataset_args, steps_per_epoch = steps_per_epoch,
-    verbose = verbose, steps_per_execution = steps_per_execution,
-    mixed_precision = mixed_precision, jit_compile = jit_compile,
-    gradient_accumulation_steps = gradient_accumulation_steps, async_save = async_save,
-    storage_options = storage_options, every_seconds = every_seconds, ...
-  )
+                            mixed_precision = FALSE, jit_compile = FALSE, gradient_accumulation_steps = NULL,
+                            steps_per_execution = "auto", every_epoch = TRUE, every_steps = NULL,
+                            every_seconds = NULL, keep = 3L, keep_best = FALSE, monitor = "loss", mode = "min",
+                            async_save = TRUE, storage_options = NULL, handle_sigterm = TRUE,
+                            hang_timeout = "auto") {
+  history <- call_python_forwarding(kerasdist_module()$distributed_fit)
   invisible(as_training_history(history))
 }
 
@@ -152,7 +143,7 @@ distributed_fit <- function(build_fn, x, y = NULL, epochs, checkpoint_dir, strat
 #' what to use instead; [distributed_fit()] runs this check before training.
 #'
 #' @param model A compiled Keras model.
-#' @param strategy The strategy training will run under; `NULL` for the active one.
+#' @param strategy The strategy training will run under; `NULL`: the active one.
 #' @returns A character vector of the places holding R functions (e.g. `"loss"`, `"metrics[1]"`),
 #'   invisibly; empty if none. With one replica they are allowed (they run on the calling thread)
 #'   and only reported.

@@ -23,8 +23,8 @@
 #' @param model A compiled Keras 3 model built under a `tf.distribute.ParameterServerStrategy` scope
 #'   (its `distribute_strategy`).
 #' @param data A `tf.data.Dataset` of batches (each worker iterates over all of it, repeated), or a
-#'   function of a `tf.distribute.InputContext` returning one worker's dataset (shard or seed it
-#'   with `input_context$input_pipeline_id`).
+#'   function of a `tf.distribute.InputContext` returning the dataset of one worker (shard or seed
+#'   it with `input_context$input_pipeline_id`; it runs on the workers).
 #' @param epochs The index of the last epoch to train (as in `fit`: with `initial_epoch`, the total
 #'   including epochs trained before).
 #' @param steps_per_epoch Train steps per epoch; required (the per-worker data never ends).
@@ -70,8 +70,7 @@ ps_fit <- function(model, data, epochs, steps_per_epoch = NULL, callbacks = NULL
 #' coordinator), or outside a parameter-server cluster, it returns at once so the script goes on to
 #' train.
 #'
-#' @param tf_config A `TF_CONFIG` (JSON text or a list) to use instead of the `TF_CONFIG`
-#'   environment variable, or `NULL`.
+#' @param tf_config The TF_CONFIG to use (JSON text or a list); `NULL`: the TF_CONFIG variable.
 #' @returns `NULL`, invisibly, on the chief; on a worker or ps task it does not return.
 #' @family training
 #' @seealso Python: `kerasdist.run_server()`; [ps_fit()], [launch()].

@@ -8,9 +8,9 @@
 #' weights, bit for bit, as a run that was never interrupted.
 #'
 #' Under a `tf.distribute.ParameterServerStrategy` (the model built in its scope, on the chief)
-#' training runs through `ps_fit`, since Keras 3 `fit` cannot: `steps_per_epoch` is then required,
+#' training runs through [ps_fit()], since Keras 3 `fit` cannot: `steps_per_epoch` is then required,
 #' `data` (and `validation_data`) is a dataset or a function of a `tf.distribute.InputContext` as
-#' `ps_fit` takes, checkpoints are written at epoch ends by the coordinator (`every_steps` and
+#' [ps_fit()] takes, checkpoints are written at epoch ends by the coordinator (`every_steps` and
 #' `every_seconds` are refused: steps run asynchronously on the workers), and a run stopped
 #' mid-epoch by SIGTERM resumes with the steps that epoch had left.
 #'
@@ -18,15 +18,15 @@
 #' `model |> resume_fit(data, epochs = 10)`; a model from [make_or_restore_model()] remembers its
 #' checkpoint directory, so `checkpoint` can be left out.
 #'
-#' @param model A compiled Keras model (a keras3 model), usually from [make_or_restore_model()].
+#' @param model A compiled Keras model, usually from [make_or_restore_model()].
 #' @param data Batches as keras3's `fit()` takes them: a batched `tf.data.Dataset` (tfdatasets'
 #'   `dataset_batch()`, keras3's `image_dataset_from_directory()`), a Python `keras.utils.PyDataset`
 #'   or generator, read one batch per step with its position kept in each checkpoint
 #'   ([resume_rule()] says how a resume continues it); a [make_dataset()] dataset; or a function of
 #'   the (0-based) epoch returning that epoch's batches.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
-#' @param checkpoint A [checkpoint_callback()], or a directory for one; `NULL` for the directory
-#'   `model` was made or restored from by [make_or_restore_model()].
+#' @param checkpoint A [checkpoint_callback()], or a directory for one with the defaults; `NULL` for
+#'   the directory the model was made or restored from by [make_or_restore_model()].
 #' @param steps_per_epoch Batches per epoch, when the data cannot tell (a generator; a dataset of
 #'   unknown cardinality is otherwise counted once, by a pass over it).
 #' @param callbacks A Keras callback or a list of them (keras3's `callback_*()` included).

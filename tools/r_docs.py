@@ -4,13 +4,16 @@ Each wrapper to generate is named in tools/r_docs.json, per R file: the Python f
 it forwards to, as "python/kerasdist/<module>.py:<name>", and what R says differently (an R type
 in a parameter, an R value returned, an R paragraph): `title`, `params`, `returns`, `details`,
 `inherit`, `python_description` (false: the docstring's description holds only in Python, and
-`details` replaces it). In the R file, the generated lines follow a marker comment
-(`# r-docs: <python>`) down to the first hand-written tag (`@section`, `@inheritSection`, `@family`, `@seealso`,
-`@examples`, `@examplesIf`, `@export`, `@keywords`), which stay as they are: the title (the docstring's first
-paragraph), the description (its other paragraphs before `Args:`), one `@param` per argument of
-the R function (Python's `Args:` entry unless `params` gives the R text; none where `inherit`
-covers it) and `@returns`. Python's words become R's (None, True, False), the text is escaped for
-roxygen and wrapped.
+`details` replaces it). A parameter's text there is R's own words in full, null (documented by
+`inherit`), or a map {Python phrase: R words} applied to the docstring's text. In the R file, the
+generated lines follow a marker comment (`# r-docs: <python>`) down to the first hand-written tag
+(`@section`, `@inheritSection`, `@family`, `@seealso`, `@examples`, `@examplesIf`, `@export`,
+`@keywords`), which stay as they are: the title (the docstring's first paragraph), the description
+(its other paragraphs before `Args:`), one `@param` per argument of the R function (Python's
+`Args:` entry unless `params` gives the R text; none where `inherit` covers it: null there, or
+the inherited function's Python text is the same) and `@returns`. Python's words become R's
+(None, True, False; a function R exports, named in code, a link to its page), the text is escaped
+for roxygen and wrapped.
 
     python tools/r_docs.py            # rewrite the R files
     python tools/r_docs.py --check    # exit 1, naming the files, if they differ from the output
@@ -34,11 +37,6 @@ MARKER = "# r-docs: "
 HAND_TAGS = re.compile(r"^#' @(section|inheritSection|family|seealso|examples|examplesIf|export|keywords)\b")
 SECTIONS = ("Args:", "Returns:", "Raises:", "Attributes:", "Example:", "Examples:")
 WIDTH = 100
-
-
-# Functions decorated with `takes_checkpoint_options` take every field of CheckpointOptions as a
-# keyword: their R twins document the fields they name and forward the others through `...`.
-CHECKPOINT_OPTIONS = "python/kerasdist/checkpoint/options.py:CheckpointOptions"
 
 
 @functools.cache
@@ -74,37 +72,22 @@ def docstring(spec: str) -> str:
     return ast.get_docstring(definition(spec)) or ""
 
 
-def takes_checkpoint_options(spec: str) -> bool:
-    return any(isinstance(d, ast.Name) and d.id == "takes_checkpoint_options" for d in definition(spec).decorator_list)
-
-
 def record_docs(spec: str) -> dict[str, str]:
     """A record's fields and their docs (its `Attributes:` or `Args:` section)."""
     parts = sections(docstring(spec))
     return arguments(parts.get("Attributes:") or parts.get("Args:", ""))
 
 
-def checkpoint_option_docs() -> dict[str, str]:
-    return record_docs(CHECKPOINT_OPTIONS)
-
-
 def field_docs_of_decorators(spec: str) -> dict[str, str]:
-    """The fields `@with_field_docs(Record)` adds to a function's docstring when it is imported."""
+    """The fields `@with_field_docs(Record, leave_out=...)` adds to a function's docstring when it
+    is imported."""
     found: dict[str, str] = {}
     for decorator in definition(spec).decorator_list:
         if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "with_field_docs":
-            found.update(record_docs(class_index()[decorator.args[0].id]))
+            left_out = set().union(*(ast.literal_eval(k.value) for k in decorator.keywords if k.arg == "leave_out"))
+            docs = record_docs(class_index()[decorator.args[0].id])
+            found.update({name: text for name, text in docs.items() if name not in left_out})
     return found
-
-
-def forwarded_options_text(documented: list[str]) -> str:
-    """`...`'s @param: the checkpoint options the R function does not name, each with its doc."""
-    others = {name: text for name, text in checkpoint_option_docs().items() if name not in documented}
-    if not others:
-        return ("Checkpoint options (`CheckpointOptions` in Python) this function does not name, each a named "
-                "argument: none today; an option added in Python is taken here with no change in R.")
-    listed = "; ".join(f"`{name}`: {text.rstrip('.')}" for name, text in others.items())
-    return "Further checkpoint options (`CheckpointOptions` in Python), each a named argument: " + listed + "."
 
 
 def sections(doc: str) -> dict[str, str]:
@@ -137,13 +120,18 @@ def arguments(args_text: str) -> dict[str, str]:
     return found
 
 
-def to_r(text: str) -> str:
+def to_r(text: str, links: bool = True) -> str:
     """Python's words as R says them, escaped for roxygen's markdown (brackets outside code are
-    not links; % and @ are literal)."""
+    not links; % and @ are literal); a function R exports, named in code (`make_dataset`,
+    `kerasdist.goodput()`), becomes a link to its R page unless `links` is False (a title)."""
     pieces = re.split(r"(`[^`]*`)", text)
     out = []
     for piece in pieces:
         code = piece.startswith("`")
+        function = re.fullmatch(r"`(?:kerasdist\.)?(\w+)(?:\(\)|\(\.\.\.\))?`", piece) if code and links else None
+        if function and function[1] in r_exports():
+            out.append(f"[{function[1]}()]")
+            continue
         piece = re.sub(r"\bNone\b", "NULL" if code else "`NULL`", piece)
         piece = re.sub(r"\bTrue\b", "TRUE" if code else "`TRUE`", piece)
         piece = re.sub(r"\bFalse\b", "FALSE" if code else "`FALSE`", piece)
@@ -152,6 +140,24 @@ def to_r(text: str) -> str:
         piece = piece.replace("%", "\\%").replace("@", "@@")
         out.append(piece)
     return "".join(out).replace("``NULL``", "`NULL`")
+
+
+@functools.cache
+def r_exports() -> frozenset[str]:
+    """The functions the R package exports (its NAMESPACE)."""
+    return frozenset(re.findall(r"^export\((\w+)\)$", (ROOT / "NAMESPACE").read_text(), re.M))
+
+
+def in_r_words(python_text: str, words: dict[str, str]) -> str:
+    """Python's text of a parameter with R words in place of some of its phrases (`words`: phrase
+    -> R words, written as roxygen markdown); the rest goes through `to_r`. A phrase Python's text
+    no longer holds stops the tool, naming it, so the R words cannot drift from the docstring."""
+    missing = [phrase for phrase in words if phrase not in python_text]
+    if missing:
+        raise SystemExit(f"r_docs: {missing} not in the Python text {python_text!r}: update tools/r_docs.json")
+    pattern = "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
+    text = "".join(words[piece] if piece in words else to_r(piece) for piece in re.split(f"({pattern})", python_text))
+    return text[:1].upper() + text[1:]
 
 
 def paragraphs(text: str) -> list[str]:
@@ -189,12 +195,25 @@ def r_formals(r_source: str, function: str) -> list[str]:
     return [name for name in names if name]
 
 
+def inherited_texts(function: str) -> dict[str, str]:
+    """What `@inheritParams function` documents: per parameter, its Python twin's docstring text
+    (whether the R page words it in R or not)."""
+    wrappers = {name: spec for r_file, specs in json.loads(OVERRIDES.read_text()).items()
+                if not r_file.startswith("_") for name, spec in specs.items()}
+    return python_arguments(wrappers[function]["python"])
+
+
+def python_arguments(spec: str) -> dict[str, str]:
+    """The docs of each argument of the Python function `spec`: its `Args:` and its records' fields."""
+    return {**field_docs_of_decorators(spec), **arguments(sections(docstring(spec)).get("Args:", ""))}
+
+
 def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     """The generated roxygen lines of one wrapper, its marker first."""
     parts = sections(docstring(spec["python"]))
     summary, *body = paragraphs(parts[""])  # the first paragraph is the title, unless `title` replaces it
     lines = [f"{MARKER}{spec['python']} (make r-docs)"]
-    lines.append("#' " + to_r(spec.get("title", summary.rstrip("."))))
+    lines.append("#' " + to_r(spec.get("title", summary.rstrip(".")), links=False))
     if not spec.get("python_description", True):  # Python's text says what only holds in Python
         body = []
     for paragraph in [to_r(text) for text in body] + spec.get("details", []):
@@ -202,17 +221,17 @@ def block(function: str, spec: dict[str, Any], formals: list[str]) -> list[str]:
     lines.append("#'")
     if "inherit" in spec:
         lines.append(f"#' @inheritParams {spec['inherit']}")
-    python_args = {**field_docs_of_decorators(spec["python"]), **arguments(parts.get("Args:", ""))}
-    if takes_checkpoint_options(spec["python"]):
-        python_args = {**checkpoint_option_docs(), **python_args}
-        if "..." in formals and "..." not in spec.get("params", {}):
-            python_args["..."] = forwarded_options_text(formals)
+    python_args = python_arguments(spec["python"])
+    inherited = inherited_texts(spec["inherit"]) if "inherit" in spec else {}
     for name in formals:
         overrides = spec.get("params", {})
-        if name in overrides and overrides[name] is None:
-            continue  # documented by `inherit`
+        if (name in overrides and overrides[name] is None) or (
+                name not in overrides and name in python_args and inherited.get(name) == python_args[name]):
+            continue  # documented by `inherit`: null here, or the same Python words there
         text = overrides.get(name)
-        if text is None and name in python_args:
+        if isinstance(text, dict):  # R words for some of Python's
+            text = in_r_words(python_args[name], text)
+        elif text is None and name in python_args:
             text = to_r(python_args[name][:1].upper() + python_args[name][1:])
         if text is not None:
             lines += wrap(text, f"#' @param {name} ", "#'   ")

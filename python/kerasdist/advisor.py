@@ -121,8 +121,8 @@ def bench_strategies(
         model: where the model comes from, as "module:function" (an importable module) or
             "path/to/file.py:function"; the function takes no arguments and returns a compiled
             Keras model. It is called in each strategy's process, inside the strategy's scope.
-        x: training data (arrays, anything `make_dataset` takes in memory); default random
-            data shaped for the model's input and output.
+        x: training data (arrays, anything `make_dataset` takes in memory); None (and `y`
+            None): random data shaped for the model's input and output.
         y: training targets, as `x`.
         strategies: which to time; default all of "default", "mirrored" (over the GPUs, or
             `devices` simulated CPU devices when there are none; not run with one GPU),

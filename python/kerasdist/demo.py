@@ -1,4 +1,4 @@
-"""The main job, `python -m kerasdist demo`: a real distributed run that is killed and resumes.
+"""The main job, `kerasdist demo`: a real distributed run that is killed and resumes.
 
 1. Split the CPU into 2 devices and let `select_strategy("auto")` pick MirroredStrategy.
 2. Train a small CNN on the bundled UCI digits with `distributed_fit` in a child process, with
@@ -38,15 +38,26 @@ def kerasdist_demo(
 ) -> dict[str, Any]:
     """Run the demo: train, get killed mid-epoch, resume, evaluate, plot.
 
+    Splits the CPU into 2 devices (`simulate_devices`), lets `select_strategy` pick
+    MirroredStrategy and trains a small CNN on the bundled digits (`load_digits`) with
+    `distributed_fit`, checkpointing at every epoch end and every few steps. The first run is a
+    child process that SIGKILLs itself in the middle of an epoch, a few steps after a checkpoint;
+    this process then makes the same `distributed_fit` call, which restores the newest checkpoint
+    and continues at the next batch. It prints progress all along, then the test accuracy on the
+    held-out digits, and writes `curves.png` (loss and accuracy per epoch, the kill and the resume
+    point marked), `log.csv` and `result.json` in `run_dir`.
+
     Args:
         run_dir: directory for `checkpoints/`, `log.csv`, `curves.png` and `result.json`;
             its checkpoints are cleared first, so every demo starts from scratch.
         epochs: total epochs (at least 1); the kill happens in the middle of epoch
             `epochs // 2` (0-based).
+        verbose: print the progress (default True).
 
     Returns:
-        A dict (also written to `result.json`): the strategy, the kill and resume points, the
-        epochs, test loss and accuracy, the PNG's path and the wall time.
+        A dict, also written to `result.json`: `strategy`, `replicas`, `killed_at` and
+        `resumed_from` (each an epoch, 0-based, and a step in it), `epochs`, `optimizer_steps`,
+        `test_loss`, `test_accuracy`, `png` (the path of `curves.png`) and `wall_seconds`.
     """
     started = time.monotonic()
     epochs = integer("epochs", epochs, 1)

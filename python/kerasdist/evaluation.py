@@ -63,10 +63,10 @@ def distributed_evaluate(
             read once in its order. Files are refused: read them into a dataset.
         y: targets, for in-memory `x`; None when `x` carries them.
         sample_weight: optional per-sample weights (in-memory `x` only).
-        batch_size: global batch size (all replicas together); default 32, as Keras.
+        batch_size: global batch size (all replicas together); None: 32, as Keras.
         per_replica_batch_size: instead, the batch size of one replica.
         callbacks: Keras callbacks for `evaluate`.
-        verbose: Keras's verbosity; default 0 (silent).
+        verbose: Keras's verbosity: 0 (silent, the default), 1 or 2.
 
     Returns:
         A dict of metric name to value (floats), as `model.evaluate(..., return_dict=True)`.
@@ -101,10 +101,10 @@ def distributed_predict(
         x: features: an array, a data frame, a list or dict of arrays, or a finite, unbatched
             `tf.data.Dataset` whose elements are `x` or `(x, y[, w])` (the targets are
             dropped).
-        batch_size: global batch size (all replicas together); default 32, as Keras.
+        batch_size: global batch size (all replicas together); None: 32, as Keras.
         per_replica_batch_size: instead, the batch size of one replica.
         callbacks: Keras callbacks for `predict`.
-        verbose: Keras's verbosity; default 0 (silent).
+        verbose: Keras's verbosity: 0 (silent, the default), 1 or 2.
 
     Returns:
         What `model.predict(x)` returns on one device: a NumPy array with one row per sample (a

@@ -33,8 +33,8 @@ def chief_path(path: str | os.PathLike[str], context: RunContext | None = None) 
 
     Args:
         path: a file or directory path (a name pattern such as "model-{epoch}.keras" is kept).
-        context: where this process trains; default `run_context()` (this process's place in
-            its cluster).
+        context: where this process trains, from `run_context`; None: `run_context()` (this
+            process's place in its cluster).
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"path must be a file or directory path, got {path!r}.")

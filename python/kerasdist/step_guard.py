@@ -31,7 +31,7 @@ def check_step_functions(model: Any, strategy: Any = None) -> list[str]:
 
     Args:
         model: a compiled Keras model.
-        strategy: the strategy training will run under; default the active one.
+        strategy: the strategy training will run under; None: the active one.
 
     Returns:
         Where R functions were found (e.g. ["loss", "metrics[1]"]); empty if none. With one

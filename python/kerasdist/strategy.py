@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any
 
 from kerasdist.cluster import (
     ClusterInfo,
@@ -27,8 +27,6 @@ from kerasdist.validation import choice, integer
 # TensorFlow's devices; read (and removed) while kerasdist is imported.
 DEVICES_VARIABLE = "KERASDIST_SIMULATE_DEVICES"
 
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; the package supports 3.10
-    from typing_extensions import Unpack
 
 KINDS = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
 CROSS_DEVICE_OPS = ("nccl", "hierarchical_copy", "reduce_to_one_device")
@@ -96,10 +94,10 @@ def plan_strategy(
         tf_config: a TF_CONFIG dict or JSON text to use instead of the TF_CONFIG variable.
         cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`; its cluster is used
             instead of TF_CONFIG.
-        environ: the environment to read TF_CONFIG, SLURM_* and TPU_NAME from; default the
-            process environment.
-        gpus: GPU names to plan for; default the GPUs TensorFlow sees.
-        tpu: a TPU name or address; False for none; default detected from TPU_NAME,
+        environ: the environment variables to read TF_CONFIG, SLURM_* and TPU_NAME from;
+            None: the process environment.
+        gpus: GPU names to plan for; None: the GPUs TensorFlow sees.
+        tpu: a TPU name or address; False for none; None: detected from TPU_NAME,
             COLAB_TPU_ADDR or a local TPU device.
 
     Returns:
@@ -122,20 +120,17 @@ def plan_strategy(
     return StrategyPlan(chosen, reason, chosen_devices, cluster, tpu_address)
 
 
-class StrategySignals(TypedDict, total=False):
-    """The signals `plan_strategy` decides from, passed on unchanged by `select_strategy`."""
-
-    devices: Sequence[str] | None
-    tf_config: str | Mapping[str, Any] | None
-    cluster_resolver: Any
-    environ: Mapping[str, str] | None
-    gpus: Sequence[str] | None
-    tpu: str | bool | None
-
-
 def select_strategy(
-    kind: str = "auto", *, cross_device_ops: Any = None, communication: str = "auto",
-    **signals: Unpack[StrategySignals],
+    kind: str = "auto",
+    *,
+    devices: Sequence[str] | None = None,
+    tf_config: str | Mapping[str, Any] | None = None,
+    cluster_resolver: Any = None,
+    environ: Mapping[str, str] | None = None,
+    gpus: Sequence[str] | None = None,
+    tpu: str | bool | None = None,
+    cross_device_ops: Any = None,
+    communication: str = "auto",
 ) -> Any:
     """Pick the right `tf.distribute.Strategy` and create it.
 
@@ -147,8 +142,12 @@ def select_strategy(
 
     Args:
         kind: as in `plan_strategy`.
-        **signals: `devices`, `tf_config`, `cluster_resolver`, `environ`, `gpus`, `tpu`: as in
-            `plan_strategy`.
+        devices: as in `plan_strategy`.
+        tf_config: as in `plan_strategy`.
+        cluster_resolver: as in `plan_strategy`.
+        environ: as in `plan_strategy`.
+        gpus: as in `plan_strategy`.
+        tpu: as in `plan_strategy`.
         cross_device_ops: for "mirrored": "nccl", "hierarchical_copy", "reduce_to_one_device",
             a `tf.distribute.CrossDeviceOps` object, or None for TensorFlow's choice.
         communication: for "multi_worker": "auto", "ring" or "nccl".
@@ -160,11 +159,8 @@ def select_strategy(
         choice("cross_device_ops", cross_device_ops, CROSS_DEVICE_OPS)
     if communication is not None:
         choice("communication", communication, COMMUNICATIONS)
-    unknown = sorted(set(signals) - set(StrategySignals.__annotations__))
-    if unknown:
-        raise TypeError(f"select_strategy() got unexpected arguments: {', '.join(unknown)}.")
-    plan = plan_strategy(kind, **signals)
-    cluster_resolver = signals.get("cluster_resolver")
+    plan = plan_strategy(kind, devices=devices, tf_config=tf_config, cluster_resolver=cluster_resolver,
+                         environ=environ, gpus=gpus, tpu=tpu)
     _check_devices_exist(plan.devices)
     key = _reuse_key(plan, cross_device_ops, communication, cluster_resolver)
     if key in _CREATED:
@@ -199,7 +195,7 @@ def describe_strategy(strategy: Any = None) -> StrategyDescription:
     """Describe a strategy: kind, the signal that chose it, replicas, devices, workers, chief.
 
     Args:
-        strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; default the
+        strategy: a strategy from `select_strategy` or any `tf.distribute.Strategy`; None: the
             strategy whose scope is active (the default strategy outside any scope).
     """
     context = context_of(strategy)

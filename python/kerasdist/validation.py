@@ -13,7 +13,7 @@ import math
 import re
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -110,9 +110,12 @@ def verbosity(name: str, value: Any) -> int:
 
 
 # Option records: typed, frozen dataclasses whose `__post_init__` checks each field with the
-# functions above (data.DatasetOptions, training.speed.TrainingSettings). A function that takes
-# the fields flat builds the record; one that takes a dict of them (`dataset_args=`) goes
-# through `record_of`, and its docstring lists the fields through `with_field_docs`.
+# functions above (data.DatasetOptions, training.speed.TrainingSettings,
+# checkpoint.options.CheckpointOptions). A public function that takes the fields flat writes each
+# one out in its signature with the record's default (`keep: int = CheckpointOptions.keep`: one
+# definition, and help(), IDEs and type checkers see it), builds the record from its arguments
+# (`record_from`) and lists the fields' docs through `with_field_docs`; one that takes a dict of
+# them (`dataset_args=`) goes through `record_of`.
 
 Record = TypeVar("Record")
 Callable_ = TypeVar("Callable_", bound=Callable[..., Any])
@@ -138,6 +141,25 @@ def record_of(record: type[Record], values: Any, name: str) -> Record:
     return record(**values)
 
 
+def record_from(record: type[Record], arguments: Mapping[str, Any], start: Record | None = None) -> Record:
+    """The `record` of a function's `arguments` (its `locals()`): each field the function takes,
+    by name (the others at their defaults), checked when made. With `start` (a record the caller
+    gave too), a field left at its default keeps `start`'s value."""
+    given = {field.name: arguments[field.name] for field in fields(record)  # type: ignore[arg-type]
+             if field.name in arguments}
+    if start is None:
+        return record(**given)
+    if not isinstance(start, record):
+        raise ValueError(f"options must be a {record.__name__}, got {type(start).__name__}.")
+    changed = {name: value for name, value in given.items() if not _is_default(record, name, value)}
+    return replace(start, **changed)  # type: ignore[type-var]
+
+
+def _is_default(record: type[Any], name: str, value: Any) -> bool:
+    default = getattr(record, name)
+    return value is default or (type(value) is type(default) and value == default)
+
+
 def field_docs(record: type[Any]) -> dict[str, str]:
     """The `Args:` entries of a record's docstring, by field name (each entry's lines as written,
     the first one starting with the name)."""
@@ -159,7 +181,8 @@ def with_field_docs(record: type[Any], *, leave_out: Sequence[str] = ()) -> Call
     """Decorator: the function's `Args:` section gets the record's entries (but `leave_out`) at
     its end, so each field is documented once, in the record, and `help()` still lists them all.
     The docstring must name the record (a sentence saying where the fields are documented, for
-    readers of the source and of the static reference)."""
+    readers of the source and of the static reference). Only the docstring: the function writes
+    each field out in its own signature (tests/python/test_signatures.py checks it does)."""
 
     def decorate(function: Callable_) -> Callable_:
         if function.__doc__ is None:  # python -OO

@@ -266,24 +266,6 @@ def test_forms_are_checked():
     assert (held_out.validation_samples, held_out.num_samples, held_out.steps_per_epoch) == (2, 8, 2)
 
 
-def test_make_dataset_takes_exactly_the_fields_of_its_options_record_at_their_defaults():
-    """One definition: make_dataset's keywords are DatasetOptions' fields (validation_split is
-    make_dataset_split's), with the same defaults, and its docstring is each field's, once."""
-    import dataclasses
-    import inspect
-
-    from kerasdist.data import DatasetOptions
-
-    fields = {f.name: f.default for f in dataclasses.fields(DatasetOptions)}
-    params = inspect.signature(kerasdist.make_dataset).parameters
-    keywords = {name: p.default for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == {name: default for name, default in fields.items() if name != "validation_split"}
-    doc = inspect.getdoc(kerasdist.make_dataset)
-    for name in keywords:
-        assert doc.count(f"\n    {name}: ") == 1, name
-    assert "\n    validation_split: " not in doc and "DatasetOptions: " not in doc
-
-
 @pytest.mark.parametrize(("args", "message"), [
     (dict(shuffle=1), "shuffle must be True or False, got 1."),
     (dict(drop_remainder="yes"), "drop_remainder must be True or False, got 'yes'."),

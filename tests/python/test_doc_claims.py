@@ -196,9 +196,15 @@ def test_pandoc_is_set_up_for_make_test_only_and_the_vignettes_are_built_by_r_cm
 
 
 def test_the_guides_write_the_kerasdist_command_and_the_cli_guide_says_once_what_python_m_is():
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    spelled = [f"{page.name}:{n}" for page in pages for n, line in enumerate(page.read_text().splitlines(), 1)
-               if re.search(r"python -m kerasdist(?!_cli)\b", line) and page.name != "cli.md"]
+    """The guides, the R help pages and what `make demo` prints name the users' command,
+    `kerasdist ...`; docs/cli.md says once that `python -m kerasdist` is the same."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "R").glob("*.R")),
+             *sorted((ROOT / "man").glob("*.Rd"))]
+    lines = [(page.name, n, line) for page in pages for n, line in enumerate(page.read_text().splitlines(), 1)]
+    lines += [("Makefile", n, line) for n, line in enumerate((ROOT / "Makefile").read_text().splitlines(), 1)
+              if line.strip().startswith("@echo")]
+    spelled = [f"{name}:{n}" for name, n, line in lines
+               if re.search(r"python -m kerasdist(?!_cli)\b", line) and name != "cli.md"]
     assert spelled == []
     cli = " ".join((ROOT / "docs" / "cli.md").read_text().split())
     assert cli.count("python -m kerasdist COMMAND") == 1 and "is the same command" in cli

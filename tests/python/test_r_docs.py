@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,7 @@ def test_committed_r_files_are_what_the_tool_writes():
 
 def test_a_docstring_edit_reaches_the_r_file(tmp_path, monkeypatch):
     """A checkpoint option's doc is written once, in CheckpointOptions: an edit there reaches every
-    R wrapper that names the option, and the `...` of those that forward the rest."""
+    R wrapper that takes the option."""
     tool = _tool()
     source = (ROOT / "python/kerasdist/checkpoint/options.py").read_text()
     edited = source.replace("keep: how many of the newest checkpoints to keep (>= 1;",
@@ -42,12 +44,13 @@ def test_a_docstring_edit_reaches_the_r_file(tmp_path, monkeypatch):
     assert edited != source
     module = tmp_path / "options.py"
     module.write_text(edited)
-    monkeypatch.setattr(tool, "CHECKPOINT_OPTIONS", f"{module}:CheckpointOptions")
+    classes = {**tool.class_index(), "CheckpointOptions": f"{module}:CheckpointOptions"}
+    monkeypatch.setattr(tool, "class_index", lambda: classes)
     generated = tool.generate("R/checkpoint.R", _overrides()["R/checkpoint.R"])
     assert generated != (ROOT / "R/checkpoint.R").read_text()
     assert "#' @param keep How many of the newest checkpoints to keep (>= 1, `NULL` for all;" in generated
     fit = tool.generate("R/training-distributed.R", _overrides()["R/training-distributed.R"])
-    assert "`keep_best`: also keep the best checkpoint by `monitor`;" in fit
+    assert "#' @param keep_best Also keep the best checkpoint by `monitor`." in fit
 
 
 def test_every_argument_of_a_generated_wrapper_is_documented():
@@ -65,14 +68,46 @@ def test_every_argument_of_a_generated_wrapper_is_documented():
             assert set(tool.r_formals(sources[r_file], function)) - params(function) - inherited == set(), function
 
 
+def test_r_words_in_r_docs_json_are_rs_own_not_a_copy_of_the_docstring():
+    """A parameter's text in tools/r_docs.json is R's own (R types, R values, R examples): one that
+    mostly restates its Python docstring would drift from it, so it is generated instead (or says
+    only the phrases R words differently, as a {python phrase: R words} map)."""
+    import difflib
+
+    tool = _tool()
+    copies = []
+    for wrappers in _overrides().values():
+        for function, spec in wrappers.items():
+            python = tool.python_arguments(spec["python"])
+            for name, text in spec.get("params", {}).items():
+                if isinstance(text, str) and name in python:
+                    generated = tool.to_r(python[name][:1].upper() + python[name][1:])
+                    ratio = difflib.SequenceMatcher(None, text, generated).ratio()
+                    if ratio >= 0.75:
+                        copies.append(f"{function}({name}): {ratio:.2f}")
+    assert copies == [], "R texts that restate the Python docstring: drop them (or keep only R's words)"
+
+
+def test_r_words_for_python_phrases_stop_the_tool_once_the_docstring_changes():
+    tool = _tool()
+    text = "the strategy; default the active one."
+    assert tool.in_r_words(text, {"default the active one": "`NULL` for the active one"}) == \
+        "The strategy; `NULL` for the active one."
+    with pytest.raises(SystemExit, match="not in the Python text"):
+        tool.in_r_words(text, {"default the current one": "`NULL`"})
+
+
 def test_python_words_become_r_words():
     tool = _tool()
     assert tool.to_r("None: all; `None` or True, [0, 3) and 5%") == "`NULL`: all; `NULL` or `TRUE`, \\[0, 3) and 5\\%"
+    assert tool.to_r("see `make_dataset`, `kerasdist.goodput()` and `Keras`") == \
+        "see [make_dataset()], [goodput()] and `Keras`"  # a function R exports: a link to its page
+    assert tool.to_r("`make_dataset`", links=False) == "`make_dataset`"
 
 
 # R functions that forward the documented Python function of their name but keep hand-written
 # roxygen, each with the reason: none. (R-only functions, which forward nothing of their name, such
-# as kerasdist_demo(), install_kerasdist() and the print methods, are hand-written: ARCHITECTURE.md.)
+# as install_kerasdist(), kerasdist_python() and the print methods, are hand-written: ARCHITECTURE.md.)
 HAND_WRITTEN: dict[str, str] = {}
 
 

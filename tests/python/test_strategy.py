@@ -35,7 +35,7 @@ def test_run_context_is_public_and_follows_the_active_scope():
 
 
 def test_select_strategy_names_an_unknown_signal():
-    with pytest.raises(TypeError, match="select_strategy\\(\\) got unexpected arguments: device"):
+    with pytest.raises(TypeError, match="select_strategy\\(\\) got an unexpected keyword argument .device."):
         kerasdist.select_strategy("default", device="/cpu:0")
 
 

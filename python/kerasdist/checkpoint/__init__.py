@@ -34,7 +34,7 @@ from kerasdist.checkpoint.manager import (
     manager_of,
     save_checkpoint,
 )
-from kerasdist.checkpoint.options import CheckpointOptions, option_docs, takes_checkpoint_options
+from kerasdist.checkpoint.options import CheckpointOptions
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning, RunRecord
 from kerasdist.checkpoint.run_log import RunLogWarning
 from kerasdist.checkpoint.table import checkpoint_table
@@ -57,7 +57,5 @@ __all__ = [
     "make_or_restore_model",
     "manager_of",
     "manager_for",
-    "option_docs",
     "save_checkpoint",
-    "takes_checkpoint_options",
 ]

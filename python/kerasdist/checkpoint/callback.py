@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import keras
 
 from kerasdist.checkpoint.manager import CheckpointManager, as_manager, manager_of
 from kerasdist.checkpoint.model_state import optimizer_step, plain
-from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions, takes_checkpoint_options
+from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions
 from kerasdist.checkpoint.other_callbacks import OtherCallbacks
 from kerasdist.checkpoint.peers import Peers
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
@@ -36,11 +36,26 @@ from kerasdist.checkpoint.step_times import StepTimes
 from kerasdist.checkpoint.watchdog import StepWatchdog
 from kerasdist.preemption import PreemptedExit
 from kerasdist.ray_train import ray_reporter
+from kerasdist.validation import record_from, with_field_docs
 
 
-@takes_checkpoint_options
-def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], *, options: CheckpointOptions | None = None,
-                        **fields: Any) -> CheckpointCallback:
+@with_field_docs(CheckpointOptions)
+def checkpoint_callback(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    options: CheckpointOptions | None = None,
+    every_epoch: bool = CheckpointOptions.every_epoch,
+    every_steps: int | None = CheckpointOptions.every_steps,
+    every_seconds: float | None = CheckpointOptions.every_seconds,
+    keep: int = CheckpointOptions.keep,
+    keep_best: bool = CheckpointOptions.keep_best,
+    monitor: str = CheckpointOptions.monitor,
+    mode: str = CheckpointOptions.mode,
+    async_save: bool = CheckpointOptions.async_save,
+    storage_options: Mapping[str, Any] | None = CheckpointOptions.storage_options,
+    handle_sigterm: bool = CheckpointOptions.handle_sigterm,
+    hang_timeout: float | str | None = CheckpointOptions.hang_timeout,
+) -> CheckpointCallback:
     """A Keras callback that writes crash-safe checkpoints.
 
     Saves at the end of every epoch (`every_epoch`) and/or every `every_steps` steps (batches)
@@ -69,12 +84,13 @@ def checkpoint_callback(checkpoint_dir: str | os.PathLike[str], *, options: Chec
     Args:
         checkpoint_dir: where checkpoints go, created if missing: a directory, or an object-store
             URL (`s3://bucket/run`, `gs://bucket/run`; see `CheckpointManager`).
-        options: a `CheckpointOptions` to start from (default: every option's default); the
-            keywords below replace its fields.
-        **fields: the checkpoint options (every_epoch, every_steps, keep, ...), `CheckpointOptions`'
-            fields, each a keyword.
+        options: a `CheckpointOptions` to start from (default: every option's default); a
+            keyword below that is not at its default replaces its field.
+
+    The other arguments are the checkpoint options, the fields of `CheckpointOptions`, each
+    documented there.
     """
-    return CheckpointCallback(checkpoint_dir, options, **fields)
+    return CheckpointCallback(checkpoint_dir, record_from(CheckpointOptions, locals(), options))
 
 
 class CheckpointCallback(keras.callbacks.Callback):
@@ -82,19 +98,37 @@ class CheckpointCallback(keras.callbacks.Callback):
     (trainers give it) is what each checkpoint records about the run: its training settings,
     global batch and epoch order. The options' fields read as attributes too (`callback.keep`)."""
 
-    @takes_checkpoint_options
-    def __init__(self, checkpoint_dir: Any, options: CheckpointOptions | None = None, *,
-                 run: RunRecord | None = None, **fields: Any):
+    @with_field_docs(CheckpointOptions)
+    def __init__(
+        self,
+        checkpoint_dir: Any,
+        options: CheckpointOptions | None = None,
+        *,
+        run: RunRecord | None = None,
+        every_epoch: bool = CheckpointOptions.every_epoch,
+        every_steps: int | None = CheckpointOptions.every_steps,
+        every_seconds: float | None = CheckpointOptions.every_seconds,
+        keep: int = CheckpointOptions.keep,
+        keep_best: bool = CheckpointOptions.keep_best,
+        monitor: str = CheckpointOptions.monitor,
+        mode: str = CheckpointOptions.mode,
+        async_save: bool = CheckpointOptions.async_save,
+        storage_options: Mapping[str, Any] | None = CheckpointOptions.storage_options,
+        handle_sigterm: bool = CheckpointOptions.handle_sigterm,
+        hang_timeout: float | str | None = CheckpointOptions.hang_timeout,
+    ):
         """The callback's parts, set by one `CheckpointOptions`.
 
         Args:
             checkpoint_dir: a directory, an object-store URL or a `CheckpointManager`.
-            options: a `CheckpointOptions` to start from; the keywords below replace its fields.
+            options: a `CheckpointOptions` to start from; a keyword below that is not at its
+                default replaces its field.
             run: what each checkpoint records about the run (default: nothing known).
-            **fields: the checkpoint options (`CheckpointOptions`' fields).
+
+        The other arguments are the checkpoint options, the fields of `CheckpointOptions`.
         """
         super().__init__()
-        self.options = CheckpointOptions.from_kwargs(options, **fields)
+        self.options = record_from(CheckpointOptions, locals(), options)
         self.manager: CheckpointManager = as_manager(checkpoint_dir, storage_options=self.options.storage_options)
         self.policy = SavePolicy(self.options)
         self.saver = Saver(self.manager, self.policy)

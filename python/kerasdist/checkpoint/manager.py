@@ -496,7 +496,7 @@ def make_or_restore_model(
             (`s3://bucket/run`, `gs://bucket/run`, `memory://run`; see `CheckpointManager`).
         build_fn: function returning a compiled Keras model. If None, the model is loaded whole
             from the newest checkpoint (its config, with `custom_objects` and `safe_mode`).
-        strategy: a `tf.distribute.Strategy`; default the active one.
+        strategy: a `tf.distribute.Strategy`; None: the active one.
         custom_objects: custom classes or functions needed to load a saved model.
         safe_mode: refuse to load lambdas from checkpoints (Keras safe mode); default True.
         storage_options: options for an object store (credentials, endpoint), as in

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from kerasdist.data.info import DatasetInfo
 from kerasdist.data.options import DatasetOptions
-from kerasdist.data.plan import PlannedDataset, planned_dataset
-from kerasdist.validation import fraction, with_field_docs
+from kerasdist.data.plan import PlannedDataset
+from kerasdist.validation import fraction, record_from, with_field_docs
 
 
 @with_field_docs(DatasetOptions, leave_out=("validation_split",))
@@ -17,25 +18,25 @@ def make_dataset(
     x: Any,
     y: Any = None,
     *,
-    sample_weight: Any = None,
-    batch_size: int | None = None,
-    per_replica_batch_size: int | None = None,
-    strategy: Any = None,
-    drop_remainder: bool = False,
-    shuffle: bool = True,
-    seed: int = 0,
-    initial_epoch: int = 0,
-    skip_batches: int = 0,
-    epochs: int | None = None,
-    repeat: bool = False,
-    per_worker: bool = False,
-    cache: bool | str | None = None,
-    map_fn: Callable[..., Any] | None = None,
-    check_finite: bool = False,
-    file_format: str | None = None,
-    label_column: str | None = None,
-    features: Mapping[str, Any] | None = None,
-    shuffle_buffer: int = 10_000,
+    sample_weight: Any = DatasetOptions.sample_weight,
+    batch_size: int | None = DatasetOptions.batch_size,
+    per_replica_batch_size: int | None = DatasetOptions.per_replica_batch_size,
+    strategy: Any = DatasetOptions.strategy,
+    drop_remainder: bool = DatasetOptions.drop_remainder,
+    shuffle: bool = DatasetOptions.shuffle,
+    seed: int = DatasetOptions.seed,
+    initial_epoch: int = DatasetOptions.initial_epoch,
+    skip_batches: int = DatasetOptions.skip_batches,
+    epochs: int | None = DatasetOptions.epochs,
+    repeat: bool = DatasetOptions.repeat,
+    per_worker: bool = DatasetOptions.per_worker,
+    cache: bool | str | os.PathLike[str] | None = DatasetOptions.cache,
+    map_fn: Callable[..., Any] | None = DatasetOptions.map_fn,
+    check_finite: bool = DatasetOptions.check_finite,
+    file_format: str | None = DatasetOptions.file_format,
+    label_column: str | None = DatasetOptions.label_column,
+    features: Mapping[str, Any] | None = DatasetOptions.features,
+    shuffle_buffer: int = DatasetOptions.shuffle_buffer,
 ) -> Any:
     """Build a `tf.data.Dataset` of batches ready for `model.fit` under the active strategy.
 
@@ -64,8 +65,7 @@ def make_dataset(
         A `tf.data.Dataset` (a distributed dataset with per_worker=True); `dataset_info()` tells
         what was decided. For a validation split, see `make_dataset_split`.
     """
-    options = DatasetOptions(**{name: value for name, value in locals().items() if name not in ("x", "y")})
-    return PlannedDataset.of(x, y, options).build()
+    return PlannedDataset.of(x, y, record_from(DatasetOptions, locals())).build()
 
 
 class DatasetSplit(NamedTuple):
@@ -75,7 +75,32 @@ class DatasetSplit(NamedTuple):
     validation: Any
 
 
-def make_dataset_split(x: Any, y: Any = None, *, validation_split: float, **kwargs: Any) -> DatasetSplit:
+@with_field_docs(DatasetOptions, leave_out=("validation_split",))
+def make_dataset_split(
+    x: Any,
+    y: Any = None,
+    *,
+    validation_split: float,
+    sample_weight: Any = DatasetOptions.sample_weight,
+    batch_size: int | None = DatasetOptions.batch_size,
+    per_replica_batch_size: int | None = DatasetOptions.per_replica_batch_size,
+    strategy: Any = DatasetOptions.strategy,
+    drop_remainder: bool = DatasetOptions.drop_remainder,
+    shuffle: bool = DatasetOptions.shuffle,
+    seed: int = DatasetOptions.seed,
+    initial_epoch: int = DatasetOptions.initial_epoch,
+    skip_batches: int = DatasetOptions.skip_batches,
+    epochs: int | None = DatasetOptions.epochs,
+    repeat: bool = DatasetOptions.repeat,
+    per_worker: bool = DatasetOptions.per_worker,
+    cache: bool | str | os.PathLike[str] | None = DatasetOptions.cache,
+    map_fn: Callable[..., Any] | None = DatasetOptions.map_fn,
+    check_finite: bool = DatasetOptions.check_finite,
+    file_format: str | None = DatasetOptions.file_format,
+    label_column: str | None = DatasetOptions.label_column,
+    features: Mapping[str, Any] | None = DatasetOptions.features,
+    shuffle_buffer: int = DatasetOptions.shuffle_buffer,
+) -> DatasetSplit:
     """`make_dataset` for all but the last `validation_split` of the samples (as Keras's
     `fit(validation_split=)` holds out the last ones), and one unshuffled, finite pass over those.
 
@@ -86,22 +111,60 @@ def make_dataset_split(x: Any, y: Any = None, *, validation_split: float, **kwar
 
     Args:
         x: in-memory data (arrays, data frames, lists or dicts of arrays).
-        y: targets, as `x` (or None when `x` holds them).
+        y: targets, as `x` (for a data frame `x`, a column name), or None when `x` holds them.
         validation_split: fraction in (0, 1) of the samples kept out for validation.
-        **kwargs: the other `make_dataset` arguments; they shape the training dataset, and the
-            validation dataset has its batch size (and `drop_remainder`).
+
+    The other arguments are `make_dataset`'s, the fields of `DatasetOptions`, each documented
+    there; they shape the training dataset, and the validation dataset has its batch size (and
+    `drop_remainder`).
 
     Returns:
         A `DatasetSplit(train, validation)`; `dataset_info()` of each tells its sizes
         (`validation_samples` on the training one).
     """
     fraction("validation_split", validation_split)
-    planned = planned_dataset(x, y, validation_split=validation_split, **kwargs)
+    planned = PlannedDataset.of(x, y, record_from(DatasetOptions, locals()))
     return DatasetSplit(planned.build(), planned.validation())
 
 
-def plan_dataset(x: Any, y: Any = None, **kwargs: Any) -> DatasetInfo:
-    """What `make_dataset(x, y, **kwargs)` would decide (sizes, steps per epoch, sharding),
-    without building its pipeline: the same `DatasetInfo` that `dataset_info()` returns (with
-    `validation_split=`, of `make_dataset_split`'s training part)."""
-    return planned_dataset(x, y, **kwargs).info
+@with_field_docs(DatasetOptions)
+def plan_dataset(
+    x: Any,
+    y: Any = None,
+    *,
+    sample_weight: Any = DatasetOptions.sample_weight,
+    batch_size: int | None = DatasetOptions.batch_size,
+    per_replica_batch_size: int | None = DatasetOptions.per_replica_batch_size,
+    strategy: Any = DatasetOptions.strategy,
+    drop_remainder: bool = DatasetOptions.drop_remainder,
+    shuffle: bool = DatasetOptions.shuffle,
+    seed: int = DatasetOptions.seed,
+    initial_epoch: int = DatasetOptions.initial_epoch,
+    skip_batches: int = DatasetOptions.skip_batches,
+    epochs: int | None = DatasetOptions.epochs,
+    repeat: bool = DatasetOptions.repeat,
+    per_worker: bool = DatasetOptions.per_worker,
+    cache: bool | str | os.PathLike[str] | None = DatasetOptions.cache,
+    map_fn: Callable[..., Any] | None = DatasetOptions.map_fn,
+    check_finite: bool = DatasetOptions.check_finite,
+    file_format: str | None = DatasetOptions.file_format,
+    label_column: str | None = DatasetOptions.label_column,
+    features: Mapping[str, Any] | None = DatasetOptions.features,
+    shuffle_buffer: int = DatasetOptions.shuffle_buffer,
+    validation_split: float | None = DatasetOptions.validation_split,
+) -> DatasetInfo:
+    """What `make_dataset(x, y, ...)` would decide (sizes, steps per epoch, sharding), without
+    building its pipeline: the same `DatasetInfo` that `dataset_info()` returns (with
+    `validation_split=`, of `make_dataset_split`'s training part).
+
+    Args:
+        x: as in `make_dataset`.
+        y: as in `make_dataset`.
+
+    The other arguments are `make_dataset`'s and `make_dataset_split`'s `validation_split`, the
+    fields of `DatasetOptions`, each documented there.
+
+    Returns:
+        The `DatasetInfo` of the dataset `make_dataset` would build.
+    """
+    return PlannedDataset.of(x, y, record_from(DatasetOptions, locals())).info

@@ -35,7 +35,7 @@ class DatasetOptions:
         batch_size: global batch size (all replicas together).
         per_replica_batch_size: batch size of one replica; the global size is this times the
             strategy's replicas. Give one of the two; neither means 32.
-        strategy: the strategy fit will run under; default the one whose scope is active.
+        strategy: the strategy fit will run under; None: the one whose scope is active.
         drop_remainder: drop each epoch's last, smaller batch.
         shuffle: permute each epoch; the order is a pure function of (seed, epoch).
         seed: the shuffle seed (an integer).

@@ -99,9 +99,10 @@ def launch(
         timeout: wall-clock limit in seconds for the whole run, restarts included; None for
             none. When reached, the group is stopped and `exit_code` is 124.
         grace_period: seconds between SIGTERM and SIGKILL when a group is stopped (time for
-            `kerasdist` checkpoints to save on SIGTERM).
+            checkpoints to save on SIGTERM); 0 or more (0 sends SIGKILL at once).
         env: extra environment variables for every process.
-        cwd: working directory of the processes (and of a relative script path).
+        cwd: working directory of the processes (and of a relative script path); None: the
+            current one.
         startup_timeout: seconds within which every worker and ps task must come up (its
             TensorFlow server accepting connections on its port); a task that does not is named
             ("worker 1 did not come up within 60 s ...") and counts as a failure (exit code

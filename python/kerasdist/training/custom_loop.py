@@ -24,7 +24,6 @@ from kerasdist.checkpoint import (
     as_manager,
     check_trainer_callbacks,
     manager_of,
-    takes_checkpoint_options,
 )
 from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
@@ -55,7 +54,7 @@ from kerasdist.training.speed import (
     precision_policy,
     with_build_settings,
 )
-from kerasdist.validation import optional_integer, verbosity, with_field_docs
+from kerasdist.validation import optional_integer, record_from, verbosity, with_field_docs
 
 StepFn = Callable[[Any, Any, Any], Mapping[str, Any]]
 
@@ -78,8 +77,8 @@ def fit_step(model: Any, optimizer: Any, batch: Any) -> dict[str, Any]:
     return {"loss": loss}
 
 
+@with_field_docs(CheckpointOptions)
 @with_field_docs(TrainingSettings, leave_out=("steps_per_execution",))
-@takes_checkpoint_options
 def custom_fit(
     model: Any,
     data: Any,
@@ -92,10 +91,20 @@ def custom_fit(
     steps_per_epoch: int | None = None,
     callbacks: Sequence[Any] | None = None,
     verbose: Any = "auto",
-    mixed_precision: bool = False,
-    jit_compile: bool = False,
-    gradient_accumulation_steps: int | None = None,
-    **checkpoint_options: Any,
+    mixed_precision: bool = TrainingSettings.mixed_precision,
+    jit_compile: bool = TrainingSettings.jit_compile,
+    gradient_accumulation_steps: int | None = TrainingSettings.gradient_accumulation_steps,
+    every_epoch: bool = CheckpointOptions.every_epoch,
+    every_steps: int | None = CheckpointOptions.every_steps,
+    every_seconds: float | None = CheckpointOptions.every_seconds,
+    keep: int = CheckpointOptions.keep,
+    keep_best: bool = CheckpointOptions.keep_best,
+    monitor: str = CheckpointOptions.monitor,
+    mode: str = CheckpointOptions.mode,
+    async_save: bool = CheckpointOptions.async_save,
+    storage_options: Mapping[str, Any] | None = CheckpointOptions.storage_options,
+    handle_sigterm: bool = CheckpointOptions.handle_sigterm,
+    hang_timeout: float | str | None = CheckpointOptions.hang_timeout,
 ) -> keras.callbacks.History:
     """Train with your own step function under the model's strategy, surviving restarts.
 
@@ -135,24 +144,23 @@ def custom_fit(
             that input pipeline's per-replica batches (`distribute_datasets_from_function`);
             `steps_per_epoch` is then required.
         step_fn: a Python function `step_fn(model, optimizer, batch) -> dict of scalars`; it runs
-            on the replicas' threads, so it cannot be an R function. Default `fit_step`, Keras's
+            on the replicas' threads, so it cannot be an R function. None: `fit_step`, Keras's
             own step for a compiled model.
         epochs: total number of epochs, counting those done by earlier runs.
         checkpoint_dir: directory of checkpoints (or an object-store URL, `s3://bucket/run`);
             None for the one the model was made or restored from by `make_or_restore_model`.
-        optimizer: default the compiled model's optimizer; an optimizer given for a model
+        optimizer: None: the compiled model's optimizer; an optimizer given for a model
             compiled without one is attached (`model.compile(optimizer=...)`), so checkpoints
             hold its state.
-        strategy: where a build function builds the model; default the active strategy. A
+        strategy: where a build function builds the model; None: the active strategy. A
             model given built trains under its own strategy.
         steps_per_epoch: batches per epoch, when `data` cannot tell.
         callbacks: more Keras callbacks (EarlyStopping, CSVLogger, your own).
         verbose: 0 (silent), 1 (progress bar) or 2 (a line per epoch); "auto" is 1.
-        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
-            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`) are
-    fields of `TrainingSettings`, each documented there.
+    fields of `TrainingSettings`, and the checkpoint options (`every_steps`, `keep`,
+    `async_save`, ...) those of `CheckpointOptions`, each documented there.
 
     Returns:
         A Keras `History` of all epochs, earlier runs included; `history.model` is the model.
@@ -161,9 +169,10 @@ def custom_fit(
         ValueError: a bad argument, an R `step_fn`, or a checkpoint written with other
             speed settings (named), before anything is trained or written.
     """
+    arguments = dict(locals())  # as given: the option records are made from them
     check_total_epochs(epochs)
     step_fn = _check_step_fn(step_fn)
-    options = CheckpointOptions.from_kwargs(**checkpoint_options)
+    options = record_from(CheckpointOptions, arguments)
     callbacks = _check_callbacks(callbacks)
     settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps)
     verbose = verbosity("verbose", verbose)

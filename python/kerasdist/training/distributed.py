@@ -23,7 +23,6 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     make_or_restore_model,
     manager_for,
-    takes_checkpoint_options,
 )
 from kerasdist.context import context_of
 from kerasdist.data import DatasetOptions, PlannedDataset, replace_epochs
@@ -43,7 +42,7 @@ from kerasdist.training.speed import (
     set_steps_per_execution,
     with_build_settings,
 )
-from kerasdist.validation import record_of, with_field_docs
+from kerasdist.validation import record_from, record_of, with_field_docs
 
 # Arguments distributed_fit sets itself; dataset_args may not override them.
 _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch_size", "strategy",
@@ -51,8 +50,8 @@ _OWN_DATASET_ARGS = ("x", "y", "sample_weight", "batch_size", "per_replica_batch
                      "validation_split", "per_worker")
 
 
+@with_field_docs(CheckpointOptions)
 @with_field_docs(TrainingSettings)
-@takes_checkpoint_options
 def distributed_fit(
     build_fn: Callable[[], Any],
     x: Any,
@@ -61,22 +60,32 @@ def distributed_fit(
     epochs: int,
     checkpoint_dir: str | os.PathLike[str],
     strategy: Any = "auto",
-    batch_size: int | None = None,
-    per_replica_batch_size: int | None = None,
-    seed: int = 0,
-    shuffle: bool = True,
-    sample_weight: Any = None,
-    validation_split: float | None = None,
+    batch_size: int | None = DatasetOptions.batch_size,
+    per_replica_batch_size: int | None = DatasetOptions.per_replica_batch_size,
+    seed: int = DatasetOptions.seed,
+    shuffle: bool = DatasetOptions.shuffle,
+    sample_weight: Any = DatasetOptions.sample_weight,
+    validation_split: float | None = DatasetOptions.validation_split,
     validation_data: Any = None,
     callbacks: Sequence[Any] | None = None,
     dataset_args: Mapping[str, Any] | None = None,
     steps_per_epoch: int | None = None,
     verbose: Any = "auto",
-    mixed_precision: bool = False,
-    jit_compile: bool = False,
-    gradient_accumulation_steps: int | None = None,
-    steps_per_execution: int | str = "auto",
-    **checkpoint_options: Any,
+    mixed_precision: bool = TrainingSettings.mixed_precision,
+    jit_compile: bool = TrainingSettings.jit_compile,
+    gradient_accumulation_steps: int | None = TrainingSettings.gradient_accumulation_steps,
+    steps_per_execution: int | str = TrainingSettings.steps_per_execution,
+    every_epoch: bool = CheckpointOptions.every_epoch,
+    every_steps: int | None = CheckpointOptions.every_steps,
+    every_seconds: float | None = CheckpointOptions.every_seconds,
+    keep: int = CheckpointOptions.keep,
+    keep_best: bool = CheckpointOptions.keep_best,
+    monitor: str = CheckpointOptions.monitor,
+    mode: str = CheckpointOptions.mode,
+    async_save: bool = CheckpointOptions.async_save,
+    storage_options: Mapping[str, Any] | None = CheckpointOptions.storage_options,
+    handle_sigterm: bool = CheckpointOptions.handle_sigterm,
+    hang_timeout: float | str | None = CheckpointOptions.hang_timeout,
 ) -> keras.callbacks.History:
     """Train `build_fn()`'s model on (x, y) under a distribution strategy, surviving restarts.
 
@@ -125,11 +134,10 @@ def distributed_fit(
         steps_per_epoch: batches per epoch of data of batches that cannot tell (a Python
             generator; a dataset with a filter is counted once, by a pass over it).
         verbose: passed to `fit`.
-        **checkpoint_options: the checkpoint options (every_steps, keep, async_save,
-            storage_options, every_seconds, ...), `CheckpointOptions`' fields, each a keyword.
 
     The speed options (`mixed_precision`, `jit_compile`, `gradient_accumulation_steps`,
-    `steps_per_execution`) are the fields of `TrainingSettings`, each documented there.
+    `steps_per_execution`) are the fields of `TrainingSettings`, and the checkpoint options
+    (`every_steps`, `keep`, `async_save`, ...) those of `CheckpointOptions`, each documented there.
 
     Returns:
         The Keras `History` of all epochs, earlier runs included; `history.model` is the trained
@@ -140,6 +148,7 @@ def distributed_fit(
             written; or, under more than one replica, a loss, metric or layer that is an R
             function (see `check_step_functions`).
     """
+    arguments = dict(locals())  # as given: the option records are made from them
     if not callable(build_fn) or isinstance(build_fn, keras.Model):
         raise ValueError(
             "build_fn must be a function with no arguments that returns a compiled Keras model, "
@@ -154,8 +163,8 @@ def distributed_fit(
     if validation_split is not None and validation_data is not None:
         raise ValueError("validation_split and validation_data: give one of them, not both.")
     callbacks = _check_callbacks(callbacks)
-    checkpointing = CheckpointOptions.from_kwargs(**checkpoint_options)
-    settings = TrainingSettings(mixed_precision, jit_compile, gradient_accumulation_steps, steps_per_execution)
+    checkpointing = record_from(CheckpointOptions, arguments)
+    settings = record_from(TrainingSettings, arguments)
     # checked now (a URL: its plugin, then the store answers when the settings are read), created when used;
     # the store's one manager: a live model or callback of the same store shares what it verified
     checkpoints = manager_for(checkpoint_dir, checkpointing.storage_options, create=False)

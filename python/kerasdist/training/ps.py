@@ -52,7 +52,7 @@ def run_server(tf_config: str | dict[str, Any] | None = None) -> None:
     goes on to train.
 
     Args:
-        tf_config: the TF_CONFIG to use (JSON text or a dict); default the TF_CONFIG variable.
+        tf_config: the TF_CONFIG to use (JSON text or a dict); None: the TF_CONFIG variable.
     """
     from kerasdist.cluster import cluster_from_environment, parse_tf_config
 
