@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ruff, then pytest (in 2 processes, listing its 10 slowest tests; every test's time is in
-# .check/pytest*.xml and testthat.xml), the Slurm cluster tests
+# .check/pytest*.xml and testthat.xml), the Slurm and Ray cluster tests
 # and, beside them, R CMD build (which runs the vignettes, once) and R CMD check (which runs
 # testthat; --ignore-vignettes, as the build has just run them); prints each one's counts and a
 # total, and exits non-zero if anything failed or R CMD check warned.
@@ -24,10 +24,13 @@ ruff_status=${PIPESTATUS[0]}
 ) >"$CHECK_DIR/r.log" 2>&1 &
 r_pid=$!
 
-# The Slurm cluster tests (tests/python/test_slurm.py) run beside the rest too: most of their
-# time is spent waiting on the scheduler (requeues, node timeouts, the time-limit check).
-SLURM_TESTS=tests/python/test_slurm.py
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 --junitxml="$CHECK_DIR/pytest-slurm.xml" "$SLURM_TESTS" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
+# The cluster tests run beside the rest, one file after the other (one cluster at a time): the
+# Slurm ones (tests/python/test_slurm.py), most of whose time is spent waiting on the scheduler
+# (requeues, node timeouts, the time-limit check), then the Ray ones (tests/python/test_ray.py),
+# whose Ray clusters start and fail over in real processes. In the main pool the Ray tests were
+# its last 13 minutes (2026-11-29); here they follow the Slurm ones, which end sooner.
+CLUSTER_TESTS=(tests/python/test_slurm.py tests/python/test_ray.py)
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 --junitxml="$CHECK_DIR/pytest-slurm.xml" "${CLUSTER_TESTS[@]}" >"$CHECK_DIR/pytest-slurm.log" 2>&1 &
 slurm_pid=$!
 
 # The rest of pytest runs in KERASDIST_TEST_WORKERS processes (pytest-xdist; 2 by default, 0 for
@@ -38,11 +41,11 @@ workers=${KERASDIST_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist worksteal)
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 --junitxml="$CHECK_DIR/pytest.xml" "${parallel[@]}" --ignore="$SLURM_TESTS" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=10 --junitxml="$CHECK_DIR/pytest.xml" "${parallel[@]}" "${CLUSTER_TESTS[@]/#/--ignore=}" "$@" 2>&1 | tee "$CHECK_DIR/pytest.log"
 py_status=${PIPESTATUS[0]}
 [ "$ruff_status" -eq 0 ] || py_status=1  # a lint finding fails the Python side like a failed test
 
-echo "== pytest $SLURM_TESTS (started beside the rest)"
+echo "== pytest ${CLUSTER_TESTS[*]} (started beside the rest)"
 wait "$slurm_pid"
 slurm_status=$?
 cat "$CHECK_DIR/pytest-slurm.log"
@@ -70,7 +73,7 @@ r_skip=$(sed -E 's/.*SKIP ([0-9]+).*/\1/' <<<"$r_counts")
 
 echo
 echo "pytest:        ${py_summary}"
-echo "pytest Slurm:  ${slurm_summary}"
+echo "pytest Slurm, Ray: ${slurm_summary}"
 echo "testthat:      ${r_counts:-no result (see $CHECK_DIR/kerasdist.Rcheck)}"
 echo "R CMD check:   ${check_status:-no status}"
 failed=$(( ${py_fail:-0} + ${r_fail:-1} ))
