@@ -12,6 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasdist
 from conftest import run_python
@@ -139,6 +140,7 @@ def _bad(tmp_path):
     file = tmp_path / "a-file"
     file.write_text("")
     ckpt = kerasdist.checkpoint_callback(tmp_path / "other")
+    batched = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     return [
         ("build_fn", dict(build_fn=build_model())),
         ("epochs", dict(epochs=0)),
@@ -161,6 +163,9 @@ def _bad(tmp_path):
         ("is a file", dict(checkpoint_dir=file)),
         ("batch_size", dict(batch_size=-1)),
         ("x", dict(x=x[:10])),  # length differs from y
+        # batches of the user's own, read one per step
+        ("x is read one batch per step", dict(x=batched, y=None, steps_per_execution=4)),
+        ("validation_data must be a batched tf.data.Dataset", dict(x=batched, y=None, validation_data=(x, y))),
     ]
 
 

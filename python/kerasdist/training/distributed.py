@@ -194,13 +194,9 @@ def distributed_fit(
     elif isinstance(validation_data, (tuple, list)):
         validation_data = _validation_dataset(validation_data, options)
 
-    check_jit(settings, context)
     # every argument (the data's included) is checked above, before the newest checkpoint is read
-    check_resumed_settings_of(checkpoints, settings)
     with precision_policy(settings):
-        model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
-        model.jit_compile = settings.jit_compile
-        check_step_functions(model, context.strategy)
+        model = _made_or_restored(build_fn, settings, checkpoints, context)
         run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
         checkpoint = CheckpointCallback(checkpoints, checkpointing, run=run)
         chosen, _ = choose_steps_per_execution(settings.steps_per_execution, model, context, steps,
@@ -212,6 +208,18 @@ def distributed_fit(
         epoch_range = EpochRange(epochs_data, run.global_batch_size, run.epoch_order)
         return resume_fit(model, epoch_range, epochs, checkpoint, steps_per_epoch=steps,
                           callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+
+
+def _made_or_restored(build_fn: Callable[[], Any], settings: TrainingSettings, checkpoints: Any,
+                      context: Any) -> Any:
+    """The model of `build_fn` made in the strategy's scope, or restored from the newest
+    checkpoint (whose settings must be the run's), checked for R functions in its step."""
+    check_jit(settings, context)
+    check_resumed_settings_of(checkpoints, settings)
+    model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
+    model.jit_compile = settings.jit_compile
+    check_step_functions(model, context.strategy)
+    return model
 
 
 def _data_read_as_it_is(x: Any, y: Any, sample_weight: Any, validation_split: Any, dataset_args: Any,
@@ -270,18 +278,14 @@ def _fit_data_as_it_is(build_fn: Any, source: ResumableInput, epochs: int, check
     it (its reader put where the checkpoint left it)."""
     if isinstance(validation_data, (tuple, list)):
         raise ValueError("validation_data must be a batched tf.data.Dataset (as x is) when x is trained on as it is.")
-    check_jit(settings, context)
-    check_resumed_settings_of(checkpoints, settings)
+    if settings.steps_per_execution not in ("auto", 1):
+        raise ValueError(
+            f"steps_per_execution={settings.steps_per_execution}: x is read one batch per step, so "
+            "only 1 (or 'auto') is possible with it."
+        )
     with precision_policy(settings):
-        model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
-        model.jit_compile = settings.jit_compile
-        check_step_functions(model, context.strategy)
+        model = _made_or_restored(build_fn, settings, checkpoints, context)
         checkpoint = CheckpointCallback(checkpoints, checkpointing, run=RunRecord(settings.record()))
-        if settings.steps_per_execution not in ("auto", 1):
-            raise ValueError(
-                f"steps_per_execution={settings.steps_per_execution}: x is read one batch per step, so "
-                "only 1 (or 'auto') is possible with it."
-            )
         set_steps_per_execution(model, 1)
         return resume_fit(model, source, epochs, checkpoint, callbacks=callbacks, validation_data=validation_data,
                           verbose=verbose)
