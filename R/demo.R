@@ -38,5 +38,16 @@ kerasdist_demo <- function(run_dir = "runs/demo", epochs = 6L, verbose = TRUE) {
   # devices); Python checks `epochs` before any work.
   split_cpu_at_import(2L)
   run_dir <- path.expand(run_dir)
-  invisible(call_python_forwarding(kerasdist_module()$kerasdist_demo))
+  if (sink.number() == 0 && !isTRUE(getOption("knitr.in.progress"))) {
+    return(invisible(call_python_forwarding(kerasdist_module()$kerasdist_demo)))
+  }
+  # Python prints to the process's stdout, past R's console: where R's output is diverted (a
+  # sink, capture.output(), knitr) its progress is caught and shown there once it ends
+  call <- sys.call()
+  printed <- reticulate::py_capture_output(
+    result <- call_python(kerasdist_module()$kerasdist_demo, run_dir = run_dir, epochs = epochs,
+                          verbose = verbose, call = call)
+  )
+  cat(printed)
+  invisible(result)
 }

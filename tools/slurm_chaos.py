@@ -402,6 +402,7 @@ def lost_host_trial(cluster: SlurmCluster, index: int, step_seconds: float = STE
     return {"index": index, "state": job.state, "restarts": job.restarts, "statuses": step_statuses(output),
             "attempts": [a.status for a in report.attempts], "workers": [a.workers for a in report.attempts],
             "restored_step": smaller.restored_step if smaller else None,
+            "last_step_before_loss": report.attempts[0].last_step,
             "loss_to_first_step": round(first_step_at - lost_at, 2) if first_step_at else None,
             "back_to_first_step": round(last.first_step_at - back_at, 2) if grown else None,
             "recovery": {part: round(value, 2) for part, value in ((smaller and smaller.recovery) or {}).items()},

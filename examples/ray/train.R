@@ -38,3 +38,7 @@ result <- train$run(
 metrics <- result$metrics   # an R list: loss, epoch
 cat(sprintf("metrics epoch %d loss %.17g\n", as.integer(metrics$epoch), metrics$loss))
 cat("checkpoint", result$checkpoint$path, "\n")
+# Disconnect from Ray now, not at R's exit: Ray 2.60's driver once aborted in its teardown on a
+# notice of the trainer's finished actors ("Given death cause case 3 doesn't exist"), after the
+# run had ended and reported.
+reticulate::import("ray")$shutdown()

@@ -43,7 +43,8 @@ def test_slurm_recipe_signals_the_training_tasks_and_handles_every_step_status()
     assert signal_lines == ["#SBATCH --signal=TERM@120"]
     assert "#SBATCH --requeue" in script.splitlines() and "#SBATCH --no-kill" in script.splitlines()
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "trap on_term TERM" in script
-    for case in ('"$PREEMPTED" | 143)', '137 | "$PEER_LOST")', "PEER_LOST=76", "0) exit 0", "hosts_up",
+    for case in ('"$PREEMPTED" | 143)', '137 | "$PEER_LOST" | "$HUNG" | "$HUNG_IN_C")', "PEER_LOST=76", "HUNG=77",
+                 "0) exit 0", "hosts_up",
                  "watch_for_hosts", 'requeue "growing back to $wanted hosts"'):
         assert case in script, case
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0

@@ -260,7 +260,8 @@ def test_a_lost_host_shrinks_the_job_to_the_host_left_and_it_grows_back_when_the
     assert chaos.bitwise_equal(run.weights(0), run.weights(1)), said
     assert chaos.max_difference(run.weights(0), reference.weights(0)) <= TOL, said
     assert trial["attempts"][0] != "completed" and trial["attempts"][-1] == "completed", trial
-    assert trial["restored_step"] >= 8 and trial["redone_steps"] == 0, trial
+    # no completed step trained twice; the one in progress when the host was lost counts as redone (#59)
+    assert trial["restored_step"] == trial["last_step_before_loss"] >= 8 and trial["redone_steps"] <= 1, trial
     print(f"lost host ({language}): the smaller cluster's first step {trial['loss_to_first_step']} s after the "
           f"loss, then back on 2 hosts; {trial['redone_steps']} step(s) redone")
     assert trial["loss_to_first_step"] < 60, trial
@@ -292,7 +293,8 @@ def test_a_job_preempted_after_a_lost_host_shrank_it_is_requeued_once_and_ends_o
     assert chaos.bitwise_equal(run.weights(0), run.weights(1)), said
     assert chaos.max_difference(run.weights(0), reference.weights(0)) <= TOL, said
     assert trial["attempts"][1:] == ["preempted", "completed"] and trial["workers"] == [2, 1, 2], trial
-    assert trial["redone_steps"] == 0, trial
+    # no completed step trained twice; the one in progress when the host was lost counts as redone (#59)
+    assert trial["restored_step"] == trial["last_step_before_loss"] and trial["redone_steps"] <= 1, trial
 
 
 def test_a_lost_batch_host_requeues_the_job_which_resumes_on_both_hosts_bitwise_equal(slurm_cluster, reference):

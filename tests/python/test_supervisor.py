@@ -107,11 +107,12 @@ def test_a_killed_training_process_is_forked_again_by_both_supervisors_and_train
         assert len(forks) == 2 and forks[0][0] == forks[1][0] and forks[0][1] != forks[1][1], forks
     for output in outputs:
         assert output.count(", in place") == 1 and "task 0 done: 2 replicas" in output, output
-    # resumed from the checkpoint (one every step; the chief's of step 8 may have been in flight)
+    # resumed from the checkpoint (one every step). A step's line comes before its save: killed just
+    # after printing step S, the chief's background save of S - 1 may still have been in flight
     chief = outputs[0]
     restart = chief.index(", in place")
     before, after = [int(s) for s in STEP.findall(chief[:restart])], [int(s) for s in STEP.findall(chief[restart:])]
-    assert after[0] in (before[-1], before[-1] + 1) and after[0] >= 8 and after[-1] == 30, (before, after)
+    assert before[-1] - 1 <= after[0] <= before[-1] + 1 and after[0] >= 7 and after[-1] == 30, (before, after)
     assert all(np.array_equal(a, b) for a, b in zip(weights(tmp_path, 0), weights(tmp_path, 1), strict=True))
     # the chief's run log: two attempts, the second a forked process (no interpreter start)
     report = kerasdist.goodput(tmp_path / "ckpt")

@@ -41,7 +41,10 @@ record = {
     "task_type": task_type, "task_index": index, "restart": restart, "pid": os.getpid(),
     "cwd": os.getcwd(), "extra": os.environ.get("PROBE_EXTRA"),
 }
-Path(args.record_dir, f"{restart}-{task_type}-{index}.json").write_text(json.dumps(record))
+# written whole, then renamed: the test polls the folder and must never read a file half written
+written = Path(args.record_dir, f".{restart}-{task_type}-{index}.json.tmp")
+written.write_text(json.dumps(record))
+os.replace(written, Path(args.record_dir, f"{restart}-{task_type}-{index}.json"))
 print(f"hello from {me} (restart {restart})", flush=True)
 print(f"note on stderr from {me}", file=sys.stderr, flush=True)
 
