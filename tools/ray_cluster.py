@@ -36,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import netns_runs
+from netns_runs import namespaces_of, netns_pids
+
 PREFIX = "kdray-"
 RUN_NAME = re.compile(rf"{PREFIX}[0-9a-f]{{6}}")  # a run's name: the prefix and its run id
 NETNS_DIR = Path("/run/netns")
@@ -175,7 +178,7 @@ class RayCluster:
         """Lose node `node` as a crash does: every process in its namespace SIGSTOPped (listed
         again until no new one shows), then SIGKILLed. Returns the pids."""
         pids: list[int] = []
-        while fresh := [pid for pid in namespace_pids(self.namespace(node)) if pid not in pids]:
+        while fresh := [pid for pid in netns_pids(self.namespace(node)) if pid not in pids]:
             for pid in fresh:
                 _signal(pid, signal.SIGSTOP)
             pids += fresh
@@ -212,7 +215,7 @@ class RayCluster:
 
     def pids(self) -> set[int]:
         """Every process of the cluster (in any of its namespaces)."""
-        return {pid for ns in _namespaces_of(self.name) for pid in namespace_pids(ns)}
+        return {pid for ns in namespaces_of(self.name) for pid in netns_pids(ns)}
 
     def _make_network(self) -> None:
         if self.nodes == 1:
@@ -235,11 +238,6 @@ class RayCluster:
 
 
 # helpers -------------------------------------------------------------------------------------
-def namespace_pids(ns: str) -> list[int]:
-    result = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-    return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
-
-
 def _listener(line: str) -> Listener | None:
     """One line of `ss -Hltnp`: state, queues, local address:port, peer, users:(("name",pid=P,...))."""
     fields = line.split()
@@ -272,46 +270,15 @@ def _reap(process: subprocess.Popen) -> None:
         pass
 
 
-def _namespaces_of(name: str) -> list[str]:
-    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    return [ns for ns in names if ns.startswith(f"{name}-")]
-
-
 def _teardown(name: str, root: Path) -> None:
     """Kill every process in the run's namespaces (by pid), delete them and the run's directory."""
-    namespaces = _namespaces_of(name)
-    deadline = time.monotonic() + 15
-    while (pids := [pid for ns in namespaces for pid in namespace_pids(ns)]) and time.monotonic() < deadline:
-        for pid in pids:
-            _signal(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    for ns in namespaces:
-        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    netns_runs.delete_namespaces(namespaces_of(name))
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _owner_alive(root: Path) -> bool:
-    try:
-        os.kill(int((root / "owner").read_text()), 0)
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def cleanup(include_live: bool = False) -> list[str]:
     """Tear down the runs whose owner process has died (all runs with include_live). Returns them."""
-    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    runs = {line.split()[0].rsplit("-", 1)[0] for line in result.stdout.splitlines()}
-    runs |= {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if p.is_dir()}
-    runs = {name for name in runs if RUN_NAME.fullmatch(name)}
-    removed = []
-    for name in sorted(runs):
-        root = Path(tempfile.gettempdir()) / name
-        if include_live or not _owner_alive(root):
-            _teardown(name, root)
-            removed.append(name)
-    return removed
+    return netns_runs.cleanup(RUN_NAME, _teardown, include_live)
 
 
 def main(argv: list[str] | None = None) -> int:

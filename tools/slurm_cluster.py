@@ -42,7 +42,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import netns_runs
+from netns_runs import namespaces_of, netns_pids
+
 PREFIX = "kdslurm-"
+RUN_NAME = re.compile(rf"{PREFIX}[0-9a-f]{{6}}")  # a run's name: the prefix and its run id
 NETNS_DIR = Path("/run/netns")
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                           "BOOT_FAIL", "DEADLINE"})
@@ -186,7 +190,7 @@ class SlurmCluster:
         """Every process in the run's namespaces: namespace, pid, parent, state, command line."""
         lines = []
         for ns in [self.controller_ns, *(self.host_ns(h) for h in range(self.hosts))]:
-            for pid in _netns_pids(ns):
+            for pid in netns_pids(ns):
                 stat = _stat(pid)
                 lines.append(f"{ns} {pid} {stat[1] if stat else '?'} {stat[0] if stat else '?'} {cmdline(pid)}")
         return "\n".join(lines) + "\n"
@@ -352,7 +356,7 @@ PartitionName=high PriorityTier=10 {partition}
         process group with stopped members that its parent's death orphans (SIGHUP, SIGCONT), and
         srun ends its step on SIGHUP (tests/python/test_slurm.py)."""
         pids: list[int] = []
-        while fresh := [pid for pid in _netns_pids(self.host_ns(host)) if pid not in pids]:
+        while fresh := [pid for pid in netns_pids(self.host_ns(host)) if pid not in pids]:
             for pid in fresh:
                 _kill(pid, signal.SIGSTOP)
             pids += fresh
@@ -471,7 +475,7 @@ PartitionName=high PriorityTier=10 {partition}
 
     def host_processes(self, host: int, pattern: str) -> list[int]:
         """The pids of host `host`'s processes whose command line contains `pattern`."""
-        return [pid for pid in _netns_pids(self.host_ns(host)) if pattern in cmdline(pid)]
+        return [pid for pid in netns_pids(self.host_ns(host)) if pattern in cmdline(pid)]
 
 
 # helpers -------------------------------------------------------------------------------------
@@ -528,11 +532,6 @@ def _wait_for(condition, timeout: float, what: str, log: Path | None = None) -> 
         time.sleep(0.2)
 
 
-def _netns_pids(ns: str) -> list[int]:
-    result = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-    return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
-
-
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -547,55 +546,22 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def _owner_alive(root: Path) -> bool:
-    try:
-        owner = int((root / "owner").read_text())
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(owner, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _teardown(name: str, root: Path) -> None:
     """Kill every process in the run's namespaces and its munged, delete the namespaces and files."""
-    namespaces = [ns for ns in _list_netns() if ns.startswith(f"{name}-")]
-    for ns in namespaces:
-        for pid in _netns_pids(ns):
-            _kill(pid, signal.SIGKILL)
     munge_pid = root / "munge" / "munged.pid"
     if munge_pid.exists():
         try:
             _kill(int(munge_pid.read_text().strip()), signal.SIGTERM)
         except ValueError:
             pass
-    deadline = time.monotonic() + 10
-    while any(_netns_pids(ns) for ns in namespaces) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for ns in namespaces:
-        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    netns_runs.delete_namespaces(namespaces_of(name), timeout=10)
     # the hosts' scratch tmpfs lived in their mount namespaces and went with their last process
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _list_netns() -> list[str]:
-    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-
-
 def cleanup(include_live: bool = False) -> list[str]:
     """Tear down the runs whose owner process has died (all runs with include_live). Returns them."""
-    runs = {ns.rsplit("-", 1)[0] for ns in _list_netns() if ns.startswith(PREFIX)}
-    runs |= {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if p.is_dir()}
-    removed = []
-    for name in sorted(runs):
-        root = Path(tempfile.gettempdir()) / name
-        if include_live or not _owner_alive(root):
-            _teardown(name, root)
-            removed.append(name)
-    return removed
+    return netns_runs.cleanup(RUN_NAME, _teardown, include_live)
 
 
 def main(argv: list[str] | None = None) -> int:
