@@ -122,11 +122,20 @@ def test_the_wheel_installs_into_an_empty_virtualenv_and_a_killed_fit_resumes_bi
     assert all(np.array_equal(reference[name], resumed[name]) for name in reference)
 
 
-def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_makes_its_python(dist, tmp_path):
-    library, env = tmp_path / "library", clean_environment(WORKON_HOME=str(tmp_path / "virtualenvs"))
-    library.mkdir()
-    run(["R", "CMD", "INSTALL", "-l", library, dist / f"kerasdist_{VERSION}.tar.gz"], tmp_path, env)
-    env["R_LIBS"] = str(library)
+@pytest.fixture(scope="module")
+def r_library(dist, made_once) -> Path:
+    """The R tarball installed into an empty library (keras3 and reticulate come from R's own), once
+    for the R tests below: none of them writes into it."""
+
+    def make(library: Path) -> Path:
+        run(["R", "CMD", "INSTALL", "-l", library, dist / f"kerasdist_{VERSION}.tar.gz"], library, clean_environment())
+        return library
+
+    return made_once("r-library", make)
+
+
+def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_makes_its_python(r_library, tmp_path):
+    env = clean_environment(WORKON_HOME=str(tmp_path / "virtualenvs"), R_LIBS=str(r_library))
     base_python = Path(sys.base_prefix) / "bin" / "python3"  # the interpreter itself, not a pyenv shim
     install = f'kerasdist::install_kerasdist(python = "{base_python}", pip_args = "--no-compile")'
     done = run(["Rscript", "-e", install], tmp_path, env, timeout=900)
@@ -148,7 +157,7 @@ def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_make
         cat("checkpoints:", list_checkpoints("ckpt")$global_step, "\\n")
     """)
     out = run(["Rscript", "-e", fit], tmp_path, env, timeout=300).stdout
-    assert f"package: {library}/kerasdist" in out
+    assert f"package: {r_library}/kerasdist" in out
     assert f"python: {tmp_path}/virtualenvs/r-keras/bin/python" in out
     assert "epochs: 2" in out and "checkpoints: 8 16" in out
 
@@ -175,17 +184,6 @@ NEW_R_USER_FIT = textwrap.dedent("""
     cat("kerasdist from:", reticulate::import("kerasdist")$`__file__`, "\\n")
     cat("checkpoints:", list_checkpoints("ckpt")$global_step, "\\n")
 """)
-
-
-@pytest.fixture(scope="module")
-def r_library(dist, made_once) -> Path:
-    """The R tarball installed into an empty library (keras3 and reticulate come from R's own)."""
-
-    def make(library: Path) -> Path:
-        run(["R", "CMD", "INSTALL", "-l", library, dist / f"kerasdist_{VERSION}.tar.gz"], library, clean_environment())
-        return library
-
-    return made_once("r-library", make)
 
 
 @pytest.fixture(scope="module")

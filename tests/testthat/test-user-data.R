@@ -3,15 +3,21 @@
 # CPU replicas by distributed_fit(), resume_fit() and keras3's fit() with a checkpoint_callback(),
 # and resumed: from a copy of the uninterrupted run's checkpoints up to a step inside an epoch and
 # at an epoch end (what a kill right after that save leaves), after a SIGTERM and after a real
-# SIGKILL; each ends bit for bit as the uninterrupted run.
+# SIGKILL; each ends bit for bit as the uninterrupted run. Each R process starting TensorFlow costs
+# about 12 s of CPU, so the runs share 4 processes: the uninterrupted ones of every trainer, the
+# SIGTERMed one, the SIGKILLed one, then every resume (each from its own directory).
 
 user_cases <- jsonlite::fromJSON(file.path(cases_dir(), "user_data.json"), simplifyVector = FALSE)
 r_kinds <- vapply(Filter(function(kind) isTRUE(kind$r), user_cases$kinds), function(kind) kind$id, "")
 train_script <- function() normalizePath(test_path("scripts", "train_user_data.R"))
 
-train_r <- function(trainer, root, kinds, ...) {
-  processx::run("Rscript", c(train_script(), trainer, root, paste(kinds, collapse = ","), ...),
-                error_on_status = FALSE, timeout = 600, env = c("current", TF_CPP_MIN_LOG_LEVEL = "2"))
+trainers <- c("distributed_fit", "resume_fit", "fit")
+
+# `jobs`: list(list(trainer, root, kinds), ...), trained one after the other by one Rscript.
+train_r <- function(jobs, ...) {
+  job_args <- unlist(lapply(jobs, function(job) c(job[[1]], job[[2]], paste(job[[3]], collapse = ","))))
+  processx::run("Rscript", c(train_script(), job_args, ...),
+                error_on_status = FALSE, timeout = 1200, env = c("current", TF_CPP_MIN_LOG_LEVEL = "2"))
 }
 
 expect_trained <- function(run) {
@@ -44,53 +50,71 @@ expect_same_run <- function(reference, resumed, kinds) {
   }
 }
 
-uninterrupted <- local({
-  made <- list()
-  function(trainer) {
-    if (is.null(made[[trainer]])) {
-      root <- withr::local_tempdir(.local_envir = globalenv())
-      expect_trained(train_r(trainer, root, r_kinds))
-      made[[trainer]] <<- root
-    }
-    made[[trainer]]
+# Every run of this file, made at the first test that asks: one process trains every trainer
+# uninterrupted, one is SIGTERMed at step 10 of every kind (distributed_fit), one SIGKILLed at step
+# 11 (keras3's fit, the guide's pipeline), then one resumes them all, each in its own directory:
+# copies of the uninterrupted checkpoints up to step 8 (every trainer) and 12 (distributed_fit),
+# the SIGTERMed and the SIGKILLed run's.
+runs <- local({
+  made <- NULL
+  function() {
+    if (!is.null(made)) return(made)
+    new_dir <- function() withr::local_tempdir(.local_envir = globalenv())
+    reference <- setNames(lapply(trainers, function(trainer) new_dir()), trainers)
+    whole <- train_r(lapply(trainers, function(trainer) list(trainer, reference[[trainer]], r_kinds)))
+    preempted <- new_dir()
+    sigtermed <- train_r(list(list("distributed_fit", preempted, r_kinds)), "--sigterm-at", "10")
+    preempted_said <- vapply(r_kinds, function(kind) {  # before the resume, which writes there too
+      said <- file.path(preempted, kind, "preempted")
+      if (file.exists(said)) paste(readLines(said), collapse = "\n") else NA_character_
+    }, "")
+    killed_dir <- new_dir()
+    killed <- train_r(list(list("fit", killed_dir, "guide-cache-prefetch")), "--kill-at", "11")
+    killed_left <- file.exists(file.path(killed_dir, "guide-cache-prefetch", "ckpt-8", "input.bin"))
+    mid_epoch <- setNames(lapply(trainers, function(trainer) new_dir()), trainers)
+    for (trainer in trainers) copy_up_to(reference[[trainer]], mid_epoch[[trainer]], r_kinds, 8L)
+    at_epoch_end <- new_dir()
+    copy_up_to(reference[["distributed_fit"]], at_epoch_end, r_kinds, 12L)
+    resumes <- c(lapply(trainers, function(trainer) list(trainer, mid_epoch[[trainer]], r_kinds)),
+                 list(list("distributed_fit", at_epoch_end, r_kinds), list("distributed_fit", preempted, r_kinds),
+                      list("fit", killed_dir, "guide-cache-prefetch")))
+    made <<- list(reference = reference, whole = whole, preempted = preempted, sigtermed = sigtermed,
+                  preempted_said = preempted_said, killed_dir = killed_dir, killed = killed,
+                  killed_left = killed_left, mid_epoch = mid_epoch, at_epoch_end = at_epoch_end,
+                  resumed = train_r(resumes))
+    made
   }
 })
 
-for (trainer in c("distributed_fit", "resume_fit", "fit")) {
+for (trainer in trainers) {
   test_that(paste(trainer, "from R: every kind resumed inside an epoch ends as the uninterrupted run"), {
     skip_if_no_kerasdist()
-    reference <- uninterrupted(trainer)
-    resumed <- withr::local_tempdir()
-    copy_up_to(reference, resumed, r_kinds, 8L)
-    expect_trained(train_r(trainer, resumed, r_kinds))
-    expect_same_run(reference, resumed, r_kinds)
+    made <- runs()
+    expect_trained(made$whole)
+    expect_trained(made$resumed)
+    expect_same_run(made$reference[[trainer]], made$mid_epoch[[trainer]], r_kinds)
   })
 }
 
 test_that("distributed_fit from R: resumed at an epoch end and after a SIGTERM, each as the uninterrupted run", {
   skip_if_no_kerasdist()
-  reference <- uninterrupted("distributed_fit")
-  at_epoch_end <- withr::local_tempdir()
-  copy_up_to(reference, at_epoch_end, r_kinds, 12L)
-  expect_trained(train_r("distributed_fit", at_epoch_end, r_kinds))
-  expect_same_run(reference, at_epoch_end, r_kinds)
+  made <- runs()
+  reference <- made$reference[["distributed_fit"]]
+  expect_trained(made$resumed)
+  expect_same_run(reference, made$at_epoch_end, r_kinds)
 
-  preempted <- withr::local_tempdir()
-  expect_trained(train_r("distributed_fit", preempted, r_kinds, "--sigterm-at", "10"))
-  for (kind in r_kinds) expect_equal(readLines(file.path(preempted, kind, "preempted")), "75")
-  expect_trained(train_r("distributed_fit", preempted, r_kinds))
-  expect_same_run(reference, preempted, r_kinds)
+  expect_trained(made$sigtermed)
+  for (kind in r_kinds) expect_equal(made$preempted_said[[kind]], "75")
+  expect_same_run(reference, made$preempted, r_kinds)
 })
 
 test_that("keras3's guide pipeline under keras3's fit(): SIGKILLed mid-epoch, the same script ends as the uninterrupted run", {
   skip_if_no_kerasdist()
-  reference <- uninterrupted("fit")
-  dir <- withr::local_tempdir()
-  killed <- train_r("fit", dir, "guide-cache-prefetch", "--kill-at", "11")
-  expect_true(killed$status != 0)
-  expect_true(file.exists(file.path(dir, "guide-cache-prefetch", "ckpt-8", "input.bin")))
-  expect_trained(train_r("fit", dir, "guide-cache-prefetch"))
-  expect_same_run(reference, dir, "guide-cache-prefetch")
+  made <- runs()
+  expect_true(made$killed$status != 0)
+  expect_true(made$killed_left)
+  expect_trained(made$resumed)
+  expect_same_run(made$reference[["fit"]], made$killed_dir, "guide-cache-prefetch")
 })
 
 test_that("resume_rule says what a resume does with data from R", {

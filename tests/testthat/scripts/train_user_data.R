@@ -1,23 +1,28 @@
 # The data users bring, from R (tests/cases/user_data.json's kinds with `r`: true), built the way
 # keras3's guides build it (tfdatasets, keras3's image_dataset_from_directory), trained under 2
 # CPU replicas; test-user-data.R compares uninterrupted and resumed runs.
-# usage: Rscript train_user_data.R TRAINER ROOT KIND[,KIND...] [--kill-at STEP | --sigterm-at STEP]
+# usage: Rscript train_user_data.R TRAINER ROOT KIND[,KIND...] [TRAINER ROOT KIND[,KIND...] ...]
+#        [--kill-at STEP | --sigterm-at STEP]
 # Each kind trains in ROOT/KIND (a checkpoint every 4 steps, all kept) and writes ROOT/KIND/result.npz
 # (the weights, the loss history) and ROOT/KIND/warnings.txt (the data warnings). --kill-at
 # SIGKILLs the process after that step's checkpoint is written; --sigterm-at preempts every kind's
-# run at that step (kerasdist_preempted, noted in ROOT/KIND/preempted) and goes on.
+# run at that step (kerasdist_preempted, noted in ROOT/KIND/preempted) and goes on. Several
+# TRAINER ROOT KINDS triples run one after the other in this one process (each R process starting
+# TensorFlow costs about 12 s of CPU).
 library(kerasdist)
 simulate_devices(2)  # before keras3 starts TensorFlow
 library(keras3)
 library(tfdatasets)
 
 args <- commandArgs(trailingOnly = TRUE)
-trainer <- args[[1]]
-root <- args[[2]]
-kinds <- strsplit(args[[3]], ",")[[1]]
 flag <- function(name) if (name %in% args) as.integer(args[[match(name, args) + 1]]) else 0L
 kill_at <- flag("--kill-at")
 sigterm_at <- flag("--sigterm-at")
+flag_at <- Filter(function(at) at > 0L, match(c("--kill-at", "--sigterm-at"), args, nomatch = 0L))
+job_args <- if (length(flag_at) > 0L) args[-c(flag_at, flag_at + 1L)] else args
+stopifnot(length(job_args) %% 3L == 0L)
+jobs <- matrix(job_args, nrow = 3L)  # a column a job: trainer, root, kinds
+trainer <- root <- NULL  # each job's, set below: dataset(), image_folder() and train() read them
 options(kerasdist.exit_on_preemption = FALSE)
 
 tf <- reticulate::import("tensorflow")
@@ -106,7 +111,7 @@ train <- function(kind, folder) {
 }
 
 np <- reticulate::import("numpy", convert = FALSE)
-for (kind in kinds) {
+train_kinds <- function(kinds) for (kind in kinds) {
   folder <- file.path(root, kind)
   said <- character()
   history <- withCallingHandlers(
@@ -125,5 +130,10 @@ for (kind in kinds) {
   model <- if (is.null(history$model)) current_model else history$model
   do.call(np$savez, c(list(file.path(folder, "result.npz")), model$get_weights(),
                       list(loss = np$array(unlist(history$metrics$loss)))))
+}
+for (job in seq_len(ncol(jobs))) {
+  trainer <- jobs[[1, job]]
+  root <- jobs[[2, job]]
+  train_kinds(strsplit(jobs[[3, job]], ",")[[1]])
 }
 cat("done\n")
