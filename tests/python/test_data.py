@@ -625,7 +625,8 @@ def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(tmp_p
     result = run_python(code, str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["resumed"] < out["fresh"] + 8 * out["file"], out  # from the start: 60 files more
+    # measured: 3 or 4 files more (the open ones read again); from the stream's start: 60 more
+    assert out["resumed"] < out["fresh"] + 20 * out["file"], out
 
 
 def test_resume_fit_on_files_killed_mid_epoch_ends_as_the_uninterrupted_run(tmp_path):
