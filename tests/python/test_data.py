@@ -525,3 +525,131 @@ def test_int32_data_flows_through_every_in_memory_form_even_autotuned(form):
         return [(bx.numpy().tolist(), by.numpy().tolist()) for bx, by in dataset.take(5)]
 
     assert first_batches(np.int32) == first_batches(np.int64)
+
+
+# --- a resumed stream starts at the reader's position (#58) ----------------------------------
+
+UNEQUAL_RECORDS = (5, 3, 8, 1, 6, 4, 7)  # 34 records, in files of unequal lengths
+
+
+@pytest.fixture(scope="module")
+def unequal_files(tmp_path_factory):
+    """The same records as CSV and TFRecord files of unequal lengths; the label is the record's id."""
+    root = tmp_path_factory.mktemp("unequal")
+    first = 0
+    for f, n in enumerate(UNEQUAL_RECORDS):
+        ids = range(first, first + n)
+        (root / f"part{f}.csv").write_text("a,label\n" + "".join(f"{i},{i}\n" for i in ids))
+        with tf.io.TFRecordWriter(str(root / f"part{f}.tfrecord")) as writer:
+            for i in ids:
+                feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i])),
+                           "y": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        first += n
+    return root
+
+
+@pytest.mark.parametrize("source", ["csv", "tfrecord", "dataset"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(unequal_files, source, shuffle):
+    """Every (epoch, batch) a resume can start at, files of unequal lengths (the interleave's
+    files then end at different times, so the position is not a whole number of files)."""
+    def made(**kwargs):
+        if source == "dataset":
+            ids = tf.data.Dataset.range(sum(UNEQUAL_RECORDS)).map(lambda i: (tf.cast(i, tf.float32)[None], i))
+            return kerasdist.make_dataset(ids, batch_size=4, seed=3, shuffle=shuffle, shuffle_buffer=5, **kwargs)
+        spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
+        return kerasdist.make_dataset(str(unequal_files / f"*.{source}"), batch_size=4, seed=3, shuffle=shuffle,
+                                      **spec, **kwargs)
+
+    whole = [int(v) for v in labels(made(epochs=4))]
+    steps = kerasdist.dataset_info(made(epochs=4)).steps_per_epoch  # a stream's batches run on over epoch ends
+    for epoch in range(3):
+        for skip in range(steps):
+            resumed = [int(v) for v in labels(made(initial_epoch=epoch, skip_batches=skip, epochs=4))]
+            assert resumed == whole[(epoch * steps + skip) * 4:], (epoch, skip)
+
+
+@pytest.mark.parametrize("pipeline", ["_file_pipeline", "_stream_pipeline"])
+def test_each_worker_share_resumes_at_its_own_position(unequal_files, pipeline):
+    """per_worker's pipelines (names dealt out to 2 or 3 workers, records to 8: more workers than
+    files), each resumed at batches across an epoch's end, continue their own share's stream."""
+    from dataclasses import replace
+
+    from kerasdist.data import pipelines, planned_dataset
+
+    planned = planned_dataset(str(unequal_files / "*.csv"), label_column="label", batch_size=4, seed=3, epochs=4)
+    endless = replace(planned.plan, initial_epoch=0, skip_batches=0, epochs=None)
+    build = getattr(pipelines, pipeline)
+    for workers in (2, 3, 8):
+        for worker in range(workers):
+            share = (worker, workers)
+            whole = labels(build(planned.source, endless, 2, share=share).take(30))
+            for start in (1, 4, 9, 17):
+                resumed = build(planned.source, replace(endless, skip_batches=start), 2, share=share)
+                assert labels(resumed.take(30 - start)) == whole[start * 2:], (workers, worker, start)
+
+
+def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(tmp_path):
+    """Bytes this process reads (/proc/self/io's rchar) to hand out the first batch of a stream of
+    24 files of 50 records: resumed 2.5 epochs in, about what a stream read from its start reads
+    (the files the interleave has open, and those it and the prefetch read ahead), not the 60
+    files before its position as well."""
+    code = """
+        import json, sys
+        from pathlib import Path
+        import tensorflow as tf, kerasdist
+
+        root = Path(sys.argv[1])
+        for part in range(24):
+            with tf.io.TFRecordWriter(str(root / f"part{part}.tfrecord")) as writer:
+                for i in range(50):
+                    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+        def rchar():
+            return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+
+        def first_batch_read(**epochs):
+            ds = kerasdist.make_dataset(str(root / "*.tfrecord"), features={"x": [500]}, batch_size=50, seed=1,
+                                        epochs=3, **epochs)
+            iterator = iter(ds)
+            before = rchar()
+            next(iterator)
+            return rchar() - before
+
+        first_batch_read()  # warm: what a first iterator loads once
+        read = {"fresh": first_batch_read(), "resumed": first_batch_read(initial_epoch=2, skip_batches=12)}
+        print(json.dumps({**read, "file": (root / "part0.tfrecord").stat().st_size}))
+    """
+    result = run_python(code, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    # measured: 3 or 4 files more (the open ones read again); from the stream's start: 60 more
+    assert out["resumed"] < out["fresh"] + 20 * out["file"], out
+
+
+def test_resume_fit_on_files_killed_mid_epoch_ends_as_the_uninterrupted_run(tmp_path):
+    """make_dataset over TFRecord files of unequal lengths, resume_fit under 2 CPU replicas, a
+    real SIGKILL after step 14 (the last checkpoint, step 12, is 2 batches into epoch 1): run
+    again, it starts at the reader's position there and ends bit for bit as the run never killed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "train_file_position.py"
+
+    def run(root, *flags):
+        return subprocess.run([sys.executable, str(script), str(root), *flags], capture_output=True, text=True,
+                              timeout=600)
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run(whole).returncode == 0
+    first = run(killed, "--kill-at", "14")
+    assert first.returncode == -9, first.stderr[-2000:]
+    state = json.loads((killed / "ckpt" / "ckpt-12" / "state.json").read_text())
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 2)
+    again = run(killed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    expected, got = np.load(whole / "result.npz"), np.load(killed / "result.npz")
+    assert all(np.array_equal(expected[name], got[name]) for name in expected.files)

@@ -31,11 +31,20 @@ be indexed: their per-epoch order is a permutation of the files plus a permutati
 inside each file (or, with `cache`, a permutation inside each block of `shuffle_buffer` records),
 and batches run on across epoch ends (files are read 4 at a time, so records of neighbouring
 epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `e`: batches
-`e * steps_per_epoch` onwards. Resuming a stream source re-reads the skipped records, and so
-does each pass of the one-epoch form: pass k reaches epoch `initial_epoch + k` by reading the k
-epochs before it (the boundary batches depend on them), so k passes read about k*k/2 epochs in
-all. For more than a few epochs over files or a dataset, use the stream form (`epochs=`), which
-reads each record once, or `distributed_fit`/`resume_fit`, which build that stream.
+`e * steps_per_epoch` onwards. A stream (`epochs=`, what `distributed_fit`/`resume_fit` build)
+resumed with `initial_epoch`/`skip_batches` starts at the reader's position, computed without
+reading (`position`): for files, from each file's record count, the files the interleave has open
+at that point, each read again from its start (at most 4 files), none before them (the counts
+are taken once when make_dataset is called, by reading each file); for a dataset,
+its pass and record there: earlier passes are not read, and the records of the pass before the
+start only as the dataset's own `skip` reads them (a shuffle block is read whole). Two cases still
+read and drop the batches before their start: a `cache` (filled by reading), and files that
+tf.data's FILE auto-shard deals out to several workers later (without `per_worker`; with
+`per_worker=True` each worker's share starts at its own position). Each pass of the one-epoch
+form also reads them: pass k reaches epoch `initial_epoch + k` by reading the k epochs before it
+(its epoch is known only in the graph), so k passes read about k*k/2 epochs in all. For more than
+a few epochs over files or a dataset, use the stream form (`epochs=`), which reads each record
+once, or `distributed_fit`/`resume_fit`, which build that stream.
 
 Data of batches users bring (a batched `tf.data.Dataset`, a `keras.utils.PyDataset`, a Python
 generator) is not make_dataset's: trainers read it as it is, one batch per step, and keep its
@@ -43,10 +52,10 @@ reader's position in each checkpoint (`resumable`; `resume_rule` says what a res
 
 The package, from the user's functions down: `api` (make_dataset, make_dataset_split,
 plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
-options record: each argument documented and checked once), `pipelines` (the tf.data
-pipelines), `info` (sizes, DatasetInfo), `order` (each epoch's permutation), `sources` (what x
-and y hold, read once); `structure` (what a dataset users bring is, from its graph) and
-`resumable` (reading it, its position kept).
+options record: each argument documented and checked once), `pipelines` (the tf.data pipelines),
+`info` (sizes, DatasetInfo), `order` (each epoch's permutation), `position` (where a resumed stream
+starts), `sources` (what x and y hold, read once); `structure` (what a dataset users bring is, from
+its graph) and `resumable` (reading it, its position kept).
 """
 
 from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset

@@ -12,7 +12,8 @@ from typing import Any
 from kerasdist.compat import flat_map_on_cpu, map_on_cpu
 from kerasdist.data.info import BatchSizeInfo, DatasetInfo
 from kerasdist.data.options import DatasetOptions
-from kerasdist.data.order import epoch_permutation, stateless_permutation
+from kerasdist.data.order import epoch_order, epoch_permutation, stateless_permutation
+from kerasdist.data.position import interleave_position, stream_position
 from kerasdist.data.sources import Source
 
 _MAX_EPOCH = 2**62
@@ -276,7 +277,13 @@ def _file_pipeline(source: Source, plan: PipelinePlan, batch, share=None, shares
     `shares`: how many workers the file names will be dealt out to (by FILE auto-shard, or by
     `share`). The reader interleaves no more files than one worker gets per epoch, so with
     files of equal length a worker's epoch holds exactly its files' records, not some of the
-    next epoch's."""
+    next epoch's.
+
+    A stream that starts after its first batch starts at the reader's position there, computed
+    from the files' record counts (`position.interleave_position`): only the files open at that
+    point are read again, from their start. Not where FILE auto-shard deals the names out later
+    (several workers without per_worker), nor in a one-epoch pass (its epoch is known only in the
+    graph): those read and drop the batches before their start."""
     import tensorflow as tf
 
     files = tf.constant(list(source.files))
@@ -288,39 +295,89 @@ def _file_pipeline(source: Source, plan: PipelinePlan, batch, share=None, shares
         idx = epoch_permutation(n_files, seed, ep) if shuffle else tf.range(n_files, dtype=tf.int64)
         return tf.gather(files, idx), tf.fill([n_files], ep), idx, tf.gather(counts, idx)
 
-    def read(path, ep, file_id, count):
+    def read(path, ep, file_id, count, skip=None):
         records = source.reader(path)
-        if not shuffle:
-            return records
-        block = records.batch(tf.maximum(count, 1))  # the whole file
+        if shuffle:
+            block = records.batch(tf.maximum(count, 1))  # the whole file
 
-        def permute(*element):  # tf.data spreads a tuple element over the arguments
-            element = element[0] if len(element) == 1 else element
-            size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
-            file_seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.cast(seed, tf.int64), ep]), file_id)
-            order = stateless_permutation(size, file_seed)
-            return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
+            def permute(*element):  # tf.data spreads a tuple element over the arguments
+                element = element[0] if len(element) == 1 else element
+                size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
+                file_seed = tf.random.experimental.stateless_fold_in(
+                    tf.stack([tf.cast(seed, tf.int64), ep]), file_id)
+                order = stateless_permutation(size, file_seed)
+                return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
-        return map_on_cpu(block, permute).unbatch()
+            records = map_on_cpu(block, permute).unbatch()
+        return records if skip is None else records.skip(skip)
 
-    # A long range, not Dataset.counter(): its (overflowing) cardinality is hidden by the
-    # interleave below, and a known one would make sharded file pipelines claim a length.
-    names = map_on_cpu(tf.data.Dataset.range(0, _MAX_EPOCH), epoch_files).unbatch()
-    if share is not None and share[1] > 1 and n_files >= share[1]:
-        names = names.shard(share[1], share[0])
-        shares, share = share[1], None
+    def names_from(first):  # the stream of file names from name number `first` on
+        epochs = map_on_cpu(tf.data.Dataset.range(first // n_files, _MAX_EPOCH), epoch_files).unbatch()
+        return epochs.skip(first % n_files) if first % n_files else epochs
+
+    shard_names = share is not None and share[1] > 1 and n_files >= share[1]
+    if shard_names:
+        shares = share[1]
+    cycle = max(1, min(n_files // shares, 4))
+    record_share = share if share is not None and share[1] > 1 and not shard_names else (0, 1)
+    start = _start_batch(plan)
+    if not isinstance(start, int) or not start or (share is None and shares > 1):
+        # A long range, not Dataset.counter(): its (overflowing) cardinality is hidden by the
+        # interleave below, and a known one would make sharded file pipelines claim a length.
+        names, start_at = names_from(0), start
+        if shard_names:
+            names = names.shard(share[1], share[0])
+    else:
+        names_share = share if shard_names else (0, 1)
+        names = _names_at(source, plan, names_from, names_share, cycle, start * batch * record_share[1])
+        start_at = 0
     records = names.interleave(
-        read, cycle_length=max(1, min(n_files // shares, 4)), block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
+        read, cycle_length=cycle, block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
     )
-    if share is not None and share[1] > 1:
-        records = records.shard(share[1], share[0])
-    return _batch_stream(records, plan, batch)
+    if record_share[1] > 1:
+        records = records.shard(record_share[1], record_share[0])
+    return _batch_stream(records, plan, batch, start_at)
+
+
+def _names_at(source: Source, plan: PipelinePlan, names_from, share, cycle: int, records: int):
+    """The file names a resumed interleave reads, with the records each skips: the files open
+    after `records` records of this pipeline's stream (before a record share), then the rest."""
+    import tensorflow as tf
+
+    index, count = share
+    n_files = len(source.files)
+    orders: dict[int, Any] = {}
+
+    def file_of(name: int) -> tuple[int, int]:  # name number in this share -> (epoch, file)
+        ep, place = divmod(name * count + index, n_files)
+        if ep not in orders:
+            orders[ep] = epoch_order(n_files, plan.options.seed, ep) if plan.options.shuffle else range(n_files)
+        return ep, int(orders[ep][place])
+
+    position = interleave_position(lambda name: source.counts[file_of(name)[1]], cycle, records)
+    opened = [(*file_of(name), read) for name, read in position.open_files]
+    head = tf.data.Dataset.from_tensor_slices((
+        tf.constant([source.files[f] for _, f, _ in opened]),
+        tf.constant([ep for ep, _, _ in opened], tf.int64),
+        tf.constant([f for _, f, _ in opened], tf.int64),
+        tf.constant([source.counts[f] for _, f, _ in opened], tf.int64),
+        tf.constant([read for _, _, read in opened], tf.int64),
+    ))
+    rest = names_from(position.next_name * count)
+    if count > 1:
+        rest = rest.shard(count, index)
+    unread = tf.constant(0, tf.int64)
+    return head.concatenate(map_on_cpu(rest, lambda path, ep, file_id, n: (path, ep, file_id, n, unread)))
 
 
 def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
     """An existing dataset, or cached file records: blocks of shuffle_buffer records, each
-    permuted with a seed folded from (seed, block number) along the repeated stream."""
+    permuted with a seed folded from (seed, block number) along the repeated stream.
+
+    Without a cache, a stream that starts after its first batch starts at its record in the
+    source's pass (`position.stream_position`): the passes before are not read, and the records
+    of the pass before the start only as the source reads them to skip them (its own `skip`; a
+    block being permuted is read whole)."""
     import tensorflow as tf
 
     if source.kind == "files":
@@ -329,13 +386,24 @@ def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
         )
     else:
         records = source.dataset
-    if plan.options.cache not in (None, False):
+    cached = plan.options.cache not in (None, False)
+    if cached:
         records = records.cache("" if plan.options.cache in (True, "memory") else os.fspath(plan.options.cache))
+    n_mine = source.n
     if share is not None and share[1] > 1:
         records = records.shard(share[1], share[0])
+        n_mine = len(range(share[0], source.n, share[1]))
+    start = _start_batch(plan)
+    at = None if cached or not isinstance(start, int) or not start else stream_position(n_mine, start * batch)
+    buffer = plan.options.shuffle_buffer
     if plan.options.shuffle:
-        blocks = records.batch(plan.options.shuffle_buffer).repeat()
-        numbered = tf.data.Dataset.zip((tf.data.Dataset.counter(), blocks))
+        first_block = 0 if at is None else at.within // buffer
+        blocks = records.batch(buffer).repeat()
+        if at is not None and first_block:
+            blocks = records.skip(first_block * buffer).batch(buffer).concatenate(blocks)
+        blocks_per_pass = -(-n_mine // buffer)
+        numbered_from = 0 if at is None else at.epochs * blocks_per_pass + first_block
+        numbered = tf.data.Dataset.zip((tf.data.Dataset.counter(numbered_from), blocks))
 
         def permute(number, element):
             size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
@@ -346,21 +414,30 @@ def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
             return tf.nest.map_structure(lambda t: tf.gather(t, order), element)
 
         records = map_on_cpu(numbered, permute).unbatch()
+        if at is not None and at.within % buffer:
+            records = records.skip(at.within % buffer)
+    elif at is not None and at.within:
+        records = records.skip(at.within).concatenate(records.repeat())
     else:
         records = records.repeat()
-    return _batch_stream(records, plan, batch)
+    return _batch_stream(records, plan, batch, start if at is None else 0)
 
 
-def _batch_stream(records, plan: PipelinePlan, batch):
-    """A continuous record stream -> batches; epoch e starts at batch e * steps_per_epoch."""
+def _start_batch(plan: PipelinePlan):
+    """The batch a stream source's pipeline starts at (a tensor in a one-epoch pass): epoch e
+    starts at batch e * steps_per_epoch."""
+    return plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
+
+
+def _batch_stream(records, plan: PipelinePlan, batch, skip):
+    """A continuous record stream -> batches, less the first `skip` (those not skipped already)."""
     import tensorflow as tf
 
     if plan.options.map_fn is not None:
         records = records.map(plan.options.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = records.batch(batch, drop_remainder=True)
-    start = plan.initial_epoch * plan.sizing.steps_per_epoch + plan.skip_batches
-    if not isinstance(start, int) or start:  # a tensor in a one-epoch pass
-        batches = batches.skip(start)
+    if not isinstance(skip, int) or skip:  # a tensor in a one-epoch pass
+        batches = batches.skip(skip)
     total = plan.num_batches()
     return (batches if total is None else batches.take(total)).prefetch(tf.data.AUTOTUNE)
 
