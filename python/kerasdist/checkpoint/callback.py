@@ -6,7 +6,7 @@ It is made of parts, each in its module: `SavePolicy` (when to save, which check
 `StepWatchdog` (a fit that stops stepping ends with 77), all set by one `CheckpointOptions`;
 `StepTimes` (every worker's step times, for naming a straggler), `OtherCallbacks` (the fit's
 other callbacks and their state) and, inside a Ray Train training function,
-`ray_train.RayReporter` (what Ray sees of the run). The callback follows the fit (epoch, step,
+`ray_reporter.RayReporter` (what Ray sees of the run). The callback follows the fit (epoch, step,
 history) and tells each part what happened.
 """
 
@@ -27,6 +27,7 @@ from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions
 from kerasdist.checkpoint.other_callbacks import OtherCallbacks
 from kerasdist.checkpoint.peers import Peers
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
+from kerasdist.checkpoint.ray_reporter import ray_reporter
 from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
 from kerasdist.checkpoint.recorder import RunRecorder
 from kerasdist.checkpoint.run_log import Status
@@ -35,7 +36,6 @@ from kerasdist.checkpoint.saver import Saver
 from kerasdist.checkpoint.step_times import StepTimes
 from kerasdist.checkpoint.watchdog import StepWatchdog
 from kerasdist.preemption import PreemptedExit
-from kerasdist.ray_train import ray_reporter
 from kerasdist.validation import record_from, with_field_docs
 
 
