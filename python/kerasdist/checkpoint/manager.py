@@ -68,10 +68,10 @@ class CheckpointManager:
 
     The directory is checked when the manager is made (a path, not a file) and, once, created
     and probed for writing before the first restore or save. Listing reads each checkpoint's
-    completion record; its files are checksummed the first time this manager sees it and again
-    only if their size or modification time changes, so a run verifies every checkpoint once
-    however many times it asks (and however many managers of the store it makes). Damaged
-    checkpoints are skipped with one `CheckpointWarning`.
+    completion record; its files are checksummed the first time a manager of this store sees it
+    and again only if their size or modification time changes, so a run verifies every
+    checkpoint once however many times it asks. Damaged checkpoints are skipped with one
+    `CheckpointWarning`.
 
     Args:
         directory: the checkpoint directory: a path, or a URL (`s3://bucket/run`, `gs://...`,
