@@ -91,6 +91,7 @@ class CheckpointManager:
         self._writable = False
         # entry -> what reading it found, by its fingerprint: shared by every manager of this store
         self._verified: dict[str, Verified] = _verified_table(self.store)
+        self._warned: dict[str, Any] = {}  # entry -> the fingerprint this manager warned of it at
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
         if create:
@@ -126,10 +127,15 @@ class CheckpointManager:
         if known is None or known.fingerprint != now:
             problem, info = read_checkpoint(self.store, entry)
             known = self._verified[entry] = Verified(now, info, None if info is not None else str(problem))
-            _warn_damaged(self.store, entry, known.problem)
-        elif warn_known:
-            _warn_damaged(self.store, entry, known.problem)
+        self._warn(entry, now, known.problem, again=warn_known)
         return known
+
+    def _warn(self, entry: str, fingerprint: Any, problem: str | None, again: bool = False) -> None:
+        """Warn of a damaged `entry` the first time this manager meets it as it is now (its
+        verification may be another manager's), or `again`."""
+        if again or self._warned.get(entry) != fingerprint:
+            _warn_damaged(self.store, entry, problem)
+        self._warned[entry] = fingerprint
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
@@ -254,7 +260,7 @@ class CheckpointManager:
                 if problem is None:
                     yield info, local
                     return
-            _warn_damaged(self.store, entry, problem)
+            self._warn(entry, fingerprint, problem)
 
     def _candidates(self) -> list[tuple[CheckpointInfo, dict[str, Any], Any]]:
         """(info, record, fingerprint) of each entry whose record reads and whose files have their
@@ -264,13 +270,14 @@ class CheckpointManager:
             now = self.store.fingerprint(entry)
             known = self._verified.get(entry)
             if known is not None and known.fingerprint == now and known.info is None:
+                self._warn(entry, now, known.problem)
                 continue
             problem, info, record = read_candidate(self.store, entry)
             if problem is None:
                 found.append((info, record, now))
             else:
                 self._verified[entry] = Verified(now, None, problem)
-                _warn_damaged(self.store, entry, problem)
+                self._warn(entry, now, problem)
         return sorted(found, key=lambda candidate: _newness(candidate[0]), reverse=True)
 
     def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None,
@@ -323,7 +330,7 @@ class CheckpointManager:
 
 def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
     if problem is not None:
-        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
+        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=6)
 
 
 def _kept_file(read: Callable[[], bytes]) -> bytes | None:
