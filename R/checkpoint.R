@@ -231,9 +231,9 @@ checkpoint_frame <- function(checkpoint_dir, storage_options, every, call) {
 #'
 #' The directory is checked when the manager is made (a path, not a file) and, once, created and
 #' probed for writing before the first restore or save. Listing reads each checkpoint's completion
-#' record; its files are checksummed the first time this manager sees it and again only if their
-#' size or modification time changes, so a run verifies every checkpoint once however many times it
-#' asks. Damaged checkpoints are skipped with one `CheckpointWarning`.
+#' record; its files are checksummed the first time a manager of this store sees it and again only
+#' if their size or modification time changes, so a run verifies every checkpoint once however many
+#' times it asks. Damaged checkpoints are skipped with one `CheckpointWarning`.
 #'
 #' @inheritParams make_or_restore_model
 #' @param create Create and probe the directory now (default); `FALSE` defers that to the first

@@ -339,10 +339,10 @@ def counting(calls: list, fn):
 
 
 def test_distributed_fit_checks_the_directory_once_and_checksums_each_checkpoint_once(tmp_path, monkeypatch):
-    """distributed_fit takes the store's one manager (`manager_for`): with the first run's model
-    still alive, the second run opens the store once and neither probes it nor checksums a
-    checkpoint again (the first run's manager verified them), instead of a second manager of the
-    same store doing it all over."""
+    """distributed_fit makes one manager per call and hands it down: the second run opens the store
+    once and probes it once (the restore, the callback and the trainer share that manager), and
+    checksums no checkpoint the first run verified (what managers of one store share is the
+    verification, redone only when a checkpoint's files change)."""
     x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
     args = dict(checkpoint_dir=tmp_path / "ckpt", strategy="default", batch_size=4, keep=5, verbose=0)
     first = kerasdist.distributed_fit(build_model, x, x.sum(1), epochs=2, **args)
@@ -357,10 +357,9 @@ def test_distributed_fit_checks_the_directory_once_and_checksums_each_checkpoint
                         lambda store, entry: verified.append(store.path_of(entry)) or read(store, entry))
     history = kerasdist.distributed_fit(build_model, x, x.sum(1), epochs=4, **args)
     assert history.epoch == [0, 1, 2, 3] and int(history.model.optimizer.iterations.numpy()) == 4 * BATCHES_PER_EPOCH
-    manager = kerasdist.checkpoint.manager_of(history.model)
-    assert manager is kerasdist.checkpoint.manager_of(first.model)  # one manager of the store
-    assert len(checked) == 1 and probed == []  # checkpoint_dir checked once, probed by the first run only
-    assert verified == []  # no checksum pass over the checkpoints the first run's manager verified
+    assert kerasdist.checkpoint.manager_of(history.model) is not kerasdist.checkpoint.manager_of(first.model)
+    assert len(checked) == 1 and len(probed) == 1  # checkpoint_dir checked once and probed once by this run
+    assert verified == []  # no checksum pass over the checkpoints the first run verified
     assert len(kerasdist.list_checkpoints(tmp_path / "ckpt")) == 4
 
 
@@ -375,18 +374,21 @@ def test_resume_point_is_the_checkpoint_restored_even_if_a_newer_one_appears(ckp
     assert int(model.optimizer.iterations.numpy()) == 3 * BATCHES_PER_EPOCH
 
 
-def test_one_manager_per_store_verifies_each_checkpoint_once_and_still_sees_other_writers(ckpt_dir, monkeypatch):
+def test_each_checkpoint_is_verified_once_whatever_asks_and_other_writers_are_still_seen(ckpt_dir, monkeypatch):
     model = kerasdist.make_or_restore_model(ckpt_dir, build_model)
     manager = kerasdist.checkpoint.manager_of(model)
     callback = kerasdist.checkpoint_callback(ckpt_dir)
-    assert callback.manager is manager and kerasdist.checkpoint.manager_for(ckpt_dir) is manager
-    assert kerasdist.checkpoint.manager_for(ckpt_dir.parent / "elsewhere", create=False) is not manager
+    assert callback.manager is not manager  # no registry of managers: the callback has its own
+    assert not [name for name in vars(model) if "kerasdist" in name]  # nothing set on the user's model
     verified = []
     read = checkpoint_manager.read_checkpoint
     monkeypatch.setattr(checkpoint_manager, "read_checkpoint",
                         lambda store, entry: verified.append(entry) or read(store, entry))
     assert kerasdist.latest_checkpoint(ckpt_dir).epoch == 2 and len(kerasdist.list_checkpoints(ckpt_dir)) == 2
-    assert verified == []  # the restore verified both; the store's one manager reads neither again
+    assert callback.manager.latest().epoch == 2
+    assert verified == []  # the restore verified both; no other manager of the store reads either again
+    elsewhere = kerasdist.CheckpointManager(ckpt_dir.parent / "elsewhere", create=False)
+    assert elsewhere.latest() is None and verified == []
     newest = Path(kerasdist.latest_checkpoint(ckpt_dir).path)
     (newest / "model.keras").write_bytes(b"torn by another process")
     with pytest.warns(kerasdist.CheckpointWarning, match="Skipping checkpoint"):
@@ -397,7 +399,7 @@ def test_one_manager_per_store_verifies_each_checkpoint_once_and_still_sees_othe
     gone = weakref.ref(manager)
     del model, manager, callback
     gc.collect()
-    assert gone() is None  # what a manager caches lasts while a run uses it, not the whole process
+    assert gone() is None  # what the model was restored with goes with it: no registry keeps the manager
 
 
 class _Crash(BaseException):

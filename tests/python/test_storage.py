@@ -563,8 +563,8 @@ def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, r
     assert int(model.optimizer.iterations.numpy()) == BATCHES_PER_EPOCH
     assert objects(fs, root) == before  # skipped, not deleted or repaired
     if row.get("cleaned_at_start"):
-        del model, caught  # a later run: a model of the store still in use would share its manager,
-        gc.collect()  # which warned of the damaged checkpoint already (once per run)
+        del model, caught  # a later run: its own manager warns of the damaged checkpoint again (once per run)
+        gc.collect()
         with pytest.warns(kerasdist.CheckpointWarning):
             fit(url, 2, storage_options=options)  # the chief removes the unfinished upload, then trains
         assert [c.epoch for c in kerasdist.list_checkpoints(url, storage_options=options)] == [1, 2]

@@ -8,7 +8,7 @@ chief-only writes, preemption.
 - `snapshot`: a model's state taken cheaply on the training thread, its files made later.
 - `model_state`: what a checkpoint holds beyond `model.save` (seed states) and must check
   (weight signature).
-- `manager`: `CheckpointManager`, one object per store (`manager_for`; validation, listing and
+- `manager`: `CheckpointManager`, one object per store a trainer hands down (validation, listing and
   checksums once, restore and resume point from one read, save, prune), and the public functions on it.
 - `chief_state`: workers restored from the chief's read, so hosts need no shared disk.
 - `background`: background saves (one in flight, errors raised at the next save / end of fit).
@@ -30,7 +30,6 @@ from kerasdist.checkpoint.manager import (
     latest_checkpoint,
     list_checkpoints,
     make_or_restore_model,
-    manager_for,
     manager_of,
     save_checkpoint,
 )
@@ -56,6 +55,5 @@ __all__ = [
     "list_checkpoints",
     "make_or_restore_model",
     "manager_of",
-    "manager_for",
     "save_checkpoint",
 ]

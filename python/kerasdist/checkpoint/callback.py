@@ -6,7 +6,7 @@ It is made of parts, each in its module: `SavePolicy` (when to save, which check
 `StepWatchdog` (a fit that stops stepping ends with 77), all set by one `CheckpointOptions`;
 `StepTimes` (every worker's step times, for naming a straggler), `OtherCallbacks` (the fit's
 other callbacks and their state) and, inside a Ray Train training function,
-`ray_train.RayReporter` (what Ray sees of the run). The callback follows the fit (epoch, step,
+`ray_reporter.RayReporter` (what Ray sees of the run). The callback follows the fit (epoch, step,
 history) and tells each part what happened.
 """
 
@@ -27,6 +27,7 @@ from kerasdist.checkpoint.options import OPTION_NAMES, CheckpointOptions
 from kerasdist.checkpoint.other_callbacks import OtherCallbacks
 from kerasdist.checkpoint.peers import Peers
 from kerasdist.checkpoint.preemption_hold import PreemptionHold
+from kerasdist.checkpoint.ray_reporter import ray_reporter
 from kerasdist.checkpoint.record import CheckpointInfo, Progress, RunRecord
 from kerasdist.checkpoint.recorder import RunRecorder
 from kerasdist.checkpoint.run_log import Status
@@ -35,7 +36,6 @@ from kerasdist.checkpoint.saver import Saver
 from kerasdist.checkpoint.step_times import StepTimes
 from kerasdist.checkpoint.watchdog import StepWatchdog
 from kerasdist.preemption import PreemptedExit
-from kerasdist.ray_train import ray_reporter
 from kerasdist.validation import record_from, with_field_docs
 
 
@@ -155,6 +155,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._epoch_steps = 0  # steps of this fit's current epoch
         self._saved_step: int | None = None  # the optimizer step of the last save
         self._history: list[dict[str, float]] = []
+        self._run_history: list[dict[str, float]] | None = None  # a trainer's run: its history, handed down
         self._logs: dict | None = None  # the last batch end's (multi-worker: the agreed step saves them)
         self._is_chief = True
         self._unprepared = False
@@ -191,6 +192,15 @@ class CheckpointCallback(keras.callbacks.Callback):
         what its data is; settings the callback was given are kept unless `run` has some)."""
         kept = run.settings or not self.run.settings
         self.run = run if kept else dataclasses.replace(run, settings=self.run.settings)
+
+    def begin_run(self, start: CheckpointInfo | None) -> None:
+        """A trainer's run begins at `start` (its resume point; None: a fresh start): its fits go on
+        from that checkpoint's history, which the callback then carries from one fit to the next."""
+        self._run_history = list(start.history) if start is not None else []
+
+    def end_run(self) -> None:
+        """The trainer's run ended: a fit without a trainer (Keras's own) asks the store again."""
+        self._run_history = None
 
     def use_input(self, source: Any) -> None:
         """Keep `source`'s position (a `data.resumable.ResumableInput`, which the trainer reads
@@ -229,8 +239,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         context = context_of(self.model.distribute_strategy)
         self._is_chief, self._task = context.is_chief, context.task
         self._one_worker = context.num_workers == 1 and not context.is_parameter_server
-        start = self.manager.resume_point(self.model)
-        self._history = list(start.history) if start is not None else []
+        self._history = self._run_history if self._run_history is not None else self._history_in_store()
         self.policy.begin(self.manager)
         self._first_epoch = None
         self.others.find(self, CheckpointCallback, self.model, self.manager, self._is_chief)
@@ -378,6 +387,11 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def _global_step(self) -> int:
         return optimizer_step(self.model)
+
+    def _history_in_store(self) -> list[dict[str, float]]:
+        """The history a fit no trainer runs (Keras's own) goes on from: its resume point's."""
+        start = self.manager.resume_point(self.model)
+        return list(start.history) if start is not None else []
 
     def _batches_left(self) -> int | None:
         """Batches of this fit's current epoch not trained yet; None when the epoch's length is unknown."""

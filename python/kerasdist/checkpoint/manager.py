@@ -6,12 +6,13 @@ only if its files change on disk), restores a model and gives the resume point f
 read, saves atomically (a `snapshot.Snapshot` + `record.commit`) and prunes. Every file it reads or
 writes goes through its store (`store/`): a local directory or an object-store URL.
 
-There is one manager per store while something uses it (`manager_for`): the model restored
-through it, a checkpoint callback, a trainer. So a run's model, callback and trainer share one
-listing, and `latest_checkpoint(dir)` during or after the run verifies nothing twice. A manager
-nothing holds any more is dropped, so the next one starts from the store as it is then. Every
-listing reads the store's entries afresh (another process may have written or damaged one since);
-what is cached is each entry's verification, redone when the entry's files change.
+A trainer makes one manager per call and hands it down (to the restore, the callback, the resume
+point); there is no registry of managers. What several managers of one store share is the
+verification of its checkpoints (`_verified_table`: each entry's result, valid while its files keep
+their sizes and modification times), so `latest_checkpoint(dir)` during or after a run verifies
+nothing twice. Every listing reads the store's entries afresh (another process may have written or
+damaged one since). What a restore put into a model (`Restored`) is kept beside the model, weakly,
+for the trainer that continues it (`restored_of`), never as an attribute of the user's model.
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ class CheckpointManager:
 
     The directory is checked when the manager is made (a path, not a file) and, once, created
     and probed for writing before the first restore or save. Listing reads each checkpoint's
-    completion record; its files are checksummed the first time this manager sees it and again
-    only if their size or modification time changes, so a run verifies every checkpoint once
-    however many times it asks. Damaged checkpoints are skipped with one `CheckpointWarning`.
+    completion record; its files are checksummed the first time a manager of this store sees it
+    and again only if their size or modification time changes, so a run verifies every
+    checkpoint once however many times it asks. Damaged checkpoints are skipped with one
+    `CheckpointWarning`.
 
     Args:
         directory: the checkpoint directory: a path, or a URL (`s3://bucket/run`, `gs://...`,
@@ -87,10 +89,11 @@ class CheckpointManager:
         self.store = directory.store if isinstance(directory, CheckpointManager) \
             else open_store(directory, storage_options)
         self._writable = False
-        self._verified: dict[str, Verified] = {}  # entry -> what reading it found, by its fingerprint
+        # entry -> what reading it found, by its fingerprint: shared by every manager of this store
+        self._verified: dict[str, Verified] = _verified_table(self.store)
+        self._warned: dict[str, Any] = {}  # entry -> the fingerprint this manager warned of it at
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
-        _LIVE_MANAGERS.add(self)
         if create:
             self.create()
 
@@ -124,10 +127,15 @@ class CheckpointManager:
         if known is None or known.fingerprint != now:
             problem, info = read_checkpoint(self.store, entry)
             known = self._verified[entry] = Verified(now, info, None if info is not None else str(problem))
-            _warn_damaged(self.store, entry, known.problem)
-        elif warn_known:
-            _warn_damaged(self.store, entry, known.problem)
+        self._warn(entry, now, known.problem, again=warn_known)
         return known
+
+    def _warn(self, entry: str, fingerprint: Any, problem: str | None, again: bool = False) -> None:
+        """Warn of a damaged `entry` the first time this manager meets it as it is now (its
+        verification may be another manager's), or `again`."""
+        if again or self._warned.get(entry) != fingerprint:
+            _warn_damaged(self.store, entry, problem)
+        self._warned[entry] = fingerprint
 
     def damaged(self) -> dict[str, str]:
         """The checkpoints the last listing (`checkpoints()`) skipped: path -> why."""
@@ -252,7 +260,7 @@ class CheckpointManager:
                 if problem is None:
                     yield info, local
                     return
-            _warn_damaged(self.store, entry, problem)
+            self._warn(entry, fingerprint, problem)
 
     def _candidates(self) -> list[tuple[CheckpointInfo, dict[str, Any], Any]]:
         """(info, record, fingerprint) of each entry whose record reads and whose files have their
@@ -262,23 +270,24 @@ class CheckpointManager:
             now = self.store.fingerprint(entry)
             known = self._verified.get(entry)
             if known is not None and known.fingerprint == now and known.info is None:
+                self._warn(entry, now, known.problem)
                 continue
             problem, info, record = read_candidate(self.store, entry)
             if problem is None:
                 found.append((info, record, now))
             else:
                 self._verified[entry] = Verified(now, None, problem)
-                _warn_damaged(self.store, entry, problem)
+                self._warn(entry, now, problem)
         return sorted(found, key=lambda candidate: _newness(candidate[0]), reverse=True)
 
     def note_restored(self, model: Any, info: CheckpointInfo | None, callbacks: bytes | None = None,
                       position: bytes | None = None) -> None:
         """`model` now holds `info`'s state (restored here, or by `chief_state` from the chief's
         read; None: nothing to restore): its resume point is `info`, its callbacks' state
-        `callbacks`, its data's position `position`, and the model remembers this manager, so
+        `callbacks`, its data's position `position`, kept beside the model (`restored_of`), so
         `resume_fit(model, data, epochs)` needs no `checkpoint` argument
         (`model |> resume_fit(data, epochs = 5)` in R)."""
-        object.__setattr__(model, _RESTORED_ATTRIBUTE, Restored(self, info, callbacks, position))
+        _RESTORED[model] = Restored(self, info, callbacks, position)
 
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
@@ -321,7 +330,7 @@ class CheckpointManager:
 
 def _warn_damaged(store: Any, entry: str, problem: str | None) -> None:
     if problem is not None:
-        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=5)
+        warnings.warn(f"Skipping checkpoint {store.path_of(entry)}: {problem}.", CheckpointWarning, stacklevel=6)
 
 
 def _kept_file(read: Callable[[], bytes]) -> bytes | None:
@@ -376,37 +385,28 @@ def _build_optimizer(model: Any, path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# One manager per store, and the model remembers it
+# What managers of one store share, and what a restore put into a model
 
 
-_LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+_VERIFIED_TABLES: list[tuple[Any, dict[str, Verified]]] = []  # (store, its entries' verification)
 
 
-def manager_for(checkpoint_dir: Any, storage_options: Mapping[str, Any] | None = None, *,
-                create: bool = True) -> CheckpointManager:
-    """The manager of the store `checkpoint_dir` (with `storage_options`) names: the one in use
-    (by a model restored from it, a callback, a trainer) if any, else a new one; `create`d
-    (see `CheckpointManager.create`) unless False. A manager no one uses any more is dropped:
-    what it cached lasts as long as a run, not as long as the process."""
-    if isinstance(checkpoint_dir, CheckpointManager):
-        return checkpoint_dir
-    return _manager_of_store(open_store(checkpoint_dir, storage_options), create)
-
-
-def _manager_of_store(store: Any, create: bool) -> CheckpointManager:
-    manager = next((m for m in list(_LIVE_MANAGERS) if m.store is store or m.store.same_as(store)), None)
-    if manager is None:
-        manager = CheckpointManager(store, create=False)
-    if create:
-        manager.create()
-    return manager
+def _verified_table(store: Any) -> dict[str, Verified]:
+    """The verification of `store`'s entries every manager of it shares: a cache of results, each
+    redone when its entry's files change (`CheckpointManager._verify`), not a registry of managers."""
+    for known, table in _VERIFIED_TABLES:
+        if known.same_as(store):
+            return table
+    table: dict[str, Verified] = {}
+    _VERIFIED_TABLES.append((store, table))
+    return table
 
 
 def as_manager(checkpoint_dir: Any, model: Any = None,
-               storage_options: Mapping[str, Any] | None = None) -> CheckpointManager:
+               storage_options: Mapping[str, Any] | None = None, *, create: bool = True) -> CheckpointManager:
     """`checkpoint_dir` as a manager: itself if it is one, the manager `model` was restored by
     when it names the same store (a URL given without `storage_options` names the store the
-    model came from, with its options), else `manager_for` that store, created."""
+    model came from, with its options), else a new one, `create`d unless False."""
     if isinstance(checkpoint_dir, CheckpointManager):
         return checkpoint_dir
     store = open_store(checkpoint_dir, storage_options)
@@ -414,7 +414,7 @@ def as_manager(checkpoint_dir: Any, model: Any = None,
     if remembered is not None and (remembered.store.same_as(store) or (
             storage_options is None and remembered.store.location == store.location)):
         return remembered
-    return _manager_of_store(store, create=True)
+    return CheckpointManager(store, create=create)
 
 
 @dataclass(frozen=True)
@@ -429,12 +429,13 @@ class Restored:
     input: bytes | None = None
 
 
-_RESTORED_ATTRIBUTE = "_kerasdist_restored"
+# model -> what was restored into it, for as long as the model lives (nothing set on the model itself)
+_RESTORED: weakref.WeakKeyDictionary[Any, Restored] = weakref.WeakKeyDictionary()
 
 
 def restored_of(model: Any) -> Restored | None:
     """What `model` was restored with (`make_or_restore_model`, `CheckpointManager.restore`)."""
-    return getattr(model, _RESTORED_ATTRIBUTE, None)
+    return _RESTORED.get(model)
 
 
 def manager_of(model: Any) -> CheckpointManager | None:
@@ -455,14 +456,15 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str], *,
     Damaged or partial checkpoints are skipped with a `CheckpointWarning` naming the file.
     `storage_options`: for an object-store URL, as in `CheckpointManager`.
     """
-    return manager_for(checkpoint_dir, storage_options, create=False).checkpoints(warn_known=True)
+    return CheckpointManager(checkpoint_dir, storage_options=storage_options, create=False).checkpoints(
+        warn_known=True)
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
                       storage_options: Mapping[str, Any] | None = None) -> CheckpointInfo | None:
     """The newest valid checkpoint (by recorded epoch and step, never by name or time), or None.
     `checkpoint_dir` and `storage_options` as in `list_checkpoints`."""
-    return manager_for(checkpoint_dir, storage_options, create=False).latest(warn_known=True)
+    return CheckpointManager(checkpoint_dir, storage_options=storage_options, create=False).latest(warn_known=True)
 
 
 def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *,

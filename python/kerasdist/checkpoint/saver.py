@@ -24,7 +24,7 @@ class Saver:
         on_committed: called with each committed checkpoint and the seconds its write took (in
             the writer's thread for background saves), before pruning: the run log's recorder.
         held_elsewhere: the checkpoints someone else holds on to (Ray Train's reported ones,
-            `ray_train.RayReporter`), which pruning spares.
+            `ray_reporter.RayReporter`), which pruning spares.
     """
 
     def __init__(self, manager: CheckpointManager, policy: SavePolicy):

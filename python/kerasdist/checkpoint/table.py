@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kerasdist.checkpoint.layout import step_of
-from kerasdist.checkpoint.manager import manager_for
+from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.record import CheckpointInfo, CheckpointWarning
 
 
@@ -24,7 +24,7 @@ def checkpoint_table(checkpoint_dir: str | os.PathLike[str], *,
     and `restart` (True for the one a restart would resume from). A damaged checkpoint's step is
     read from its name, its other fields are None. Reads only; warns about nothing.
     """
-    manager = manager_for(checkpoint_dir, storage_options, create=False)
+    manager = CheckpointManager(checkpoint_dir, storage_options=storage_options, create=False)
     if manager.store.is_local and not manager.directory.is_dir():
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not exist (or is not a directory).")
     with warnings.catch_warnings():

@@ -42,7 +42,7 @@ from kerasdist.training.resume_point import (
     check_total_epochs,
     epoch_steps,
     resume_point,
-    train_from,
+    train_segments,
 )
 from kerasdist.training.speed import (
     TrainingSettings,
@@ -198,8 +198,8 @@ def custom_fit(
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
         checkpoint = CheckpointCallback(manager, options)
-        pipeline.count_steps(manager.resume_point(model))
         start = resume_point(checkpoint, model, pipeline.source or data, settings.record())
+        pipeline.count_steps()
         callbacks = monitored(callbacks, context, checkpoint)
         pipeline.start(context, start, checkpoint)
         with context.strategy.scope():
@@ -215,7 +215,7 @@ def custom_fit(
                 return _run(model, pipeline, train_function, segment, checkpoint, callbacks, verbose, partial)
 
             with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-                return train_from(start, epochs, checkpoint, model, run_epochs, one_call=True)
+                return train_segments(start, epochs, checkpoint, model, run_epochs, one_call=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,10 +316,11 @@ class _Pipeline:
                 f"function of a tf.distribute.InputContext, got {type(data).__name__}."
             )
 
-    def count_steps(self, latest: Any) -> None:
-        """Batches per epoch of data that cannot tell without a pass (a checkpoint's record, if it has them)."""
+    def count_steps(self) -> None:
+        """Batches per epoch of data that cannot tell without a pass (counted by `resume_point`:
+        the checkpoint's record, if it has them)."""
         if isinstance(self.source, DatasetInput):
-            self.steps = self.source.count_steps(latest.steps_per_epoch if latest is not None else None)
+            self.steps = self.source.count_steps()
 
     def start(self, context: Any, start: Any, checkpoint: CheckpointCallback) -> None:
         """Training is about to start at `start` under `context`."""

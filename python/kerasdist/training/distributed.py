@@ -9,8 +9,10 @@ from the newest checkpoint (`resume_fit`, mid-epoch resume included).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -18,11 +20,11 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
+    CheckpointManager,
     CheckpointOptions,
     RunRecord,
     check_trainer_callbacks,
     make_or_restore_model,
-    manager_for,
 )
 from kerasdist.context import context_of
 from kerasdist.data import DatasetOptions, PlannedDataset, replace_epochs
@@ -30,7 +32,7 @@ from kerasdist.data.resumable import ResumableInput, resumable_input
 from kerasdist.data.structure import dataset_structure
 from kerasdist.step_guard import check_step_functions
 from kerasdist.strategy import KINDS, select_strategy
-from kerasdist.training.resume import resume_fit
+from kerasdist.training.resume import FitArgs, fit_resumed
 from kerasdist.training.resume_point import EpochRange, check_total_epochs
 from kerasdist.training.speed import (
     TrainingSettings,
@@ -165,16 +167,17 @@ def distributed_fit(
     callbacks = _check_callbacks(callbacks)
     checkpointing = record_from(CheckpointOptions, arguments)
     settings = record_from(TrainingSettings, arguments)
-    # checked now (a URL: its plugin, then the store answers when the settings are read), created when used;
-    # the store's one manager: a live model or callback of the same store shares what it verified
-    checkpoints = manager_for(checkpoint_dir, checkpointing.storage_options, create=False)
+    # checked now (a URL: its plugin, then the store answers when the settings are read), created when
+    # used; this call's one manager, handed to the restore, the callback and the trainer
+    checkpoints = CheckpointManager(checkpoint_dir, storage_options=checkpointing.storage_options, create=False)
 
     source = _data_read_as_it_is(x, y, sample_weight, validation_split, dataset_args, steps_per_epoch)
     context = context_of(select_strategy(strategy) if isinstance(strategy, str) else strategy)
     if source is not None:
         _check_batch_args(source, batch_size, per_replica_batch_size, context)
-        return _fit_data_as_it_is(build_fn, source, epochs, checkpoints, checkpointing, settings, context,
-                                  validation_data, callbacks, verbose)
+        _check_data_as_it_is(validation_data, settings)
+        run = _Run(checkpointing, settings, context, RunRecord(settings.record()))
+        return _train(build_fn, checkpoints, run, source, epochs, FitArgs(callbacks, validation_data, verbose=verbose))
     if steps_per_epoch is not None:
         raise ValueError("steps_per_epoch is for data of batches (x batched, a PyDataset, a generator); "
                          "make_dataset knows the steps of the data it batches.")
@@ -195,29 +198,56 @@ def distributed_fit(
         validation_data = _validation_dataset(validation_data, options)
 
     # every argument (the data's included) is checked above, before the newest checkpoint is read
-    with precision_policy(settings):
-        model = _made_or_restored(build_fn, settings, checkpoints, context)
-        run = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
-        checkpoint = CheckpointCallback(checkpoints, checkpointing, run=run)
-        chosen, _ = choose_steps_per_execution(settings.steps_per_execution, model, context, steps,
-                                               planned.info.batch_size, checkpointing.every_steps, callbacks)
-        set_steps_per_execution(model, chosen)
+    record = RunRecord(settings.record(), planned.info.batch_size, planned.info.epoch_order)
+    run = _Run(checkpointing, settings, context, record, steps)
+    epoch_range = EpochRange(epochs_data, record.global_batch_size, record.epoch_order)
+    return _train(build_fn, checkpoints, run, epoch_range, epochs, FitArgs(callbacks, validation_data, verbose=verbose))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What distributed_fit works out once and hands down with the store's manager: the checkpoint
+    options, the speed settings, the run's context, what checkpoints record of the run, and the
+    batches per epoch (None: the data read as it is tells, at the resume point)."""
+
+    checkpointing: CheckpointOptions
+    settings: TrainingSettings
+    context: Any
+    record: RunRecord
+    steps: int | None = None
+
+
+def _train(build_fn: Callable[[], Any], checkpoints: CheckpointManager, run: _Run, data: Any, epochs: int,
+           fit_args: FitArgs) -> keras.callbacks.History:
+    """The model made or restored through `checkpoints` (in the strategy's scope, under the run's
+    precision), its checkpoint callback last among the callbacks, then trained from the resume point."""
+    with precision_policy(run.settings):
+        model = _made_or_restored(build_fn, checkpoints, run, fit_args.callbacks)
+        checkpoint = CheckpointCallback(checkpoints, run.checkpointing, run=run.record)
         # Outside the strategy's scope: Keras's fit enters it for each step itself, and a save made
         # inside it runs a collective that only the chief (the writer) would join, which fails
         # under multi-worker ("Collective instance ... expected type 1 ... but got type 0").
-        epoch_range = EpochRange(epochs_data, run.global_batch_size, run.epoch_order)
-        return resume_fit(model, epoch_range, epochs, checkpoint, steps_per_epoch=steps,
-                          callbacks=callbacks, validation_data=validation_data, verbose=verbose)
+        fit_args = dataclasses.replace(fit_args, callbacks=[*fit_args.callbacks, checkpoint])
+        return fit_resumed(model, data, epochs, checkpoint, run.context, fit_args, steps_per_epoch=run.steps)
 
 
-def _made_or_restored(build_fn: Callable[[], Any], settings: TrainingSettings, checkpoints: Any,
-                      context: Any) -> Any:
+def _made_or_restored(build_fn: Callable[[], Any], checkpoints: CheckpointManager, run: _Run,
+                      callbacks: list[Any]) -> Any:
     """The model of `build_fn` made in the strategy's scope, or restored from the newest
-    checkpoint (whose settings must be the run's), checked for R functions in its step."""
+    checkpoint (whose settings must be the run's), checked for R functions in its step, with
+    its steps per execution chosen (the user's `callbacks` may need their batch hooks)."""
+    settings, context = run.settings, run.context
     check_jit(settings, context)
     check_resumed_settings_of(checkpoints, settings)
     model = make_or_restore_model(checkpoints, with_build_settings(build_fn, settings), strategy=context)
     model.jit_compile = settings.jit_compile
+    if run.steps is None:  # data read as it is: one batch per step
+        set_steps_per_execution(model, 1)
+    else:
+        chosen, _ = choose_steps_per_execution(settings.steps_per_execution, model, context, run.steps,
+                                               run.record.global_batch_size, run.checkpointing.every_steps,
+                                               callbacks)
+        set_steps_per_execution(model, chosen)
     check_step_functions(model, context.strategy)
     return model
 
@@ -271,11 +301,9 @@ def _check_batch_args(source: ResumableInput, batch_size: Any, per_replica_batch
         )
 
 
-def _fit_data_as_it_is(build_fn: Any, source: ResumableInput, epochs: int, checkpoints: Any, checkpointing: Any,
-                       settings: TrainingSettings, context: Any, validation_data: Any, callbacks: list[Any],
-                       verbose: Any) -> keras.callbacks.History:
-    """distributed_fit on data read as it is: the model made or restored, then `resume_fit` on
-    it (its reader put where the checkpoint left it)."""
+def _check_data_as_it_is(validation_data: Any, settings: TrainingSettings) -> None:
+    """distributed_fit's arguments on data read as it is (one batch per step, its reader put
+    where the checkpoint left it)."""
     if isinstance(validation_data, (tuple, list)):
         raise ValueError("validation_data must be a batched tf.data.Dataset (as x is) when x is trained on as it is.")
     if settings.steps_per_execution not in ("auto", 1):
@@ -283,12 +311,6 @@ def _fit_data_as_it_is(build_fn: Any, source: ResumableInput, epochs: int, check
             f"steps_per_execution={settings.steps_per_execution}: x is read one batch per step, so "
             "only 1 (or 'auto') is possible with it."
         )
-    with precision_policy(settings):
-        model = _made_or_restored(build_fn, settings, checkpoints, context)
-        checkpoint = CheckpointCallback(checkpoints, checkpointing, run=RunRecord(settings.record()))
-        set_steps_per_execution(model, 1)
-        return resume_fit(model, source, epochs, checkpoint, callbacks=callbacks, validation_data=validation_data,
-                          verbose=verbose)
 
 
 def _check_strategy_arg(strategy: Any) -> None:

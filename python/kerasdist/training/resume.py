@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import math
 import os
 import warnings
@@ -25,7 +26,6 @@ from kerasdist.checkpoint.callback import refuse_backup_and_restore
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
 from kerasdist.data.resumable import (
-    DatasetInput,
     ResumableInput,
     made_by_make_dataset,
     resumable_input,
@@ -38,10 +38,11 @@ from kerasdist.training.ps import ps_fit, required_steps
 from kerasdist.training.resume_point import (
     EpochData,
     EpochRange,
+    ResumePoint,
     Segment,
+    Trainer,
     check_total_epochs,
     epoch_steps,
-    resume_point,
     train_from,
 )
 from kerasdist.training.speed import (
@@ -133,44 +134,58 @@ def _resume(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallback, 
     for index, callback in enumerate(callbacks):
         refuse_backup_and_restore(callback, index)
     context = context_of(model.distribute_strategy)
-    callbacks = monitored(callbacks, context, checkpoint)
     check_step_functions(model, context.strategy)
+    return fit_resumed(model, data, epochs, checkpoint, context,
+                       FitArgs(callbacks, validation_data, validation_steps, verbose), steps_per_epoch)
+
+
+def fit_resumed(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallback, context: Any,
+                fit_args: FitArgs, steps_per_epoch: int | None = None) -> keras.callbacks.History:
+    """Where every trainer ends, given what its caller worked out once: the model (made or
+    restored, its step functions checked), its checkpoint callback (last of `fit_args.callbacks`)
+    and the run's context. The trainer for `data` is chosen, the resume point worked out once
+    (`train_from`), and the run trained from it."""
+    trainer = _trainer_for(model, data, checkpoint, context, fit_args, steps_per_epoch)
+    with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
+        return train_from(trainer, epochs, checkpoint, model)
+
+
+def _trainer_for(model: Any, data: Any, checkpoint: CheckpointCallback, context: Any, fit_args: FitArgs,
+                 steps_per_epoch: int | None) -> Trainer:
+    """The trainer of `data` under `context`: ps_fit's, Keras fit on data kerasdist reads itself, or
+    Keras fit on epochs of datasets."""
+    fit_args = dataclasses.replace(fit_args, callbacks=monitored(fit_args.callbacks, context, checkpoint))
     if context.is_parameter_server:
-        return _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks,
-                              validation_data, validation_steps, verbose)
-    fit_args = FitArgs(callbacks, validation_data, verbose=verbose)
+        return _ps_trainer(model, data, checkpoint, steps_per_epoch, fit_args)
     data = _epochs_of_planned(data)
     source = data if isinstance(data, ResumableInput) else None if (
         isinstance(data, EpochRange) or made_by_make_dataset(data)) else resumable_input(data, steps_per_epoch)
     if source is not None:
-        return _resume_reading(model, source, epochs, checkpoint, context, fit_args)
+        return _reading_trainer(model, source, checkpoint, context, fit_args)
     if not callable(data) and not isinstance(data, tf.data.Dataset):
         raise ValueError(
             "data must be a tf.data.Dataset of batches, a keras.utils.PyDataset, a Python generator of "
             f"batches or a function of the epoch, got {type(data).__name__}."
         )
-    start = resume_point(checkpoint, model, data(0) if _epoch_function(data) else data)
     fit = _KerasFit(model, _epoch_datasets(data), steps_per_epoch, checkpoint.every_steps, context.num_replicas,
                     fit_args)
-    with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-        return train_from(start, epochs, checkpoint, model, fit)
+    return Trainer(fit, data(0) if _epoch_function(data) else data)
 
 
-def _resume_reading(model: Any, source: ResumableInput, epochs: int, checkpoint: CheckpointCallback,
-                    context: Any, fit_args: FitArgs) -> keras.callbacks.History:
-    """resume_fit on data kerasdist reads itself (`data/resumable.py`): its reader put where the
+def _reading_trainer(model: Any, source: ResumableInput, checkpoint: CheckpointCallback, context: Any,
+                     fit_args: FitArgs) -> Trainer:
+    """Keras fit on data kerasdist reads itself (`data/resumable.py`): its reader put where the
     checkpoint left it, then one batch per step, its position in every checkpoint."""
     say_how_it_resumes(source)
-    if isinstance(source, DatasetInput):
-        latest = checkpoint.manager.resume_point(model)
-        source.count_steps(latest.steps_per_epoch if latest is not None else None)
-    start = resume_point(checkpoint, model, source)
     checkpoint.use_input(source)
-    source.start(context, start.input, start.epoch, start.skip)
-    fit = _KerasFit(model, lambda first, last, skip: source.keras_input(), source.steps_per_epoch,
+    fit = _KerasFit(model, lambda first, last, skip: source.keras_input(), None,
                     checkpoint.every_steps, context.num_replicas, fit_args)
-    with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-        return train_from(start, epochs, checkpoint, model, fit, steps=source.steps_per_epoch)
+
+    def begin(start: ResumePoint) -> None:
+        fit.steps_per_epoch = source.steps_per_epoch  # known now: given, or counted at the resume point
+        source.start(context, start.input, start.epoch, start.skip)
+
+    return Trainer(fit, source, begin=begin, steps=lambda: source.steps_per_epoch)
 
 
 class _KerasFit:
@@ -180,7 +195,7 @@ class _KerasFit:
     def __init__(self, model: Any, data: Callable[[int, int, int], Any], steps_per_epoch: int | None,
                  every_steps: int | None, num_replicas: int, fit_args: FitArgs):
         self.model, self.data, self.fit_args = model, data, fit_args
-        self._steps_per_epoch, self._every_steps, self._num_replicas = steps_per_epoch, every_steps, num_replicas
+        self.steps_per_epoch, self._every_steps, self._num_replicas = steps_per_epoch, every_steps, num_replicas
         self._steps: int | None = None
 
     def steps(self, epoch: int) -> int:
@@ -189,7 +204,7 @@ class _KerasFit:
         if self._steps is None:
             # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
             # optimizer iteration more than the batches it trained on, which would shift every later step.
-            self._steps = self._steps_per_epoch or epoch_steps(self.data(epoch, epoch + 1, 0), "data")
+            self._steps = self.steps_per_epoch or epoch_steps(self.data(epoch, epoch + 1, 0), "data")
             check_steps_per_execution(model_steps_per_execution(self.model), self._steps, self._every_steps,
                                       self._num_replicas)
         return self._steps
@@ -277,8 +292,8 @@ def _epochs_of_planned(data: Any) -> Any:
     return EpochRange(make, info.batch_size, info.epoch_order)
 
 
-def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, validation_data,
-                   validation_steps, verbose) -> keras.callbacks.History:
+def _ps_trainer(model: Any, data: Any, checkpoint: CheckpointCallback, steps_per_epoch: int | None,
+               fit_args: FitArgs) -> Trainer:
     """resume_fit under a parameter-server strategy: ps_fit, resumed at the checkpoint's epoch."""
     for name in ("every_steps", "every_seconds"):
         if getattr(checkpoint, name) is not None:
@@ -288,15 +303,13 @@ def _resume_ps_fit(model, data, epochs, checkpoint, steps_per_epoch, callbacks, 
                 f"use checkpoint_callback(..., {name}=None) and a smaller steps_per_epoch to save "
                 "more often."
             )
-    steps_per_epoch = required_steps("steps_per_epoch", steps_per_epoch, "data")
-    start = resume_point(checkpoint, model)  # data under parameter servers records nothing
-    fit_args = FitArgs(callbacks, validation_data, validation_steps, verbose)
+    steps = required_steps("steps_per_epoch", steps_per_epoch, "data")
 
     def fit(segment: Segment) -> keras.callbacks.History:
         return ps_fit(model, data, segment.last, initial_epoch=segment.first,
-                      steps_per_epoch=steps_per_epoch - segment.skip, **fit_args.for_ps_fit())
+                      steps_per_epoch=steps - segment.skip, **fit_args.for_ps_fit())
 
-    return train_from(start, epochs, checkpoint, model, fit, steps=steps_per_epoch)
+    return Trainer(fit, None, steps=lambda: steps)  # data under parameter servers records nothing
 
 
 def _checkpoint_of(model: Any, checkpoint: Any) -> CheckpointCallback:

@@ -81,13 +81,17 @@ class EpochRange:
 
 def resume_point(checkpoint: CheckpointCallback, model: Any, data: Any = None,
                  settings: dict[str, Any] | None = None) -> ResumePoint:
-    """The point `model` continues from, from `checkpoint`'s manager (which read its checkpoints
-    when it restored the model), for a run on `data` with `settings`: the callback is told what
-    such a run records (`run_record_of`; None data, as under parameter servers: nothing of the
-    data), so that its checkpoints record it."""
+    """The point `model` continues from, asked of `checkpoint`'s manager once per run (it read its
+    checkpoints when it restored the model), for a run on `data` with `settings`: data read as
+    it is whose steps take a pass to count takes the checkpoint's count; the callback is told
+    where the run starts (its history) and what such a run records (`run_record_of`; None data,
+    as under parameter servers: nothing of the data), so that its checkpoints record it."""
+    point = checkpoint.manager.resume_point(model)
+    if isinstance(data, DatasetInput):
+        data.count_steps(point.steps_per_epoch if point is not None else None)
     run = run_record_of(data, settings) if data is not None else RunRecord(dict(settings or {}))
     checkpoint.use_run(run)
-    point = checkpoint.manager.resume_point(model)
+    checkpoint.begin_run(point)
     if point is None:
         return ResumePoint()
     check_epoch_order(point, run.epoch_order)
@@ -122,8 +126,28 @@ def segments_from(start: ResumePoint, epochs: int, *, steps: int | None = None,
     return [Segment(start.epoch, start.epoch + 1, skip), *rest]
 
 
-def train_from(start: ResumePoint, epochs: int, checkpoint: CheckpointCallback, model: Any,
-               run: SegmentRunner, *, steps: int | None = None, one_call: bool = False) -> keras.callbacks.History:
+@dataclass(frozen=True)
+class Trainer:
+    """What `train_from` runs: `run(segment)` for each segment, on `data` (what the run records of
+    it: `run_record_of`; None: nothing), `begin(start)` once the resume point is known, and
+    `steps()` the batches per epoch when known then (a skip of a whole epoch trains it again)."""
+
+    run: SegmentRunner
+    data: Any = None
+    begin: Callable[[ResumePoint], None] | None = None
+    steps: Callable[[], int | None] = lambda: None
+
+
+def train_from(trainer: Trainer, epochs: int, checkpoint: CheckpointCallback, model: Any) -> keras.callbacks.History:
+    """The resume point worked out once (`resume_point`), then `trainer` run from it."""
+    start = resume_point(checkpoint, model, trainer.data)
+    if trainer.begin is not None:
+        trainer.begin(start)
+    return train_segments(start, epochs, checkpoint, model, trainer.run, steps=trainer.steps())
+
+
+def train_segments(start: ResumePoint, epochs: int, checkpoint: CheckpointCallback, model: Any,
+                   run: SegmentRunner, *, steps: int | None = None, one_call: bool = False) -> keras.callbacks.History:
     """Train from `start` to `epochs` in total: `run(segment)` for each of `segments_from`'s
     segments, and one `History` of all epochs, earlier runs' included.
 
@@ -145,6 +169,7 @@ def train_from(start: ResumePoint, epochs: int, checkpoint: CheckpointCallback, 
                 histories.append(history)
     finally:
         checkpoint.stop_watching()  # also when a fit raised (Keras then calls no end hook)
+        checkpoint.end_run()
     return merged_history(model, start.history, histories)
 
 
