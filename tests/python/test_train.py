@@ -328,3 +328,25 @@ def test_steps_per_execution_is_1_under_several_replicas_where_upstream_keras_fa
     """)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "UPSTREAM FAILS" in result.stdout, "Keras runs several steps per call under replicas now: allow it"
+
+
+@pytest.mark.parametrize("trainer", ["resume_fit", "custom_fit"])
+def test_data_of_unknown_length_is_counted_once_and_a_resume_takes_the_checkpoints_count(tmp_path, monkeypatch,
+                                                                                         trainer):
+    x, y = digits(96)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda features, label: True).batch(32)
+    assert int(data.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    passes = []
+    reduce = tf.data.Dataset.reduce
+    monkeypatch.setattr(tf.data.Dataset, "reduce", lambda self, *a, **k: passes.append(self) or reduce(self, *a, **k))
+
+    def fit(epochs):
+        model = kerasdist.make_or_restore_model(tmp_path, build_model)
+        if trainer == "custom_fit":
+            return kerasdist.custom_fit(model, data, epochs=epochs, verbose=0)
+        return kerasdist.resume_fit(model, data, epochs, kerasdist.checkpoint_callback(tmp_path), verbose=0)
+
+    assert fit(1).epoch == [0] and len(passes) == 1  # counted by one pass, before training
+    history = fit(2)
+    assert len(passes) == 1  # the resume took the count the checkpoint recorded: no pass over the data
+    assert history.epoch == [0, 1] and int(history.model.optimizer.iterations.numpy()) == 2 * 3

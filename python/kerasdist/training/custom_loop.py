@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from kerasdist.checkpoint import (
     CheckpointCallback,
+    CheckpointInfo,
     CheckpointOptions,
     as_manager,
     check_trainer_callbacks,
@@ -40,8 +41,9 @@ from kerasdist.step_guard import is_r_function
 from kerasdist.training.resume_point import (
     Segment,
     check_total_epochs,
+    count_steps,
     epoch_steps,
-    resume_point,
+    start_at,
     train_segments,
 )
 from kerasdist.training.speed import (
@@ -193,13 +195,13 @@ def custom_fit(
         if manager_of(model) is not manager:
             with context.strategy.scope():
                 manager.restore(model)
-        resumed = manager.resume_point(model)  # refused before resume_point warns of its batch or order
+        resumed = manager.resume_point(model)  # asked once; other settings refused before start_at warns
         if resumed is not None:
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
         checkpoint = CheckpointCallback(manager, options)
-        start = resume_point(checkpoint, model, pipeline.source or data, settings.record())
-        pipeline.count_steps()
+        pipeline.count_steps(resumed)
+        start = start_at(resumed, checkpoint, model, pipeline.source or data, settings.record())
         callbacks = monitored(callbacks, context, checkpoint)
         pipeline.start(context, start, checkpoint)
         with context.strategy.scope():
@@ -316,11 +318,12 @@ class _Pipeline:
                 f"function of a tf.distribute.InputContext, got {type(data).__name__}."
             )
 
-    def count_steps(self) -> None:
-        """Batches per epoch of data that cannot tell without a pass (counted by `resume_point`:
-        the checkpoint's record, if it has them)."""
+    def count_steps(self, point: CheckpointInfo | None) -> None:
+        """Batches per epoch of data that cannot tell without a pass: `point`'s record, if it
+        has them, else a pass (`count_steps`)."""
         if isinstance(self.source, DatasetInput):
-            self.steps = self.source.count_steps()
+            count_steps(self.source, point)
+            self.steps = self.source.steps_per_epoch
 
     def start(self, context: Any, start: Any, checkpoint: CheckpointCallback) -> None:
         """Training is about to start at `start` under `context`."""

@@ -167,8 +167,8 @@ def _trainer_for(model: Any, data: Any, checkpoint: CheckpointCallback, context:
             "data must be a tf.data.Dataset of batches, a keras.utils.PyDataset, a Python generator of "
             f"batches or a function of the epoch, got {type(data).__name__}."
         )
-    fit = _KerasFit(model, _epoch_datasets(data), steps_per_epoch, checkpoint.every_steps, context.num_replicas,
-                    fit_args)
+    fit = _KerasFit(model, _epoch_datasets(data), lambda: steps_per_epoch, checkpoint.every_steps,
+                    context.num_replicas, fit_args)
     return Trainer(fit, data(0) if _epoch_function(data) else data)
 
 
@@ -178,11 +178,10 @@ def _reading_trainer(model: Any, source: ResumableInput, checkpoint: CheckpointC
     checkpoint left it, then one batch per step, its position in every checkpoint."""
     say_how_it_resumes(source)
     checkpoint.use_input(source)
-    fit = _KerasFit(model, lambda first, last, skip: source.keras_input(), None,
+    fit = _KerasFit(model, lambda first, last, skip: source.keras_input(), lambda: source.steps_per_epoch,
                     checkpoint.every_steps, context.num_replicas, fit_args)
 
     def begin(start: ResumePoint) -> None:
-        fit.steps_per_epoch = source.steps_per_epoch  # known now: given, or counted at the resume point
         source.start(context, start.input, start.epoch, start.skip)
 
     return Trainer(fit, source, begin=begin, steps=lambda: source.steps_per_epoch)
@@ -190,12 +189,13 @@ def _reading_trainer(model: Any, source: ResumableInput, checkpoint: CheckpointC
 
 class _KerasFit:
     """Keras `fit` over one segment of a resumed run (`train_from`), on `data(first, last, skip)`:
-    the batches of epochs first..last-1, less `skip` at the start."""
+    the batches of epochs first..last-1, less `skip` at the start; `known_steps()` the batches per
+    epoch when known by the first segment (given, or counted at the resume point), else None."""
 
-    def __init__(self, model: Any, data: Callable[[int, int, int], Any], steps_per_epoch: int | None,
+    def __init__(self, model: Any, data: Callable[[int, int, int], Any], known_steps: Callable[[], int | None],
                  every_steps: int | None, num_replicas: int, fit_args: FitArgs):
         self.model, self.data, self.fit_args = model, data, fit_args
-        self.steps_per_epoch, self._every_steps, self._num_replicas = steps_per_epoch, every_steps, num_replicas
+        self.known_steps, self._every_steps, self._num_replicas = known_steps, every_steps, num_replicas
         self._steps: int | None = None
 
     def steps(self, epoch: int) -> int:
@@ -204,7 +204,7 @@ class _KerasFit:
         if self._steps is None:
             # Always give fit the step count: on a dataset of unknown cardinality Keras 3.15 counts one
             # optimizer iteration more than the batches it trained on, which would shift every later step.
-            self._steps = self.steps_per_epoch or epoch_steps(self.data(epoch, epoch + 1, 0), "data")
+            self._steps = self.known_steps() or epoch_steps(self.data(epoch, epoch + 1, 0), "data")
             check_steps_per_execution(model_steps_per_execution(self.model), self._steps, self._every_steps,
                                       self._num_replicas)
         return self._steps

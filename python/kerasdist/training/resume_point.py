@@ -4,8 +4,8 @@ uses (`resume_fit`, `custom_fit`, `ps_fit` through `resume_fit`, `distributed_fi
 
 A checkpoint records the epoch to run next, the batches of it already trained, the history of the
 epochs done, the running metrics, and (`RunRecord`) the global batch and the order function of
-the data that trained it. `resume_point` asks the manager once which checkpoint the model
-continues from (`CheckpointManager.resume_point`: the one it restored into the model) and says
+the data that trained it. A trainer asks the manager once which checkpoint the model continues
+from (`CheckpointManager.resume_point`: the one it restored into the model), and `start_at` says
 where this run continues in its own terms: the batches to skip are counted in this run's global
 batch (`batches_to_skip`), and a mid-epoch point whose epoch another order function drew is
 warned of (`check_epoch_order`). `train_from` then runs the trainer's loop from that point: the
@@ -79,16 +79,13 @@ class EpochRange:
         return self.make(epoch, epoch + 1, 0)
 
 
-def resume_point(checkpoint: CheckpointCallback, model: Any, data: Any = None,
-                 settings: dict[str, Any] | None = None) -> ResumePoint:
-    """The point `model` continues from, asked of `checkpoint`'s manager once per run (it read its
-    checkpoints when it restored the model), for a run on `data` with `settings`: data read as
-    it is whose steps take a pass to count takes the checkpoint's count; the callback is told
-    where the run starts (its history) and what such a run records (`run_record_of`; None data,
-    as under parameter servers: nothing of the data), so that its checkpoints record it."""
-    point = checkpoint.manager.resume_point(model)
-    if isinstance(data, DatasetInput):
-        data.count_steps(point.steps_per_epoch if point is not None else None)
+def start_at(point: CheckpointInfo | None, checkpoint: CheckpointCallback, model: Any, data: Any = None,
+             settings: dict[str, Any] | None = None) -> ResumePoint:
+    """Where a run on `data` with `settings` starts, in its own terms, given the checkpoint `point`
+    that `model` continues from (`CheckpointManager.resume_point`, asked once per run; None: a
+    fresh start). The callback is told where the run starts (its history) and what such a run
+    records (`run_record_of`; None data, as under parameter servers: nothing of the data), so
+    that its checkpoints record it."""
     run = run_record_of(data, settings) if data is not None else RunRecord(dict(settings or {}))
     checkpoint.use_run(run)
     checkpoint.begin_run(point)
@@ -98,6 +95,13 @@ def resume_point(checkpoint: CheckpointCallback, model: Any, data: Any = None,
     kept = checkpoint.manager.input_state(model) if isinstance(data, ResumableInput) else None
     return ResumePoint(point.epoch, batches_to_skip(point, run.global_batch_size), list(point.history),
                        dict(point.metrics), point, kept[1] if kept is not None else None)
+
+
+def count_steps(data: Any, point: CheckpointInfo | None) -> None:
+    """Batches per epoch of data read as it is whose steps take a pass to count: the count `point`
+    recorded (a resume then reads no pass), else a pass now (recorded by this run's checkpoints)."""
+    if isinstance(data, DatasetInput):
+        data.count_steps(point.steps_per_epoch if point is not None else None)
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,9 @@ def segments_from(start: ResumePoint, epochs: int, *, steps: int | None = None,
 @dataclass(frozen=True)
 class Trainer:
     """What `train_from` runs: `run(segment)` for each segment, on `data` (what the run records of
-    it: `run_record_of`; None: nothing), `begin(start)` once the resume point is known, and
-    `steps()` the batches per epoch when known then (a skip of a whole epoch trains it again)."""
+    it: `run_record_of`; None: nothing; its steps counted first if that takes a pass:
+    `count_steps`), `begin(start)` once the resume point is known, and `steps()` the batches per
+    epoch when known then (a skip of a whole epoch trains it again)."""
 
     run: SegmentRunner
     data: Any = None
@@ -139,8 +144,11 @@ class Trainer:
 
 
 def train_from(trainer: Trainer, epochs: int, checkpoint: CheckpointCallback, model: Any) -> keras.callbacks.History:
-    """The resume point worked out once (`resume_point`), then `trainer` run from it."""
-    start = resume_point(checkpoint, model, trainer.data)
+    """The checkpoint `model` continues from asked once, the run's start worked out from it
+    (`start_at`), then `trainer` run from there."""
+    point = checkpoint.manager.resume_point(model)
+    count_steps(trainer.data, point)
+    start = start_at(point, checkpoint, model, trainer.data)
     if trainer.begin is not None:
         trainer.begin(start)
     return train_segments(start, epochs, checkpoint, model, trainer.run, steps=trainer.steps())
