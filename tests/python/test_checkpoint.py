@@ -396,10 +396,14 @@ def test_each_checkpoint_is_verified_once_whatever_asks_and_other_writers_are_st
     with pytest.warns(kerasdist.CheckpointWarning, match="Skipping checkpoint"):  # and said at every one
         assert [c.epoch for c in kerasdist.list_checkpoints(ckpt_dir)] == [1]
     assert verified == [newest.name]  # verified again once, when it changed
+    shutil.rmtree(newest)  # deleted by another process
+    assert [c.epoch for c in kerasdist.list_checkpoints(ckpt_dir)] == [1]
+    assert newest.name not in manager._verified  # the shared table drops what the store no longer holds
     gone = weakref.ref(manager)
     del model, manager, callback
     gc.collect()
     assert gone() is None  # what the model was restored with goes with it: no registry keeps the manager
+    assert not [shared for shared in checkpoint_manager._VERIFICATIONS if shared.store.location == str(ckpt_dir)]
 
 
 class _Crash(BaseException):

@@ -7,12 +7,13 @@ read, saves atomically (a `snapshot.Snapshot` + `record.commit`) and prunes. Eve
 writes goes through its store (`store/`): a local directory or an object-store URL.
 
 A trainer makes one manager per call and hands it down (to the restore, the callback, the resume
-point); there is no registry of managers. What several managers of one store share is the
-verification of its checkpoints (`_verified_table`: each entry's result, valid while its files keep
-their sizes and modification times), so `latest_checkpoint(dir)` during or after a run verifies
-nothing twice. Every listing reads the store's entries afresh (another process may have written or
-damaged one since). What a restore put into a model (`Restored`) is kept beside the model, weakly,
-for the trainer that continues it (`restored_of`), never as an attribute of the user's model.
+point); there is no registry of managers. What several managers of one store share, while one
+of them lives, is the verification of its checkpoints (`_verifications_of`: each entry's result,
+valid while its files keep their sizes and modification times), so `latest_checkpoint(dir)` during
+a run, or after it while its model lives, verifies nothing twice. Every listing reads the store's
+entries afresh (another process may have written or damaged one since). What a restore put into a
+model (`Restored`) is kept beside the model, weakly, for the trainer that continues it
+(`restored_of`), never as an attribute of the user's model.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class CheckpointManager:
         self.store = directory.store if isinstance(directory, CheckpointManager) \
             else open_store(directory, storage_options)
         self._writable = False
-        # entry -> what reading it found, by its fingerprint: shared by every manager of this store
-        self._verified: dict[str, Verified] = _verified_table(self.store)
+        # entry -> what reading it found, by its fingerprint: shared by the managers of this store
+        self._shared = _verifications_of(self.store)
+        self._verified = self._shared.entries
         self._warned: dict[str, Any] = {}  # entry -> the fingerprint this manager warned of it at
         # each read of the files to restore (finished at, seconds, what): the run log's restores
         self.restores: list[tuple[float, float, CheckpointInfo | None]] = []
@@ -117,8 +119,10 @@ class CheckpointManager:
     def checkpoints(self, *, warn_known: bool = False) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first by the step recorded in each. A damaged one is
         warned of when first seen (`warn_known`: at every listing, as the public functions do)."""
-        self._verified = {entry: self._verify(entry, warn_known) for entry in self.store.entries()}
-        return sorted((v.info for v in self._verified.values() if v.info is not None), key=_newness)
+        listed = {entry: self._verify(entry, warn_known) for entry in self.store.entries()}
+        for gone in set(self._verified) - set(listed):  # deleted or pruned since
+            self._verified.pop(gone, None)
+        return sorted((v.info for v in listed.values() if v.info is not None), key=_newness)
 
     def _verify(self, entry: str, warn_known: bool = False) -> Verified:
         """What reading `entry` finds, read again only when its files changed; warned as `checkpoints`."""
@@ -388,18 +392,27 @@ def _build_optimizer(model: Any, path: str) -> None:
 # What managers of one store share, and what a restore put into a model
 
 
-_VERIFIED_TABLES: list[tuple[Any, dict[str, Verified]]] = []  # (store, its entries' verification)
+class _Verifications:
+    """The verification of one store's entries, shared by its managers while any of them lives:
+    a cache of results, each redone when its entry's files change (`CheckpointManager._verify`),
+    not a registry of managers."""
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.entries: dict[str, Verified] = {}
 
 
-def _verified_table(store: Any) -> dict[str, Verified]:
-    """The verification of `store`'s entries every manager of it shares: a cache of results, each
-    redone when its entry's files change (`CheckpointManager._verify`), not a registry of managers."""
-    for known, table in _VERIFIED_TABLES:
-        if known.same_as(store):
-            return table
-    table: dict[str, Verified] = {}
-    _VERIFIED_TABLES.append((store, table))
-    return table
+_VERIFICATIONS: weakref.WeakSet[_Verifications] = weakref.WeakSet()  # held by the managers, not here
+
+
+def _verifications_of(store: Any) -> _Verifications:
+    """The verification of `store`'s entries its managers share (a new one when none lives)."""
+    for shared in list(_VERIFICATIONS):
+        if shared.store.same_as(store):
+            return shared
+    shared = _Verifications(store)
+    _VERIFICATIONS.add(shared)
+    return shared
 
 
 def as_manager(checkpoint_dir: Any, model: Any = None,
