@@ -21,7 +21,7 @@ DEMO_DEBIAN_PACKAGES="python3 python3-venv libpython3-dev r-base-core r-base-dev
 # Only the tests and the documentation use these: testthat, the vignettes' knitr and rmarkdown
 # (pandoc), roxygen2 (make docs), chromium (the site is checked in a real browser,
 # tests/python/test_docs_site.py).
-TEST_DEBIAN_PACKAGES="r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc chromium"
+TEST_DEBIAN_PACKAGES="r-cran-testthat r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc chromium procps"
 # The Slurm cluster tests (tests/python/test_slurm.py, tools/slurm_cluster.py) need root, so these
 # are installed only when the set-up runs as root (as CI does); elsewhere those tests skip.
 SLURM_PACKAGES="slurm-wlm munge iproute2 util-linux"

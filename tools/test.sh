@@ -11,6 +11,11 @@ CHECK_DIR=.check
 rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
 export KERASDIST_TEST_LOGS="$PWD/$CHECK_DIR"  # conftest.py keeps its warm-start servers' logs there
 
+# The machine's CPU use every 15 s while the suite runs (vmstat: us, sy, id, wa), to see where it idles.
+vmstat -t 15 >"$CHECK_DIR/vmstat.log" 2>&1 &
+vmstat_pid=$!
+trap 'kill "$vmstat_pid" 2>/dev/null' EXIT
+
 echo "== ruff check (lint rules in pyproject.toml)"
 .venv/bin/ruff check . 2>&1 | tee "$CHECK_DIR/ruff.log"
 ruff_status=${PIPESTATUS[0]}
