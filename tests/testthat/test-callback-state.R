@@ -1,6 +1,6 @@
 # keras3's callbacks and an R-defined one resume as if never interrupted (tests/cases/callbacks.json,
-# the rows for R): each row's run is scripts/train_callbacks.R in an Rscript of its own, failed as
-# the row says, run again, and compared with the same run never interrupted: weights, the newest
+# the rows for R): each row's run is scripts/train_callbacks.R in an Rscript, failed as the row
+# says, run again, and compared with the same run never interrupted: weights, the newest
 # checkpoint, the stop step, the learning rate, ModelCheckpoint's best file, the CSV rows,
 # TensorBoard's records and the R callback's state. Each R process starting TensorFlow costs about
 # 12 s of CPU, so the runs share processes, each ended by a row's failed run: the first runs every
