@@ -1,21 +1,27 @@
 # keras3's callbacks and an R-defined one resume as if never interrupted (tests/cases/callbacks.json,
-# the rows for R): each row's run is scripts/train_callbacks.R in an Rscript of its own, failed as
-# the row says, run again, and compared with the same run never interrupted: weights, the newest
+# the rows for R): each row's run is scripts/train_callbacks.R in an Rscript, failed as the row
+# says, run again, and compared with the same run never interrupted: weights, the newest
 # checkpoint, the stop step, the learning rate, ModelCheckpoint's best file, the CSV rows,
 # TensorBoard's records and the R callback's state. Each R process starting TensorFlow costs about
-# 12 s of CPU, so the runs that end share processes: one runs every trainer never interrupted,
-# one runs every row again after all the failed runs.
+# 12 s of CPU, so the runs share processes, each ended by a row's failed run: the first runs every
+# trainer never interrupted, then the first row's failed run; each next one runs the row before
+# again, then its own row's failed run; the last runs the last row again.
 
 callbacks_script <- function() normalizePath(test_path("scripts", "train_callbacks.R"))
 
-# `runs`: list(c(trainer, run_dir), ...), run one after the other by one Rscript.
-run_callbacks <- function(runs, fault = character()) {
+# `runs`: list(c(trainer, run_dir, fault), ...), run one after the other by one Rscript.
+run_callbacks <- function(runs) {
   for (run in runs) dir.create(run[[2]], showWarnings = FALSE, recursive = TRUE)
   log <- tempfile("callbacks-console-", fileext = ".txt")
   status <- system2(file.path(R.home("bin"), "Rscript"),
                     c("--vanilla", shQuote(callbacks_script()), shQuote(unlist(runs))),
-                    stdout = log, stderr = log, env = c(fault, "TF_CPP_MIN_LOG_LEVEL=2"))
+                    stdout = log, stderr = log, env = "TF_CPP_MIN_LOG_LEVEL=2")
   list(status = status, console = paste(readLines(log, warn = FALSE), collapse = "\n"))
+}
+
+# Whether the run in `run_dir` ended in the process whose outcome is `process`.
+ran_to_its_end <- function(process, run_dir) {
+  paste("done", run_dir) %in% trimws(strsplit(process$console, "\n")[[1]])
 }
 
 npz_arrays <- function(path) {
@@ -31,16 +37,18 @@ run_outcome <- function(run_dir) {
        csv = readLines(file.path(run_dir, "history.csv")))
 }
 
-fault_variable <- function(row) {
+fault_of <- function(row) {
   paste0(toupper(row$fault), "=", row$at)
 }
 
 r_rows <- Filter(function(row) "r" %in% unlist(row$languages), case_rows("callbacks"))
 
-# Every run of this file, made at the first test that asks: every trainer never interrupted (one
-# process), each row's failed run (a process each, whose run_dir nothing has yet), then every row
-# run again in its run_dir (one process). `failed_left_result` is whether a failed run wrote
-# result.json, looked at before the run again.
+# Every run of this file, made at the first test that asks, in length(r_rows) + 1 processes: every
+# trainer never interrupted, then the first row's failed run (in a run_dir nothing has yet); then
+# for each row after it, the row before run again in its run_dir, then this row's failed run; then
+# the last row run again. `failed[[id]]` is the process a row's run failed in, `resumed[[id]]` the
+# one it ran again in; `failed_left_result` is whether a failed run wrote result.json, looked at
+# before the run again.
 runs <- local({
   made <- NULL
   function() {
@@ -48,12 +56,21 @@ runs <- local({
     new_dir <- function(name) file.path(withr::local_tempdir(.local_envir = globalenv()), name)
     trainers <- unique(vapply(r_rows, function(row) row$trainer, ""))
     whole_dirs <- setNames(lapply(trainers, new_dir), trainers)
-    whole <- run_callbacks(lapply(trainers, function(trainer) c(trainer, whole_dirs[[trainer]])))
-    row_dirs <- setNames(lapply(r_rows, function(row) new_dir(row$trainer)), vapply(r_rows, function(row) row$id, ""))
-    failed <- lapply(r_rows, function(row) run_callbacks(list(c(row$trainer, row_dirs[[row$id]])), fault_variable(row)))
-    names(failed) <- names(row_dirs)
-    failed_left_result <- vapply(row_dirs, function(dir) file.exists(file.path(dir, "result.json")), logical(1))
-    resumed <- run_callbacks(lapply(r_rows, function(row) c(row$trainer, row_dirs[[row$id]])))
+    ids <- vapply(r_rows, function(row) row$id, "")
+    row_dirs <- setNames(lapply(r_rows, function(row) new_dir(row$trainer)), ids)
+    again <- function(row) c(row$trainer, row_dirs[[row$id]], "none")
+    failing <- function(row) c(row$trainer, row_dirs[[row$id]], fault_of(row))
+    failed <- resumed <- list()
+    failed_left_result <- setNames(logical(length(ids)), ids)
+    for (i in seq_along(r_rows)) {
+      before <- if (i == 1L) lapply(trainers, function(trainer) c(trainer, whole_dirs[[trainer]], "none"))
+                else list(again(r_rows[[i - 1L]]))
+      process <- run_callbacks(c(before, list(failing(r_rows[[i]]))))
+      if (i == 1L) whole <- process else resumed[[ids[[i - 1L]]]] <- process
+      failed[[ids[[i]]]] <- process
+      failed_left_result[[ids[[i]]]] <- file.exists(file.path(row_dirs[[ids[[i]]]], "result.json"))
+    }
+    resumed[[ids[[length(ids)]]]] <- run_callbacks(list(again(r_rows[[length(r_rows)]])))
     made <<- list(whole = whole, whole_dirs = whole_dirs, row_dirs = row_dirs, failed = failed,
                   failed_left_result = failed_left_result, resumed = resumed)
     made
@@ -64,15 +81,17 @@ for (row in r_rows) {
   test_that(paste("from R,", row$id, "ends as the run never interrupted, callbacks included"), {
     skip_if_no_kerasdist()
     made <- runs()
-    expect_identical(made$whole$status, 0L, info = made$whole$console)
+    expect_true(ran_to_its_end(made$whole, made$whole_dirs[[row$trainer]]), info = made$whole$console)
     whole <- run_outcome(made$whole_dirs[[row$trainer]])
     expect_identical(whole$result$steps, 80L)  # EarlyStopping stopped after epoch 4
     expect_equal(whole$result$learning_rate, 0.01 / 8, tolerance = 1e-6)  # three plateaus
     failed <- made$failed[[row$id]]
     expect_identical(failed$status, as.integer(row$exit), info = failed$console)
+    expect_false(ran_to_its_end(failed, made$row_dirs[[row$id]]))
     expect_false(made$failed_left_result[[row$id]])
-    expect_identical(made$resumed$status, 0L, info = made$resumed$console)
-    expect_false(grepl("start fresh|other callbacks", made$resumed$console), info = made$resumed$console)
+    resumed <- made$resumed[[row$id]]
+    expect_true(ran_to_its_end(resumed, made$row_dirs[[row$id]]), info = resumed$console)
+    expect_false(grepl("start fresh|other callbacks", resumed$console), info = resumed$console)
     expect_identical(run_outcome(made$row_dirs[[row$id]]), whole)
   })
 }

@@ -82,6 +82,7 @@ def _finish(dataset, policy: str, counter=None, steps: int = 0, shares: int = 1)
     if counter is not None:
         last = max(steps - max(shares, 1), 0)
 
+        @tf.autograph.experimental.do_not_convert  # no branch on a tensor: see _gathered_epochs
         def hand_out(index, batch):
             done = counter.assign_add(tf.cast(index >= last, tf.int64))
             with tf.control_dependencies([done]):
@@ -180,6 +181,7 @@ def _memory_pipeline(arrays, n, plan: PipelinePlan, batch, share=(0, 1)):
     if plan.options.map_fn is None and whole_epochs_fit:
         return _gathered_epochs(tensors, n, plan, batch, share)
 
+    @tf.autograph.experimental.do_not_convert  # no branch on a tensor: see _gathered_epochs
     def gather(indices):
         return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
 
@@ -232,6 +234,10 @@ def _gathered_epochs(tensors, n, plan: PipelinePlan, batch: int, share):
     def whole_batches(t):
         return tf.reshape(t[:-remainder] if remainder else t, [-1, batch, *t.shape[1:]])
 
+    # Nothing here (nor in the pipeline's other functions of ours so marked, which call no user
+    # code) branches on a tensor, so AutoGraph is not needed: converting this one and what it
+    # calls cost about 4 s of CPU in each new process (in each distributed_fit's first).
+    @tf.autograph.experimental.do_not_convert
     def epoch_batches(ep):
         if in_order:
             epoch = tensors
@@ -241,6 +247,7 @@ def _gathered_epochs(tensors, n, plan: PipelinePlan, batch: int, share):
         whole = tf.nest.map_structure(whole_batches, epoch)
         return (whole, tf.nest.map_structure(lambda t: t[-remainder:], epoch)) if tail else whole
 
+    @tf.autograph.experimental.do_not_convert
     def whole_then_short(whole, rest):
         return tf.data.Dataset.from_tensor_slices(whole).concatenate(tf.data.Dataset.from_tensors(rest))
 
@@ -263,6 +270,7 @@ def _index_batches(indices, batch: int, drop: bool):
     size = tf.shape(indices, out_type=tf.int64)[0]
     count = size // batch if drop else (size + batch - 1) // batch
 
+    @tf.autograph.experimental.do_not_convert  # no branch on a tensor: see _gathered_epochs
     def one(i):
         part = indices[i * batch: tf.minimum((i + 1) * batch, size)]
         return tf.ensure_shape(part, [batch]) if drop else part

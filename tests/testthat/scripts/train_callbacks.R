@@ -1,21 +1,30 @@
 # The R twin of tests/python/scripts/train_callbacks.py (tests/cases/callbacks.json): a seeded run
 # with keras3's callbacks and an R-defined one with get_state/set_state, failed and run again.
-# usage: Rscript train_callbacks.R TRAINER RUN_DIR [TRAINER RUN_DIR ...]
+# usage: Rscript train_callbacks.R TRAINER RUN_DIR FAULT [TRAINER RUN_DIR FAULT ...]
 # TRAINER: distributed_fit, or model.fit (make_or_restore_model, then keras3's fit() with
-# checkpoint_callback() last, resumed at epoch boundaries). The fault comes from the environment:
+# checkpoint_callback() last, resumed at epoch boundaries). FAULT: none, or NAME=AT, NAME one of
 # KILL_AT_STEP (SIGKILL at that step's end), KILL_AFTER_EPOCH (SIGKILL once that 0-based epoch's
 # checkpoint is committed) or TERM_AT_STEP (SIGTERM at that step's start). A run that ends writes
 # RUN_DIR/result.json (steps, learning rate, the R callback's state, the newest checkpoint's step,
-# TensorBoard's records), weights.npz, best.npz (ModelCheckpoint's best file) and newest.npz.
-# Several TRAINER RUN_DIR pairs run one after the other in this one process, each seeded alike
-# (each R process starting TensorFlow costs about 12 s of CPU).
+# TensorBoard's records), weights.npz, best.npz (ModelCheckpoint's best file) and newest.npz, and
+# prints "done RUN_DIR". Several runs go one after the other in this one process, each seeded
+# alike (each R process starting TensorFlow costs about 12 s of CPU); a faulted one ends it.
 library(keras3)
 library(kerasdist)
 args <- commandArgs(trailingOnly = TRUE)
-stopifnot(length(args) %% 2L == 0L)
-runs <- matrix(args, nrow = 2L)  # a column a run: trainer, run_dir
+stopifnot(length(args) %% 3L == 0L)
+runs <- matrix(args, nrow = 3L)  # a column a run: trainer, run_dir, fault
 ckpt <- NULL  # the run's checkpoint directory, set by train_run(): Fault reads it
+faults <- c("KILL_AT_STEP", "KILL_AFTER_EPOCH", "TERM_AT_STEP")
 fault <- function(name) as.integer(Sys.getenv(name, "-1"))
+set_fault <- function(spec) {  # "none" or NAME=AT, in the environment fault() reads
+  Sys.unsetenv(faults)
+  if (spec != "none") {
+    name_at <- strsplit(spec, "=", fixed = TRUE)[[1]]
+    stopifnot(name_at[[1]] %in% faults)
+    do.call(Sys.setenv, setNames(list(name_at[[2]]), name_at[[1]]))
+  }
+}
 
 keras <- reticulate::import("keras")
 reticulate::import("tensorflow")$config$experimental$enable_op_determinism()
@@ -127,4 +136,8 @@ train_run <- function(trainer, run_dir) {
   writeLines(jsonlite::toJSON(result, auto_unbox = TRUE, digits = NA), file.path(run_dir, "result.json"))
 }
 
-for (run in seq_len(ncol(runs))) train_run(runs[[1, run]], runs[[2, run]])
+for (run in seq_len(ncol(runs))) {
+  set_fault(runs[[3, run]])
+  train_run(runs[[1, run]], runs[[2, run]])
+  cat("done", runs[[2, run]], "\n")
+}

@@ -1,28 +1,40 @@
 # The data users bring, from R (tests/cases/user_data.json's kinds with `r`: true), built the way
 # keras3's guides build it (tfdatasets, keras3's image_dataset_from_directory), trained under 2
 # CPU replicas; test-user-data.R compares uninterrupted and resumed runs.
-# usage: Rscript train_user_data.R TRAINER ROOT KIND[,KIND...] [TRAINER ROOT KIND[,KIND...] ...]
-#        [--kill-at STEP | --sigterm-at STEP]
+# usage: Rscript train_user_data.R JOB [JOB ...], a JOB: [--kill-at STEP | --sigterm-at STEP]
+#        TRAINER ROOT KIND[,KIND...]
 # Each kind trains in ROOT/KIND (a checkpoint every 4 steps, all kept) and writes ROOT/KIND/result.npz
 # (the weights, the loss history) and ROOT/KIND/warnings.txt (the data warnings). --kill-at
-# SIGKILLs the process after that step's checkpoint is written; --sigterm-at preempts every kind's
-# run at that step (kerasdist_preempted, noted in ROOT/KIND/preempted) and goes on. Several
-# TRAINER ROOT KINDS triples run one after the other in this one process (each R process starting
-# TensorFlow costs about 12 s of CPU).
+# SIGKILLs the process after that step's checkpoint is written (its job's first kind);
+# --sigterm-at preempts each kind's run of its job at that step (kerasdist_preempted, noted in
+# ROOT/KIND/preempted) and goes on. The jobs run one after the other in this one process (each R
+# process starting TensorFlow costs about 12 s of CPU), each printing "done ROOT" when it ends.
 library(kerasdist)
 simulate_devices(2)  # before keras3 starts TensorFlow
 library(keras3)
 library(tfdatasets)
 
-args <- commandArgs(trailingOnly = TRUE)
-flag <- function(name) if (name %in% args) as.integer(args[[match(name, args) + 1]]) else 0L
-kill_at <- flag("--kill-at")
-sigterm_at <- flag("--sigterm-at")
-flag_at <- Filter(function(at) at > 0L, match(c("--kill-at", "--sigterm-at"), args, nomatch = 0L))
-job_args <- if (length(flag_at) > 0L) args[-c(flag_at, flag_at + 1L)] else args
-stopifnot(length(job_args) %% 3L == 0L)
-jobs <- matrix(job_args, nrow = 3L)  # a column a job: trainer, root, kinds
-trainer <- root <- NULL  # each job's, set below: dataset(), image_folder() and train() read them
+# The jobs of the command line: list(trainer, root, kinds, kill_at, sigterm_at) each (0: no interruption).
+read_jobs <- function(args) {
+  jobs <- list()
+  at <- c("--kill-at" = 0L, "--sigterm-at" = 0L)
+  while (length(args) > 0L) {
+    if (args[[1]] %in% names(at)) {
+      at[[args[[1]]]] <- as.integer(args[[2]])
+      args <- args[-(1:2)]
+      next
+    }
+    jobs[[length(jobs) + 1L]] <- list(trainer = args[[1]], root = args[[2]], kinds = strsplit(args[[3]], ",")[[1]],
+                                      kill_at = at[["--kill-at"]], sigterm_at = at[["--sigterm-at"]])
+    at[] <- 0L
+    args <- args[-(1:3)]
+  }
+  jobs
+}
+jobs <- read_jobs(commandArgs(trailingOnly = TRUE))
+# each job's, set below: dataset(), image_folder(), train() and Interrupt read them
+trainer <- root <- NULL
+kill_at <- sigterm_at <- 0L
 options(kerasdist.exit_on_preemption = FALSE)
 
 tf <- reticulate::import("tensorflow")
@@ -72,7 +84,6 @@ build <- function(kind) {
     set_random_seed(3)
     keras_model_sequential(input_shape = shape) |>
       layer_flatten() |>
-      layer_dense(16, activation = "relu") |>
       layer_dense(3) |>
       compile(optimizer = optimizer_adam(0.01), loss = loss_sparse_categorical_crossentropy(from_logits = TRUE))
   }
@@ -131,9 +142,11 @@ train_kinds <- function(kinds) for (kind in kinds) {
   do.call(np$savez, c(list(file.path(folder, "result.npz")), model$get_weights(),
                       list(loss = np$array(unlist(history$metrics$loss)))))
 }
-for (job in seq_len(ncol(jobs))) {
-  trainer <- jobs[[1, job]]
-  root <- jobs[[2, job]]
-  train_kinds(strsplit(jobs[[3, job]], ",")[[1]])
+for (job in jobs) {
+  trainer <- job$trainer
+  root <- job$root
+  kill_at <- job$kill_at
+  sigterm_at <- job$sigterm_at
+  train_kinds(job$kinds)
+  cat("done", root, "\n")
 }
-cat("done\n")
