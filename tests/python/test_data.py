@@ -553,21 +553,27 @@ def unequal_files(tmp_path_factory):
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(unequal_files, source, shuffle):
     """Every (epoch, batch) a resume can start at, files of unequal lengths (the interleave's
-    files then end at different times, so the position is not a whole number of files)."""
-    def made(**kwargs):
-        if source == "dataset":
-            ids = tf.data.Dataset.range(sum(UNEQUAL_RECORDS)).map(lambda i: (tf.cast(i, tf.float32)[None], i))
-            return kerasdist.make_dataset(ids, batch_size=4, seed=3, shuffle=shuffle, shuffle_buffer=5, **kwargs)
-        spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
-        return kerasdist.make_dataset(str(unequal_files / f"*.{source}"), batch_size=4, seed=3, shuffle=shuffle,
-                                      **spec, **kwargs)
+    files then end at different times, so the position is not a whole number of files). The
+    data is planned once and each resume moved there as a resumed run does (`rebuild`: the
+    source is not read again); make_dataset itself resumes one of them the same."""
+    from kerasdist.data import planned_dataset
 
-    whole = [int(v) for v in labels(made(epochs=4))]
-    steps = kerasdist.dataset_info(made(epochs=4)).steps_per_epoch  # a stream's batches run on over epoch ends
+    if source == "dataset":
+        x = tf.data.Dataset.range(sum(UNEQUAL_RECORDS)).map(lambda i: (tf.cast(i, tf.float32)[None], i))
+        spec = {"shuffle_buffer": 5}
+    else:
+        x = str(unequal_files / f"*.{source}")
+        spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
+    options = dict(batch_size=4, seed=3, shuffle=shuffle, **spec)
+    planned = planned_dataset(x, epochs=4, **options)
+    whole = [int(v) for v in labels(planned.build())]
+    steps = planned.info.steps_per_epoch  # a stream's batches run on over epoch ends
     for epoch in range(3):
         for skip in range(steps):
-            resumed = [int(v) for v in labels(made(initial_epoch=epoch, skip_batches=skip, epochs=4))]
+            resumed = [int(v) for v in labels(planned.rebuild(initial_epoch=epoch, skip_batches=skip, epochs=4))]
             assert resumed == whole[(epoch * steps + skip) * 4:], (epoch, skip)
+    made = kerasdist.make_dataset(x, initial_epoch=1, skip_batches=steps - 1, epochs=4, **options)
+    assert [int(v) for v in labels(made)] == whole[(2 * steps - 1) * 4:]
 
 
 @pytest.mark.parametrize("pipeline", ["_file_pipeline", "_stream_pipeline"])
