@@ -553,21 +553,27 @@ def unequal_files(tmp_path_factory):
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(unequal_files, source, shuffle):
     """Every (epoch, batch) a resume can start at, files of unequal lengths (the interleave's
-    files then end at different times, so the position is not a whole number of files)."""
-    def made(**kwargs):
-        if source == "dataset":
-            ids = tf.data.Dataset.range(sum(UNEQUAL_RECORDS)).map(lambda i: (tf.cast(i, tf.float32)[None], i))
-            return kerasdist.make_dataset(ids, batch_size=4, seed=3, shuffle=shuffle, shuffle_buffer=5, **kwargs)
-        spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
-        return kerasdist.make_dataset(str(unequal_files / f"*.{source}"), batch_size=4, seed=3, shuffle=shuffle,
-                                      **spec, **kwargs)
+    files then end at different times, so the position is not a whole number of files). The
+    data is planned once and each resume moved there as a resumed run does (`rebuild`: the
+    source is not read again); make_dataset itself resumes one of them the same."""
+    from kerasdist.data import planned_dataset
 
-    whole = [int(v) for v in labels(made(epochs=4))]
-    steps = kerasdist.dataset_info(made(epochs=4)).steps_per_epoch  # a stream's batches run on over epoch ends
+    if source == "dataset":
+        x = tf.data.Dataset.range(sum(UNEQUAL_RECORDS)).map(lambda i: (tf.cast(i, tf.float32)[None], i))
+        spec = {"shuffle_buffer": 5}
+    else:
+        x = str(unequal_files / f"*.{source}")
+        spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
+    options = dict(batch_size=4, seed=3, shuffle=shuffle, **spec)
+    planned = planned_dataset(x, epochs=4, **options)
+    whole = [int(v) for v in labels(planned.build())]
+    steps = planned.info.steps_per_epoch  # a stream's batches run on over epoch ends
     for epoch in range(3):
         for skip in range(steps):
-            resumed = [int(v) for v in labels(made(initial_epoch=epoch, skip_batches=skip, epochs=4))]
+            resumed = [int(v) for v in labels(planned.rebuild(initial_epoch=epoch, skip_batches=skip, epochs=4))]
             assert resumed == whole[(epoch * steps + skip) * 4:], (epoch, skip)
+    made = kerasdist.make_dataset(x, initial_epoch=1, skip_batches=steps - 1, epochs=4, **options)
+    assert [int(v) for v in labels(made)] == whole[(2 * steps - 1) * 4:]
 
 
 @pytest.mark.parametrize("pipeline", ["_file_pipeline", "_stream_pipeline"])
@@ -627,6 +633,58 @@ def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(tmp_p
     out = json.loads(result.stdout.strip().splitlines()[-1])
     # measured: 3 or 4 files more (the open ones read again); from the stream's start: 60 more
     assert out["resumed"] < out["fresh"] + 20 * out["file"], out
+
+
+def test_record_counts_are_read_once_and_again_only_for_files_changed(tmp_path):
+    """Bytes a process reads (rchar, as above) for make_dataset over 24 files of 50 records:
+    counted in a first process; a second (a restart) and a second call there read none of the
+    files, until two change (one rewritten longer, one only touched): those are read again."""
+    code = """
+        import json, os, sys
+        from pathlib import Path
+        import tensorflow as tf, kerasdist
+
+        root, step = Path(sys.argv[1]), sys.argv[2]
+
+        def write(part, records, folder=root):
+            with tf.io.TFRecordWriter(str(folder / f"part{part}.tfrecord")) as writer:
+                for i in range(records):
+                    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+        def rchar():
+            return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+
+        def made(folder):
+            before = rchar()
+            ds = kerasdist.make_dataset(str(folder / "*.tfrecord"), features={"x": [500]}, batch_size=50)
+            return rchar() - before, kerasdist.dataset_info(ds).num_samples
+
+        if step == "first":
+            for part in range(24):
+                write(part, 50)
+        (root / step).mkdir()
+        write(0, 1, root / step)
+        made(root / step)  # warm: what a first call loads once, and a file counted
+        out = {"file": (root / "part0.tfrecord").stat().st_size, "first": made(root), "again": made(root)}
+        if step == "restart":
+            write(0, 60)
+            os.utime(root / "part1.tfrecord")
+            out["changed"] = made(root)
+            out["changed file"] = (root / "part0.tfrecord").stat().st_size
+        print(json.dumps(out))
+    """
+    env = {"KERASDIST_CACHE_DIR": str(tmp_path / "cache")}
+    first, restart = (run_python(code, str(tmp_path), step, env=env) for step in ("first", "restart"))
+    assert first.returncode == 0 and restart.returncode == 0, (first.stderr + restart.stderr)[-2000:]
+    first, restart = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (first, restart))
+    files = 24 * first["file"]
+    assert first["first"][0] > files and first["first"][1] == 24 * 50, first
+    assert first["again"][0] < first["file"] and first["again"][1] == 24 * 50, first
+    assert restart["first"][0] < first["file"] and restart["first"][1] == 24 * 50, restart
+    assert restart["again"][0] < first["file"], restart
+    read, samples = restart["changed"]
+    assert first["file"] + restart["changed file"] < read < 3 * first["file"] and samples == 24 * 50 + 10, restart
 
 
 def test_resume_fit_on_files_killed_mid_epoch_ends_as_the_uninterrupted_run(tmp_path):

@@ -35,11 +35,11 @@ epochs also mix at the boundary), so epoch `e` of the stream means Keras epoch `
 resumed with `initial_epoch`/`skip_batches` starts at the reader's position, computed without
 reading (`position`): for files, from each file's record count, the files the interleave has open
 at that point, each read again from its start (at most 4 files), none before them (the counts
-are taken once when make_dataset is called, by reading each file); for a dataset,
-its pass and record there: earlier passes are not read, and the records of the pass before the
-start only as the dataset's own `skip` reads them (a shuffle block is read whole). Two cases still
-read and drop the batches before their start: a `cache` (filled by reading), and files that
-tf.data's FILE auto-shard deals out to several workers later (without `per_worker`; with
+are taken by reading each file once, then kept for its size and modification time: `counts`); for
+a dataset, its pass and record there: earlier passes are not read, and the records of the pass
+before the start only as the dataset's own `skip` reads them (a shuffle block is read whole). Two
+cases still read and drop the batches before their start: a `cache` (filled by reading), and files
+that tf.data's FILE auto-shard deals out to several workers later (without `per_worker`; with
 `per_worker=True` each worker's share starts at its own position). Each pass of the one-epoch
 form also reads them: pass k reaches epoch `initial_epoch + k` by reading the k epochs before it
 (its epoch is known only in the graph), so k passes read about k*k/2 epochs in all. For more than
@@ -54,8 +54,9 @@ The package, from the user's functions down: `api` (make_dataset, make_dataset_s
 plan_dataset), `plan` (the planned dataset: built, or moved to other epochs), `options` (the
 options record: each argument documented and checked once), `pipelines` (the tf.data pipelines),
 `info` (sizes, DatasetInfo), `order` (each epoch's permutation), `position` (where a resumed stream
-starts), `sources` (what x and y hold, read once); `structure` (what a dataset users bring is, from
-its graph) and `resumable` (reading it, its position kept).
+starts), `sources` (what x and y hold, read once), `counts` (the files' record counts, kept);
+`structure` (what a dataset users bring is, from its graph) and `resumable` (reading it, its
+position kept).
 """
 
 from kerasdist.data.api import DatasetSplit, make_dataset, make_dataset_split, plan_dataset

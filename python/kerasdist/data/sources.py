@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kerasdist.data.counts import record_counts
 from kerasdist.data.options import DatasetOptions
 
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord", ".csv": "csv"}
@@ -167,7 +168,7 @@ def _file_source(pattern, file_format, label_column, features, check_finite) -> 
         reader = _csv_reader(files, label_column, check_finite)
     else:
         reader = _tfrecord_reader(features, label_column, check_finite)
-    counts = _count(files, reader)
+    counts = record_counts(files, file_format, lambda f: _count(f, reader))
     if sum(counts) == 0:
         raise ValueError(f"x: the files {patterns} hold zero records.")
     return Source("files", sum(counts), files=files, reader=reader, counts=tuple(counts))
@@ -250,6 +251,7 @@ def _finite(tensor, check):
     return tf.debugging.check_numerics(tensor, "x has NaN or Inf values (check_finite=True)") if check else tensor
 
 
-def _count(files, reader) -> list[int]:
-    """Records per file (one read of every file: steps per epoch and the shuffle need them)."""
-    return [int(reader(f).reduce(np.int64(0), lambda count, *_: count + 1)) for f in files]
+def _count(path, reader) -> int:
+    """The file's records, by reading it (steps per epoch and the shuffle need them): once, then
+    kept by `counts.record_counts` while the file stays as it is."""
+    return int(reader(path).reduce(np.int64(0), lambda count, *_: count + 1))
