@@ -10,6 +10,7 @@ export KERASDIST_PYTHON="$PWD/.venv/bin/python" KERASDIST_REQUIRE_PYTHON=1 TF_CP
 CHECK_DIR=.check
 rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
 export KERASDIST_TEST_LOGS="$PWD/$CHECK_DIR"  # conftest.py keeps its warm-start servers' logs there
+export KERASDIST_CACHE_DIR="$PWD/$CHECK_DIR/cache"  # make_dataset's kept record counts: not the home's
 
 # The machine's CPU use every 15 s while the suite runs (vmstat: us, sy, id, wa), to see where it idles.
 vmstat -t 15 >"$CHECK_DIR/vmstat.log" 2>&1 &

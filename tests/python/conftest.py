@@ -17,6 +17,8 @@ import pytest
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "cases"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# make_dataset keeps files' record counts in a cache folder (data/counts.py): the suite's own, not the home's
+os.environ.setdefault("KERASDIST_CACHE_DIR", str(Path(__file__).resolve().parents[2] / ".check" / "cache"))
 SOCKET_VARIABLE = "KERASDIST_WARM_START"  # kerasdist.launch.warm_start's, read before kerasdist is imported
 
 

@@ -711,3 +711,15 @@ def test_resume_fit_on_files_killed_mid_epoch_ends_as_the_uninterrupted_run(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     expected, got = np.load(whole / "result.npz"), np.load(killed / "result.npz")
     assert all(np.array_equal(expected[name], got[name]) for name in expected.files)
+
+
+def test_a_count_made_by_another_reading_is_not_taken(tmp_path, monkeypatch):
+    """A count kept from a reading without check_finite does not spare a check_finite call its
+    read: the NaN is still refused when make_dataset is called, before any training."""
+    monkeypatch.setenv("KERASDIST_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "data.csv"
+    path.write_text("a,b,label\n1.0,2.0,0\nnan,1.0,1\n3.0,4.0,0\n")
+    unchecked = kerasdist.make_dataset(str(path), label_column="label", batch_size=1)
+    assert kerasdist.dataset_info(unchecked).num_samples == 3
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="NaN"):
+        kerasdist.make_dataset(str(path), label_column="label", batch_size=1, check_finite=True)

@@ -1,14 +1,16 @@
 """The record counts of make_dataset's files, kept so that each file is read to count its records
 once, not at every make_dataset call (a restart, a rebuilt run, another worker on the machine).
 
-A count is known by the file's path, size, modification time (ns) and format: a file changed in
-between is counted again. Counts are kept in this process and in a small JSON file in the user's
-cache folder, never beside the data: `$KERASDIST_CACHE_DIR`, else `$XDG_CACHE_HOME/kerasdist`, else
-`~/.cache/kerasdist` (`KERASDIST_CACHE_DIR=off` keeps them in the process only). The count itself
-is the file's records as make_dataset's reader reads them (every record parsed once)."""
+A count is known by the file's path, size, modification time (ns) and how it is read (format,
+columns, features, check_finite): a file changed in between is counted again. Counts are kept in
+this process and in a small JSON file in the user's cache folder, never beside the data:
+`$KERASDIST_CACHE_DIR`, else `$XDG_CACHE_HOME/kerasdist`, else `~/.cache/kerasdist`
+(`KERASDIST_CACHE_DIR=off` keeps them in the process only). The count itself is the file's records
+as make_dataset's reader reads them (every record parsed once)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -21,11 +23,13 @@ _STORE_ENTRIES = 50_000  # the newest kept: a bound on the file's size (about 15
 _known: dict[str, list] = {}  # key -> [size, mtime_ns, count], this process's
 
 
-def record_counts(files: Sequence[str], file_format: str, count: Callable[[str], int]) -> list[int]:
+def record_counts(files: Sequence[str], reading: str, count: Callable[[str], int]) -> list[int]:
     """The records in each of `files`, `count(file)` called only for files whose count is not
-    known for their present size and modification time."""
+    known for their present size and modification time, as read the way `reading` says (format,
+    columns, features, check_finite): a count made by another reading is not taken, since this
+    one's parse or finiteness check could fail where that one did not."""
     stats = {f: _stat(f) for f in files}
-    keys = {f: _key(f, file_format) for f in files}
+    keys = {f: _key(f, reading) for f in files}
     unknown = [f for f in files if not _fits(_known.get(keys[f]), stats[f])]
     if unknown:
         stored = _stored()
@@ -47,8 +51,8 @@ def store_path() -> Path | None:
     return Path(folder) / _STORE_NAME
 
 
-def _key(path: str, file_format: str) -> str:
-    return f"{file_format}:{os.path.abspath(path)}"
+def _key(path: str, reading: str) -> str:
+    return f"{hashlib.sha256(reading.encode()).hexdigest()[:16]}:{os.path.abspath(path)}"
 
 
 def _stat(path: str) -> tuple[int, int]:

@@ -168,7 +168,8 @@ def _file_source(pattern, file_format, label_column, features, check_finite) -> 
         reader = _csv_reader(files, label_column, check_finite)
     else:
         reader = _tfrecord_reader(features, label_column, check_finite)
-    counts = record_counts(files, file_format, lambda f: _count(f, reader))
+    reading = repr((file_format, label_column, features, check_finite))
+    counts = record_counts(files, reading, lambda f: _count(f, reader))
     if sum(counts) == 0:
         raise ValueError(f"x: the files {patterns} hold zero records.")
     return Source("files", sum(counts), files=files, reader=reader, counts=tuple(counts))
