@@ -41,6 +41,23 @@ in_fresh_r <- function(fun, ...) {
   callr::r(fun, args = list(...), libpath = .libPaths(), env = c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2"))
 }
 
+# Run an R function in the one R session, apart from this one, that the tests needing 2 simulated
+# CPU devices share: each such fresh process would pay R's and TensorFlow's start-up again. `fun`,
+# as for in_fresh_r(), attaches keras3 and kerasdist and calls simulate_devices(2) itself: the
+# first call splits the CPU, later ones are no-ops.
+in_two_device_r <- function(fun, ...) two_device_session()$run(fun, args = list(...))
+
+two_device_session <- local({
+  session <- NULL
+  function() {
+    if (is.null(session) || !session$is_alive()) {
+      env <- c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2")
+      session <<- callr::r_session$new(callr::r_session_options(libpath = .libPaths(), env = env))
+    }
+    session
+  }
+})
+
 # Launch the test script scripts/<name>, its arguments `...` after it, as 2 workers on this host
 # (kerasdist's launch()) and expect every worker to succeed; returns the script's path (to run it
 # again as one process).

@@ -180,7 +180,7 @@ test_that("CSV files from R, with the label column", {
 
 test_that("2 simulated devices: global and per-replica sizing, and fit", {
   skip_if_no_kerasdist()
-  result <- in_fresh_r(function() {
+  result <- in_two_device_r(function() {
     library(keras3)
     library(kerasdist)
     simulate_devices(2)

@@ -133,9 +133,9 @@ test_that("make_or_restore_model works in with(scope) for a strategy from the te
   expect_identical(as.integer(model$optimizer$iterations$numpy()), 2L)
 })
 
-test_that("R code in the step is refused under 2 replicas on every path, keras3's fit() included (fresh R)", {
+test_that("R code in the step is refused under 2 replicas on every path, keras3's fit() included (2-device R session)", {
   skip_if_no_kerasdist()
-  result <- in_fresh_r(function() {
+  result <- in_two_device_r(function() {
     library(keras3)
     library(kerasdist)
     simulate_devices(2L)

@@ -45,7 +45,7 @@ test_that("parse_tf_config accepts an R list with a single worker address", {
 
 test_that("simulated devices give mirrored, with() keeps objects, and fit runs", {
   skip_if_no_kerasdist()
-  result <- in_fresh_r(function() {
+  result <- in_two_device_r(function() {
     library(keras3)
     library(kerasdist)
     simulate_devices(2)

@@ -119,9 +119,9 @@ test_that("distributed_fit refuses bad input with a kerasdist_error before creat
   expect_identical(latest_checkpoint(dir)$epoch, 1L)
 })
 
-test_that("an R loss under 2 replicas stops with a readable error, a built-in loss trains (fresh R)", {
+test_that("an R loss under 2 replicas stops with a readable error, a built-in loss trains (2-device R session)", {
   skip_if_no_kerasdist()
-  result <- in_fresh_r(function() {
+  result <- in_two_device_r(function() {
     library(keras3)
     library(kerasdist)
     simulate_devices(2L)

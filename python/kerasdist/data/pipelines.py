@@ -50,7 +50,12 @@ class PipelinePlan:
 
         if self.pass_counter is not None:
             counter = self.pass_counter
-            return map_on_cpu(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)), lambda _: counter.read_value())
+
+            @tf.autograph.experimental.do_not_convert  # one op; autograph parsed all of this file per build
+            def read_pass(_):
+                return counter.read_value()
+
+            return map_on_cpu(tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)), read_pass)
         if self.epochs is None:  # endless: infinite cardinality (a long range's overflows once unbatched);
             # not Dataset.counter, whose scan function costs every new iterator an instantiation
             return tf.data.Dataset.range(self.initial_epoch, _MAX_EPOCH).repeat()
@@ -375,7 +380,12 @@ def _names_at(source: Source, plan: PipelinePlan, names_from, share, cycle: int,
     if count > 1:
         rest = rest.shard(count, index)
     unread = tf.constant(0, tf.int64)
-    return head.concatenate(map_on_cpu(rest, lambda path, ep, file_id, n: (path, ep, file_id, n, unread)))
+
+    @tf.autograph.experimental.do_not_convert  # no control flow; autograph parses the whole file for a lambda
+    def with_unread(path, ep, file_id, n):
+        return path, ep, file_id, n, unread
+
+    return head.concatenate(map_on_cpu(rest, with_unread))
 
 
 def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
