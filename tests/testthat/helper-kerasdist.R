@@ -53,6 +53,7 @@ two_device_session <- local({
     if (is.null(session) || !session$is_alive()) {
       env <- c(callr::rcmd_safe_env(), TF_CPP_MIN_LOG_LEVEL = "2")
       session <<- callr::r_session$new(callr::r_session_options(libpath = .libPaths(), env = env))
+      withr::defer(session$close(), testthat::teardown_env())  # ended with the test run, never left behind
     }
     session
   }
