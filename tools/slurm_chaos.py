@@ -225,6 +225,98 @@ def training_process_started(cluster: SlurmCluster) -> bool:
     return any(not cmdline(pid).startswith(("srun", "setsid")) for pid in pids)
 
 
+def task_processes(cluster: SlurmCluster, host: int, script: str = "train.py") -> list[int]:
+    """The recipe's task on `host`: its supervisor and the training process it forked (or the
+    training process alone), not the slurmstepd, batch shell, setsid or srun naming the script."""
+    launchers = ("slurmstepd", "srun", "setsid", "bash", "sh")
+    return [pid for pid in cluster.host_processes(host, script)
+            if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+
+
+def listening(cluster: SlurmCluster, host: int, port: int) -> bool:
+    """Whether a process of `host` listens on TCP `port` (its network namespace's /proc/net/tcp*)."""
+    for pid in cluster.host_processes(host, ""):
+        with contextlib.suppress(OSError):
+            rows = [row.split() for table in ("tcp", "tcp6")
+                    for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]]
+            return any(row[1].endswith(f":{port:04X}") and row[3] == "0A" for row in rows)  # 0A: LISTEN
+    return False
+
+
+def sigterm_caught(pid: int) -> bool:
+    """Whether the process `pid` has a handler for SIGTERM."""
+    return _has_sigterm(pid, ("SigCgt",), gone=False)
+
+
+def sigterm_pending(pid: int) -> bool:
+    """Whether SIGTERM waits to be delivered to the (stopped) process `pid` (or it is gone)."""
+    return _has_sigterm(pid, ("SigPnd", "ShdPnd"), gone=True)
+
+
+def _has_sigterm(pid: int, fields: tuple[str, ...], gone: bool) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return gone
+    bit = 1 << (signal.SIGTERM - 1)
+    return any(int(line.split()[1], 16) & bit for line in status.splitlines() if line.startswith(fields))
+
+
+def start_up_race_trial(cluster: SlurmCluster, reference: Run, how: str, step_seconds: float = STEP_SECONDS,
+                        timeout: float = 300) -> Trial:
+    """A signal while the job starts up, when one task waits for its peer to form the cluster:
+    host 1's task is stopped (SIGSTOP) before it forks its training process, host 0's training
+    process is left to reach the cluster's forming (listening on its port), the job is signalled
+    (`how`: "batch" as `--signal=B:TERM@N` signals it, "tasks" as `--signal=TERM@N` does), and host
+    1's task goes on once the signal reached it. It exits 75 at once, with nothing to save; host 0's
+    training process waits in TensorFlow's C++ for a peer that never comes, deaf to SIGTERM, until
+    Slurm's KillWait SIGKILLs it: the step ends with 137. Waits for the job's end, then compares
+    every task's weights with `reference`'s."""
+    run = new_run(cluster, f"start-up-race-{how}")
+    started = time.monotonic()
+    job_id = submit(cluster, run, step_seconds=step_seconds)
+    cluster.wait_started(job_id)
+    held = _hold_task(cluster, 1)
+    running = time.monotonic()
+    _wait(lambda: listening(cluster, 0, 8888), 120, "host 0's training process never listened on port 8888")
+    if how == "batch":
+        cluster.client(["scancel", "--batch", "--signal=TERM", str(job_id)], check=False)
+    else:
+        cluster.signal_job(job_id, "TERM")
+    _wait(lambda: all(sigterm_pending(pid) for pid in held), 60, "the signal never reached host 1's task")
+    delay = time.monotonic() - running
+    for pid in held:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    job = cluster.wait_final(job_id, timeout)
+    output = cluster.output(job_id)
+    equal = all(bitwise_equal(run.weights(t), reference.weights(t)) for t in range(2))
+    return Trial(0, delay, how, "while the cluster forms", job.state, job.exit_code, job.restarts,
+                 step_statuses(output), equal, time.monotonic() - started, output[-4000:])
+
+
+def _hold_task(cluster: SlurmCluster, host: int, timeout: float = 120) -> list[int]:
+    """SIGSTOP the recipe's task on `host` once it handles SIGTERM, before it forks its training
+    process (kerasdist's supervisor sets its handlers, then imports TensorFlow for seconds; polled
+    every 10 ms): signalled, it then exits 75 with nothing to save. Its pids."""
+    deadline = time.monotonic() + timeout
+    while not (pids := [pid for pid in task_processes(cluster, host) if sigterm_caught(pid)]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no task of the recipe on host {host} handled SIGTERM within {timeout:g} s")
+        time.sleep(0.01)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _wait(condition, timeout: float, failure: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(failure)
+        time.sleep(0.1)
+
+
 def reference_run(cluster: SlurmCluster, language: str = "python", timeout: float = 300,
                   step_seconds: float = STEP_SECONDS) -> tuple[Run, float]:
     """An uninterrupted recipe job; (its run, seconds from running to its end)."""
@@ -259,9 +351,7 @@ def kill_training(cluster: SlurmCluster, host: int, script: str = "train.py") ->
     out: not the slurmstepd that runs it, nor, on the batch host, the batch shell, setsid or srun,
     whose command lines name the script too; and under kerasdist's supervisor, the training process
     it forked (same command line, the supervisor its parent), not the supervisor; its pids."""
-    launchers = ("slurmstepd", "srun", "setsid", "bash", "sh")
-    tasks = [pid for pid in cluster.host_processes(host, script)
-             if Path(cmdline(pid).split(" ", 1)[0]).name not in launchers and "slurmstepd" not in cmdline(pid)]
+    tasks = task_processes(cluster, host, script)
     forked = [pid for pid in tasks if parent(pid) in tasks]
     victims = forked or tasks
     for pid in victims:

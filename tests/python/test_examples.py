@@ -33,14 +33,16 @@ def test_example_runs(script: str, key_line: str, tmp_path: Path) -> None:
         assert "fallback: ckpt-72 is damaged, restored ckpt-70" in result.stdout
 
 
-def test_slurm_recipe_signals_the_training_tasks_and_handles_every_step_status():
-    """`--signal=B:...` would signal only the batch shell, never the tasks srun started; the
-    recipe requeues on 75 and 143, restarts the step on 137 and 76, traps TERM in the batch shell,
-    asks for --no-kill so that a lost host leaves the job running on the hosts left, and grows back.
+def test_slurm_recipe_warns_its_batch_shell_and_handles_every_step_status():
+    """The time-limit warning goes to the batch shell (`--signal=B:...`), which passes it on to
+    the tasks and so knows the job is being stopped (test_slurm.py: a step that then ends 137 is
+    requeued); the recipe requeues on 75 and 143, restarts the step on 137 and 76, traps TERM in
+    the batch shell, asks for --no-kill so that a lost host leaves the job running on the hosts
+    left, and grows back.
     (tests/python/test_slurm.py runs it on a real cluster.)"""
     script = (Path(__file__).resolve().parents[2] / "examples" / "slurm" / "train.sbatch").read_text()
     signal_lines = [line for line in script.splitlines() if line.startswith("#SBATCH --signal=")]
-    assert signal_lines == ["#SBATCH --signal=TERM@120"]
+    assert signal_lines == ["#SBATCH --signal=B:TERM@120"]
     assert "#SBATCH --requeue" in script.splitlines() and "#SBATCH --no-kill" in script.splitlines()
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "trap on_term TERM" in script
     for case in ('"$PREEMPTED" | 143)', '137 | "$PEER_LOST" | "$HUNG" | "$HUNG_IN_C")', "PEER_LOST=76", "HUNG=77",
