@@ -263,18 +263,19 @@ def _has_sigterm(pid: int, fields: tuple[str, ...], gone: bool) -> bool:
 
 
 def start_up_race_trial(cluster: SlurmCluster, reference: Run, how: str, step_seconds: float = STEP_SECONDS,
-                        timeout: float = 300) -> Trial:
+                        timeout: float = 300, env: dict[str, str] | None = None) -> Trial:
     """A signal while the job starts up, when one task waits for its peer to form the cluster:
-    host 1's task is stopped (SIGSTOP) before it forks its training process, host 0's training
-    process is left to reach the cluster's forming (listening on its port), the job is signalled
-    (`how`: "batch" as `--signal=B:TERM@N` signals it, "tasks" as `--signal=TERM@N` does), and host
-    1's task goes on once the signal reached it. It exits 75 at once, with nothing to save; host 0's
-    training process waits in TensorFlow's C++ for a peer that never comes, deaf to SIGTERM, until
-    Slurm's KillWait SIGKILLs it: the step ends with 137. Waits for the job's end, then compares
-    every task's weights with `reference`'s."""
+    host 1's task is stopped (SIGSTOP) once it handles SIGTERM, before it forms its cluster; host
+    0's training process is left to reach the cluster's forming (listening on its port); the job is
+    signalled (`how`: "batch" as `--signal=B:TERM@N` signals it, "tasks" as `--signal=TERM@N`
+    does); host 1's task goes on once the signal reached it, and exits 75 at once with nothing to
+    save. Host 0's training process waits in TensorFlow's C++ for a peer that never comes, deaf to
+    SIGTERM: its supervisor ends it and exits 75, or, unsupervised (`env` with
+    KERASDIST_WARM_RESTARTS=0), Slurm's KillWait SIGKILLs it and the step ends with 137. Waits for
+    the job's end, then compares every task's weights with `reference`'s."""
     run = new_run(cluster, f"start-up-race-{how}")
     started = time.monotonic()
-    job_id = submit(cluster, run, step_seconds=step_seconds)
+    job_id = submit(cluster, run, env=env, step_seconds=step_seconds)
     cluster.wait_started(job_id)
     held = _hold_task(cluster, 1)
     running = time.monotonic()
@@ -296,9 +297,10 @@ def start_up_race_trial(cluster: SlurmCluster, reference: Run, how: str, step_se
 
 
 def _hold_task(cluster: SlurmCluster, host: int, timeout: float = 120) -> list[int]:
-    """SIGSTOP the recipe's task on `host` once it handles SIGTERM, before it forks its training
-    process (kerasdist's supervisor sets its handlers, then imports TensorFlow for seconds; polled
-    every 10 ms): signalled, it then exits 75 with nothing to save. Its pids."""
+    """SIGSTOP the recipe's task on `host` once it handles SIGTERM, seconds before it forms its
+    cluster (kerasdist's supervisor sets its handlers, then imports TensorFlow; unsupervised,
+    `import kerasdist` sets it, then Keras is imported; polled every 10 ms): signalled, it then
+    exits 75 with nothing to save. Its pids."""
     deadline = time.monotonic() + timeout
     while not (pids := [pid for pid in task_processes(cluster, host) if sigterm_caught(pid)]):
         if time.monotonic() > deadline:

@@ -148,11 +148,13 @@ def test_a_time_limit_warning_while_the_cluster_forms_requeues_the_job_and_it_co
     """The recipe's time-limit warning goes to the batch shell (`--signal=B:TERM@120`), which
     passes it on to the tasks. Here it comes while host 0's training process waits in TensorFlow's
     C++ for host 1's to form the cluster (host 1's task held stopped until the signal reached it).
-    Host 1's task exits 75 with nothing to save; host 0's is deaf to SIGTERM there and is SIGKILLed
-    at Slurm's KillWait, so the step ends with 137, as an OOM kill would end it. The batch shell
-    heard the signal, so the job is requeued, not restarted in place. (A warning to the tasks alone,
-    `--signal=TERM@N`, restarts it in place: RELIABILITY.md, "Known limits".)"""
-    trial = chaos.start_up_race_trial(slurm_cluster, reference, "batch", step_seconds=PACE)
+    Host 1's task exits 75 with nothing to save; host 0's is deaf to SIGTERM there. Unsupervised
+    (warm restarts off, as an R task is) it is SIGKILLed at Slurm's KillWait, so the step ends with
+    137, as an OOM kill would end it. The batch shell heard the signal, so the job is requeued, not
+    restarted in place. (A warning to unsupervised tasks alone, `--signal=TERM@N`, restarts it in
+    place: RELIABILITY.md, "Known limits".)"""
+    trial = chaos.start_up_race_trial(slurm_cluster, reference, "batch", step_seconds=PACE,
+                                      env={**os.environ, "KERASDIST_WARM_RESTARTS": "0"})
     print(trial.line())
     report = f"{trial.line()}\n{trial.output}"
     assert trial.state == "COMPLETED" and trial.equal, report
@@ -160,6 +162,22 @@ def test_a_time_limit_warning_while_the_cluster_forms_requeues_the_job_and_it_co
     # (Slurm may deliver a signal it retried to the requeued job's step of the same number: 75 again)
     assert trial.restarts >= 1 and set(trial.statuses[1:-1]) <= {75}, report
     assert "a task was killed while the job was being stopped: requeueing job" in trial.output, report
+    assert "restart 1 of" not in trial.output, report
+
+
+def test_a_warning_to_the_tasks_while_the_cluster_forms_ends_the_supervised_step_75_and_requeues(
+        slurm_cluster, reference):
+    """The same instant, the warning to the tasks alone (`--signal=TERM@N`: the batch shell hears
+    nothing) and each task under kerasdist's supervisor (the recipe's default for Python): host
+    0's supervisor gives its training process 5 s to form the cluster, then ends it and exits 75,
+    so the step ends 75, not 137 at KillWait, and the job is requeued, not restarted in place."""
+    trial = chaos.start_up_race_trial(slurm_cluster, reference, "tasks", step_seconds=PACE)
+    print(trial.line())
+    report = f"{trial.line()}\n{trial.output}"
+    assert trial.state == "COMPLETED" and trial.equal, report
+    assert trial.statuses[0] == 75 and trial.statuses[-1] == 0 and trial.restarts >= 1, report
+    assert ("kerasdist supervise (task 0): signalled (SIGTERM) while the training process formed its cluster: "
+            "nothing trained, nothing to save: exiting 75") in trial.output, report
     assert "restart 1 of" not in trial.output, report
 
 

@@ -13,6 +13,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -157,6 +158,32 @@ def test_a_restarted_process_whose_peer_does_not_come_back_is_killed_and_its_sup
     assert workers[1].wait() == kerasdist.PEER_LOST_EXIT_CODE, workers[1].output()
     assert workers[0].wait() == kerasdist.PEER_LOST_EXIT_CODE, workers[0].output()
     assert "did not form its cluster within 5 s (a peer did not come back): exiting 76" in workers[0].output()
+
+
+def test_a_supervisor_signalled_while_its_first_cluster_forms_ends_its_training_process_and_exits_75(tmp_path):
+    """Worker 1 never starts, so worker 0's training process waits for it in TensorFlow's C++,
+    deaf to SIGTERM (a peer that stopped before forming: the Slurm recipe's time-limit warning in
+    start-up). Signalled, its supervisor gives it SIGNALLED_FORMING_GRACE seconds to form, then
+    kills it and exits 75: without that, only the scheduler's SIGKILL would end the task."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]}
+    worker = Worker(0, cluster, tmp_path, ["--max-restarts", "3"])
+    training = worker.training_process()
+    port = int(cluster["worker"][0].rsplit(":", 1)[1])
+    deadline = time.monotonic() + 180
+    while not listens("127.0.0.1", port):  # its server is up: it waits for worker 1
+        assert time.monotonic() < deadline and worker.process.poll() is None, worker.output()
+        time.sleep(0.1)
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=120) == kerasdist.PREEMPTED_EXIT_CODE, worker.output()
+    assert ("signalled (SIGTERM) while the training process formed its cluster: nothing trained, nothing to "
+            "save: exiting 75") in worker.output()
+    assert not Path(f"/proc/{training}").exists() and not (tmp_path / "ckpt").exists()
+
+
+def listens(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
 
 
 def test_the_command_line_splits_interpreter_options_from_the_entry_and_runs_other_commands_cold():

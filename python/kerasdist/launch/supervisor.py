@@ -24,9 +24,12 @@ supervisor forks a new chief, and the new worker's agent, which retries an abort
 service. A restarted chief starts a fresh service; the old workers see its connections close and
 exit 76. A restarted process that has not formed its cluster within `--form-timeout` seconds
 (default 60: a peer that did not come back) is killed, and the supervisor exits 76 for whoever
-started it to handle. Otherwise, or once restarts are spent, the supervisor ends as the training
-process ended (its status, or death by the same signal), so whoever started it sees the task's
-own result.
+started it to handle. A training process signalled while it forms its cluster (TensorFlow waits
+in C++ for the peers, deaf to SIGTERM) that has not formed it 5 s later is killed, and the
+supervisor exits 75: nothing was trained, and a peer that stopped before forming would otherwise
+leave it waiting for the scheduler's SIGKILL (137, which Slurm's recipe reads as a crash).
+Otherwise, or once restarts are spent, the supervisor ends as the training process ended (its
+status, or death by the same signal), so whoever started it sees the task's own result.
 
 Signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are passed on to the training process;
 a supervisor signalled is never restarted after (a SIGTERM is a preemption: the training process
@@ -62,8 +65,11 @@ PREEMPTED = 75
 PEER_LOST = 76
 HUNG = 77  # kerasdist's step watchdog; SIGALRM is its backstop's (kerasdist.preemption.exit)
 RESTARTED = (-signal.SIGKILL, PEER_LOST, HUNG, -signal.SIGALRM)  # restarted in place (negative: that signal)
-FORMED_FD_VARIABLE = "KERASDIST_SUPERVISOR_FD"  # a restarted process writes to it once its cluster formed
+FORMED_FD_VARIABLE = "KERASDIST_SUPERVISOR_FD"  # a training process says there when its cluster forms, formed
 DEFAULT_FORM_TIMEOUT = 60.0
+# A signalled training process whose cluster is still forming gets this long to form it (then its
+# workers agree and all exit 75 themselves) before it is killed: well inside Slurm's KillWait (30 s).
+SIGNALLED_FORMING_GRACE = 5.0
 FORMING, FORMED = b"1", b"2"  # what a training process writes there
 STARTED_AT_VARIABLE = "KERASDIST_PROCESS_STARTED_AT"  # kerasdist.checkpoint.run_log's
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -168,13 +174,15 @@ class Supervisor:
         self.restart_log = settings.restart_log
         self.child: int | None = None
         self.signalled = 0
+        self.signalled_at = 0.0
         self.passed_on = False  # the signal reached the training process
         self.started_at = _started_at()
         for number in _FORWARDED:
             signal.signal(number, self._on_signal)
 
     def _on_signal(self, number: int, _frame: object) -> None:
-        self.signalled = self.signalled or number
+        if not self.signalled:
+            self.signalled, self.signalled_at = number, time.monotonic()
         self._pass_on(number)
 
     def _pass_on(self, number: int) -> None:
@@ -203,14 +211,13 @@ class Supervisor:
     def _run_once(self, warm: ModuleType, bounded: bool) -> int:
         """Fork the training process and wait for it; its wait status. `bounded`: it must form its
         cluster within `form_timeout` (a restart; a first start may wait for peers that start cold)."""
-        words, told = os.pipe() if bounded else (-1, -1)
+        words, told = os.pipe()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # until it has its own handlers
         pid = os.fork()
         if pid == 0:
-            if bounded:
-                os.close(words)
-                os.environ[FORMED_FD_VARIABLE] = str(told)
-            else:  # the first: its start-up is the supervisor's (the interpreter, TensorFlow's import)
+            os.close(words)
+            os.environ[FORMED_FD_VARIABLE] = str(told)
+            if not bounded:  # the first: its start-up is the supervisor's (the interpreter, TensorFlow's import)
                 os.environ[STARTED_AT_VARIABLE] = f"{self.started_at:.3f}"
             self._become(warm, mask)
         self.child = pid
@@ -220,23 +227,23 @@ class Supervisor:
         if self.signalled and not self.passed_on:  # its handler ran between the fork and `self.child`
             self._pass_on(self.signalled)
         _say(f"supervisor {os.getpid()} forked the training process {pid}")
-        if not bounded:
-            status = os.waitpid(pid, 0)[1]  # retried after a signal's handler ran (PEP 475)
-        else:
-            os.close(told)
-            try:
-                status = self._wait_bounded(pid, words)
-            finally:
-                os.close(words)
+        os.close(told)
+        try:
+            status = self._wait(pid, words, bounded)
+        finally:
+            os.close(words)
         self.child = None
         _give_terminal_to(os.getpgrp(), pid)
         return status
 
-    def _wait_bounded(self, pid: int, words: int) -> int:
-        """Its wait status; once it says its cluster is forming, it has `form_timeout` seconds to
-        say it formed, or it is killed and this process exits 76 (a peer that never came back: no
-        restart in place can help)."""
-        deadline = None
+    def _wait(self, pid: int, words: int, bounded: bool) -> int:
+        """Its wait status. While it forms its cluster it waits in C++, deaf to SIGTERM, for peers
+        that may never come, so it is killed and this process exits: 75 when signalled and the
+        cluster has not formed `SIGNALLED_FORMING_GRACE` seconds later (nothing trained, nothing to
+        save: a peer that stopped before forming would otherwise leave it to the scheduler's
+        SIGKILL); 76 (75 if signalled) when `bounded` and not formed within `form_timeout` (a
+        peer that never came back: no restart in place can help)."""
+        forming_since = None
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -244,16 +251,24 @@ class Supervisor:
             if select.select([words], [], [], 0.1)[0]:
                 said = os.read(words, 16)
                 if not said or FORMED in said:
-                    return os.waitpid(pid, 0)[1]  # formed (or it closed the pipe): nothing more to bound
-                deadline = time.monotonic() + self.form_timeout
-            if deadline is not None and time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)  # it waits in C++, deaf to SIGTERM, until the cluster forms
-                os.waitpid(pid, 0)
-                code = PREEMPTED if self.signalled else PEER_LOST
-                _say(f"the restarted training process did not form its cluster within {self.form_timeout:g} s "
-                     f"(a peer did not come back): exiting {code}")
-                os._exit(code)
+                    return os.waitpid(pid, 0)[1]  # formed (or it closed the pipe): nothing more to watch
+                forming_since = time.monotonic()
+            if forming_since is None:
+                continue
+            if self.signalled and time.monotonic() > max(forming_since, self.signalled_at) + SIGNALLED_FORMING_GRACE:
+                self._end_forming(pid, PREEMPTED, f"signalled ({signal.Signals(self.signalled).name}) while the "
+                                  "training process formed its cluster: nothing trained, nothing to save")
+            if bounded and time.monotonic() > forming_since + self.form_timeout:
+                self._end_forming(pid, PREEMPTED if self.signalled else PEER_LOST, "the restarted training "
+                                  f"process did not form its cluster within {self.form_timeout:g} s (a peer did "
+                                  "not come back)")
+
+    def _end_forming(self, pid: int, code: int, why: str) -> NoReturn:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # it waits in C++, deaf to SIGTERM, until the cluster forms
+        os.waitpid(pid, 0)
+        _say(f"{why}: exiting {code}")
+        os._exit(code)
 
     def _become(self, warm: ModuleType, mask: set[signal.Signals]) -> NoReturn:
         parent = os.getppid()
@@ -276,8 +291,8 @@ class Supervisor:
 def forming_cluster() -> Iterator[None]:
     """Around the creation of a multi-worker strategy (`select_strategy`): tell the process's
     supervisor, if it has one, that its cluster is forming and then that it formed, so that it
-    bounds that wait for a restarted process and nothing else (a process that never says so is
-    never bounded). Said once: a later strategy of the same process is not a restart's."""
+    bounds that wait (a restart's, or any once signalled) and nothing else (a process that never
+    says so is never bounded). Said once: a later strategy of the same process is not a start's."""
     global _formed_fd
     fd, _formed_fd = _formed_fd, ""
     _tell(fd, FORMING)
