@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import kerasdist
-from kerasdist.launch.ports import free_ports
+from kerasdist.launch.ports import accepts_connections, free_ports
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -81,7 +81,6 @@ def test_a_worker_signalled_while_the_cluster_forms_stops_every_worker_with_75()
     addresses = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     code = """
         import kerasdist
-        print("ready", flush=True)
         kerasdist.select_strategy()
         print("trained", flush=True)
     """
@@ -91,10 +90,11 @@ def test_a_worker_signalled_while_the_cluster_forms_stops_every_worker_with_75()
         return start(code, {"TF_CONFIG": json.dumps(config)})
 
     first = worker(0)
-    for text in first.stdout:
-        if text.strip() == "ready":
-            break
-    time.sleep(2.0)
+    deadline = time.monotonic() + 90
+    # its server listens once it is in TensorFlow's call that forms the cluster (a sleep after "ready"
+    # could end before it got there on a loaded machine: signalled in Python, it exits 75 alone)
+    while not accepts_connections(addresses[0]) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     first.send_signal(signal.SIGTERM)
     time.sleep(1.0)
     second = worker(1)
