@@ -578,7 +578,9 @@ def test_an_error_in_a_background_save_is_raised_at_the_next_save_or_the_end_of_
 
 
 def test_at_most_one_save_in_flight_and_training_goes_on_meanwhile(tmp_path, monkeypatch):
-    slow = 1.5  # seconds per commit: a save that waits for one stands well apart from one that does not
+    # seconds per commit: a save that waits for one stands well apart from one that does not (the first
+    # save, which waits for none, blocked 0.40 s under load: 1.5 s commits left it half of that to spare)
+    slow = 3.0
     active, most, steps_after_write = [0], [0], []
     original = CheckpointManager.commit
     model = build_model()

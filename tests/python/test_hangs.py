@@ -21,7 +21,14 @@ import pytest
 
 import kerasdist
 from kerasdist.checkpoint.stragglers import straggler_of
-from kerasdist.checkpoint.watchdog import STUCK, WAITING, verdict, where_stuck
+from kerasdist.checkpoint.watchdog import (
+    BACKSTOP_GRACE_SECONDS,
+    STUCK,
+    WAITING,
+    _Backstop,
+    verdict,
+    where_stuck,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "python" / "scripts" / "train_hang.py"
@@ -87,11 +94,15 @@ def test_workers_stuck_in_python_in_a_pipeline_and_in_c_are_restarted_and_end_bi
     for index in (0, 2):  # from the hang (the stuck process's own clock) to the next group's start
         gone_after = attempts[index + 1].started - hung_at[index]
         assert gone_after <= T + 6, (index, gone_after)
+    first_start = attempts[0].seconds["startup"]  # Python, TensorFlow, the cluster, the first step
     for attempt in attempts[1:]:
         # the hang part is from the last step to the watchdog's exit; the whole recovery to the first step
-        # (measured at T + 10 s or less on a quiet machine: RELIABILITY.md) is bounded loosely here, as load
-        # on a shared 2-core machine stretches the restart, not the watchdog
-        assert attempt.recovery["detection"] <= T + 4 and attempt.recovery["total"] <= T + 40, attempt.recovery
+        # (measured at T + 10 s or less on a quiet machine: RELIABILITY.md) stretches with the machine's
+        # load, the watchdog does not: the restart is bounded by the first start, measured in this run
+        # (30 s of recovery, 17 s of first start under load; a fixed T + 40 left 16 s to spare)
+        recovery = attempt.recovery
+        assert recovery["detection"] <= T + 4, recovery
+        assert recovery["total"] - recovery["detection"] <= 2 * first_start + 6, (recovery, first_start)
     assert all(a.redone_steps <= 2 for a in attempts)
 
 
@@ -114,15 +125,17 @@ def test_a_long_first_step_restore_validation_and_save_trip_nothing(tmp_path):
 
 
 def test_a_worker_whose_input_pipeline_is_slow_is_named_the_straggler(tmp_path):
-    """Worker 1's input takes 0.1 s more per batch: every step of the chief waits for it. goodput
-    and the TensorBoard figures name worker 1, with how much slower and the others' waiting share."""
+    """Worker 1's input takes 0.2 s more per batch: every step of the chief waits for it. goodput
+    and the TensorBoard figures name worker 1, with how much slower and the others' waiting share.
+    (0.1 s left the others' share at 29% under load, their own steps 0.25 s: a busier machine's
+    longer steps would have taken it below the bound.)"""
     run = tmp_path / "run"
-    result = launch_run(run, "--slow-input", "worker:1:0.1", "--every-steps", "10", "--tensorboard",
+    result = launch_run(run, "--slow-input", "worker:1:0.2", "--every-steps", "10", "--tensorboard",
                         str(tmp_path / "tb"), epochs=3)
     assert result.ok, result.message
     straggler = kerasdist.goodput(run / "ckpt").straggler
     assert straggler is not None and straggler.worker == "worker:1", straggler
-    assert 0.04 <= straggler.slower_seconds <= 0.3 and straggler.waiting_share >= 0.2, straggler
+    assert 0.08 <= straggler.slower_seconds <= 0.6 and straggler.waiting_share >= 0.2, straggler
     assert "straggler: worker:1:" in str(kerasdist.goodput(run / "ckpt"))
     texts = tensorboard_texts(tmp_path / "tb" / "kerasdist")
     assert any(text.startswith("worker:1: ") for text in texts.get("kerasdist/straggler", [])), texts
@@ -190,7 +203,10 @@ def test_a_process_stuck_in_c_holding_the_gil_is_ended_by_the_backstop_with_its_
     [attempt] = report.attempts
     assert attempt.status == "hung" and attempt.hang["by"] == "backstop"
     assert attempt.hang["frame"].startswith("<string>:") and attempt.hang["frame"].endswith("in on_train_batch_end")
-    assert 3 + 1 - 0.1 <= attempt.hang["seconds"] <= 3 + 1 + 1.5, attempt.hang  # the limit, then the grace
+    # the limit, then the grace; the backstop is moved on at most every PERIOD, so it may be set up to
+    # that long before the last step (3.97 s under load: within 0.1 s of the old lower bound)
+    due = 3 + BACKSTOP_GRACE_SECONDS
+    assert due - _Backstop.PERIOD - 0.1 <= attempt.hang["seconds"] <= due + 1.5, attempt.hang
     assert list((tmp_path / "ckpt" / "runs").glob("*.stacks"))
 
 
