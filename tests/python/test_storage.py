@@ -450,7 +450,8 @@ def s3_gets(monkeypatch) -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.parametrize("how", ["make_or_restore_model", "distributed_fit"])
-def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s3, monkeypatch, how):
+def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s3, object_template, monkeypatch,
+                                                                              how):
     """A fresh process's restore (a manager that verified nothing yet) GETs the newest
     checkpoint's files once each, whole: the check against the record is made on that download as
     it arrives, not on a read of its own. make_or_restore_model reads no older checkpoint (a
@@ -458,10 +459,10 @@ def test_a_restore_from_s3_downloads_the_checkpoint_it_loads_once_and_no_other(s
     checked against the checkpoint it restores before the model is built, reads it once too
     (reading only the records for that check), and after its save its pruning lists the rest."""
     url, options = new_url(s3), s3.storage_options()
-    fit(url, 2, storage_options=options)
-    gc.collect()  # the run's manager, which verified its checkpoints, is gone: as in a new process
+    memory = fsspec.filesystem("memory")
+    copy_objects(memory, memory._strip_protocol(object_template), s3.filesystem(), root_of(url))  # fit(url, 2)'s
     entry = kerasdist.latest_checkpoint(url, storage_options=options).path.rsplit("/", 1)[-1]
-    gc.collect()
+    gc.collect()  # the listing's manager, which verified the checkpoints, is gone: as in a new process
     fetched = s3_gets(monkeypatch)
     if how == "make_or_restore_model":
         model = kerasdist.make_or_restore_model(url, build_model, storage_options=options)
