@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -238,7 +239,7 @@ def test_tf_config_that_disagrees_between_processes_is_refused_on_every_worker(t
     code = "import kerasdist; kerasdist.select_strategy(); print('agreed')"
     processes = [
         subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(c)})
+                         env={**os.environ, "TF_CONFIG": json.dumps(c)})  # warm-started (conftest)
         for c in configs
     ]
     for index, process in enumerate(processes):
