@@ -184,9 +184,9 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
     tools/lost_peer.py times it); worker 0 leaves the all-reduce, says which peer was lost and
     exits 76, well within 60 s; the chief's checkpoints are all valid and its run log ends the
     attempt as "peer lost"."""
-    status, waited, err = lost_peer.seen(tmp_path)
+    status, waited, err, said = lost_peer.seen(tmp_path)
     assert status == kerasdist.PEER_LOST_EXIT_CODE, err[-3000:]
-    assert waited < 60, waited
+    assert waited < 60 and said is not None, (waited, err[-3000:])
     assert re.search(r"^kerasdist: worker:1 of this multi-worker cluster was lost \(.+\); the newest checkpoint "
                      r"is intact: restart the group to resume\. Exiting with 76\.$", err, re.M), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -200,7 +200,9 @@ def test_a_worker_whose_peer_is_killed_exits_76_naming_it_and_its_checkpoints_st
     # interpreter's end after kerasdist's exit event (up to a second more on a loaded machine)
     detection = attempts[0].seconds["detection"]
     assert waited - 1.5 <= detection <= waited + 0.5, (attempts[0].seconds, waited)
-    assert waited < 2.0 + 3.0, waited  # the timeout, plus the service's check and exit, with room for load
+    # the timeout, plus the service's check, with room for load: to worker 0's line saying so, as
+    # the exit after it can take seconds more on a loaded machine
+    assert said < 2.0 + 3.0, (said, waited)
 
 
 def test_a_step_or_a_save_longer_than_the_peer_timeout_is_no_lost_peer(tmp_path):
