@@ -49,7 +49,11 @@ install_kerasdist <- function(envname = DEFAULT_ENVNAME, python = NULL, gpu = FA
     kerasdist_abort(sprintf("The pinned versions (%s) are missing: reinstall the kerasdist R package from its source.",
                             constraints), type = "RuntimeError", call = sys.call())
   }
-  if (!reticulate::virtualenv_exists(envname)) reticulate::virtualenv_create(envname, python = python)
+  # packages = "pip": pip, wheel and setuptools brought up to date, without the default unpinned
+  # NumPy, which the pinned install below would download again and replace
+  if (!reticulate::virtualenv_exists(envname)) {
+    reticulate::virtualenv_create(envname, python = python, packages = "pip")
+  }
   env_python <- reticulate::virtualenv_python(envname)
   requirement <- sprintf("%s[%s]", package, paste(c(if (gpu) "gpu" else "cpu", unique(storage)), collapse = ","))
   args <- c("-m", "pip", "install", "--disable-pip-version-check", pip_args,
