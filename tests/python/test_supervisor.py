@@ -13,7 +13,6 @@ import re
 import select
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 
 import kerasdist
 from kerasdist.launch import supervisor
-from kerasdist.launch.ports import free_ports
+from kerasdist.launch.ports import accepts_connections, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "slurm" / "train.py"
@@ -168,9 +167,8 @@ def test_a_supervisor_signalled_while_its_first_cluster_forms_ends_its_training_
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]}
     worker = Worker(0, cluster, tmp_path, ["--max-restarts", "3"])
     training = worker.training_process()
-    port = int(cluster["worker"][0].rsplit(":", 1)[1])
     deadline = time.monotonic() + 180
-    while not listens("127.0.0.1", port):  # its server is up: it waits for worker 1
+    while not accepts_connections(cluster["worker"][0]):  # its server is up: it waits for worker 1
         assert time.monotonic() < deadline and worker.process.poll() is None, worker.output()
         time.sleep(0.1)
     worker.process.send_signal(signal.SIGTERM)
@@ -178,12 +176,6 @@ def test_a_supervisor_signalled_while_its_first_cluster_forms_ends_its_training_
     assert ("signalled (SIGTERM) while the training process formed its cluster: nothing trained, nothing to "
             "save: exiting 75") in worker.output()
     assert not Path(f"/proc/{training}").exists() and not (tmp_path / "ckpt").exists()
-
-
-def listens(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-        return True
-    return False
 
 
 def test_the_command_line_splits_interpreter_options_from_the_entry_and_runs_other_commands_cold():
