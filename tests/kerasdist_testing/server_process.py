@@ -41,6 +41,25 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+class SilentEndpoint:
+    """An endpoint that takes connections and never answers, as a hung store does: for the bound
+    on a store's first answer. A port nothing listens on is no such endpoint: the client's own
+    retries give it up after a random 2-26 s (botocore's backoff), sometimes before the bound."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=64)  # never accepted
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> SilentEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class ServerProcess:
     """A test server's process. Subclasses name it, say how long `stop` waits after SIGTERM
     before SIGKILL, and implement `_check_ready` (raises until the server answers).

@@ -46,6 +46,7 @@ from kerasdist.checkpoint.store import object as object_store
 from kerasdist_cli import main
 from kerasdist_testing.gcs_test_server import start_gcs_server
 from kerasdist_testing.s3_test_server import start_s3_server
+from kerasdist_testing.server_process import SilentEndpoint
 
 CASES = json.loads((CASES_DIR / "checkpoint.json").read_text())
 ROOT = Path(__file__).resolve().parents[2]
@@ -583,10 +584,10 @@ def test_damaged_object_falls_back_to_the_previous_checkpoint(object_template, r
 
 
 def test_a_missing_bucket_or_a_dead_endpoint_is_named_before_training(store, monkeypatch):
-    """A dead endpoint is given up after REACHABLE_WITHIN_SECONDS (10 s; 2 s here), whatever the
-    client's own retries (botocore's take about 7 s here, gcsfs's about a minute). Only the
-    reachability check is timed: the rest of fit (building, tracing) is not the claim and takes
-    longer on a loaded machine."""
+    """An endpoint that never answers is given up after REACHABLE_WITHIN_SECONDS (10 s; 2 s here),
+    whatever the client's own timeouts (botocore reads for 60 s, gcsfs retries for about a
+    minute). Only the reachability check is timed: the rest of fit (building, tracing) is not the
+    claim and takes longer on a loaded machine."""
     missing = f"{store.scheme}://kerasdist-missing-bucket/run"
     with pytest.raises(ValueError, match=rf"checkpoint_dir '{missing}': the bucket 'kerasdist-missing-bucket' "
                                          r"does not exist; kerasdist does not create buckets"):
@@ -594,8 +595,10 @@ def test_a_missing_bucket_or_a_dead_endpoint_is_named_before_training(store, mon
     monkeypatch.setattr(object_store, "REACHABLE_WITHIN_SECONDS", 2.0)
     waits = timed_calls(monkeypatch, object_store.ObjectStore, "_bucket_info")
     url = f"{store.scheme}://kerasdist-any-bucket/run"
-    with pytest.raises(ValueError, match=rf"checkpoint_dir '{url}' cannot be reached: no answer within 2 s\.$"):
-        fit(url, 1, storage_options=store.storage_options(endpoint="http://127.0.0.1:9"))  # nothing listens
+    with SilentEndpoint() as silent, pytest.raises(
+        ValueError, match=rf"checkpoint_dir '{url}' cannot be reached: no answer within 2 s\.$"
+    ):
+        fit(url, 1, storage_options=store.storage_options(endpoint=silent.url))
     assert len(waits) == 1 and 2.0 <= waits[0] < 5, waits  # the 2 s, not the client's retries
 
 

@@ -502,7 +502,9 @@ for (kind in names(store_kinds)) {
       err <- expect_error(fit_on(missing, 2L, options), class = "kerasdist_ValueError")
       expect_match(conditionMessage(err), paste0("checkpoint_dir '", missing, "': the bucket 'kerasdist-missing-bucket' does not exist"),
                    fixed = TRUE)
-      dead <- server$storage_options(endpoint = "http://127.0.0.1:9")  # nothing listens there
+      silent <- test_server_module("server_process")$SilentEndpoint()  # takes connections, never answers
+      withr::defer(silent$close())
+      dead <- server$storage_options(endpoint = silent$url)
       # 2 s for the dead endpoint only: the live server may take longer on a busy machine
       err <- with_reach_bound(2, expect_error(fit_on(url, 2L, dead), class = "kerasdist_ValueError"))
       expect_match(conditionMessage(err), paste0("checkpoint_dir '", url, "' cannot be reached: no answer within 2 s."), fixed = TRUE)
