@@ -236,7 +236,8 @@ activate_python <- function() {
     # keras3 declares TensorFlow (its build: CUDA on Linux with a GPU, else CPU) when it is loaded;
     # library(kerasdist) alone does not load it (loading it at library(kerasdist) would register
     # keras3's load hook before a user's own multi-worker strategy, tests/testthat/scripts/user_strategy.R).
-    requireNamespace("keras3", quietly = TRUE)
+    # `keras3::` loads it here (and is the use R CMD check looks for of an Imports package).
+    invisible(keras3::config_backend)
     started <- tryCatch({
       prebuild_ephemeral_python()
       reticulate::py_available(initialize = TRUE)
