@@ -172,7 +172,7 @@ def test_the_r_tarball_installs_into_an_empty_library_and_install_kerasdist_make
         cat("epochs:", length(history$metrics$loss), "\\n")
         cat("checkpoints:", list_checkpoints("ckpt")$global_step, "\\n")
     """)
-    out = run(["Rscript", "-e", fit], tmp_path, env, timeout=300).stdout
+    out = run(["Rscript", "-e", fit], tmp_path, env, timeout=900).stdout  # its first run compiles TF's bytecode
     assert f"package: {r_library}/kerasdist" in out
     assert f"python: {tmp_path}/virtualenvs/r-keras/bin/python" in out
     assert "epochs: 2" in out and "checkpoints: 8 16" in out
@@ -218,9 +218,17 @@ def uv_setup(made_once) -> dict[str, str]:
 
 
 def new_r_user(r_library: Path, uv_setup: dict[str, str], tmp_path: Path, **extra: str) -> dict[str, str]:
-    """A user's R session: nothing but the R packages installed, no virtualenv, no Python variable."""
-    return clean_environment(R_LIBS=str(r_library), WORKON_HOME=str(tmp_path / "virtualenvs"),
-                             TF_CPP_MIN_LOG_LEVEL="2", **uv_setup, **extra)
+    """A user's R session: nothing but the R packages installed, no virtualenv, no Python variable,
+    and no Python version manager on the PATH. This machine's pyenv shims (bash scripts, one per
+    installed version, failing for all but the global one) would be run again by every `uv python
+    list` of reticulate 1.46's recursive search (see prebuild_ephemeral_python in R/python.R):
+    about 1,900 bash processes and 60 s of CPU for keras3's start alone. uv then takes the system's
+    Python, Debian's /usr/bin/python3 (with the shared libpython tools/setup.sh installs)."""
+    env = clean_environment(R_LIBS=str(r_library), WORKON_HOME=str(tmp_path / "virtualenvs"),
+                            TF_CPP_MIN_LOG_LEVEL="2", **uv_setup, **extra)
+    env.pop("PYENV_ROOT", None)
+    path = [p for p in env["PATH"].split(os.pathsep) if "pyenv" not in Path(p).parts and ".pyenv" not in Path(p).parts]
+    return {**env, "PATH": os.pathsep.join(path)}
 
 
 def rscript(script: str, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
