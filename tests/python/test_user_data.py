@@ -176,7 +176,7 @@ def test_a_resume_on_one_worker_re_splits_the_rest_of_the_epoch(two_workers, tmp
     resumed by one process of 2 replicas: the same global batches, split as before, so the run
     ends as the 2 workers' did, within float rounding (another reduction order)."""
     copy_up_to(two_workers, tmp_path, MULTI_WORKER_KINDS, MID_EPOCH)
-    train("distributed_fit", tmp_path, MULTI_WORKER_KINDS)
+    train(job("distributed_fit", tmp_path, MULTI_WORKER_KINDS))
     for kind in MULTI_WORKER_KINDS:
         expected, got = weights(two_workers / kind / "result.npz"), weights(tmp_path / kind / "result.npz")
         for a, b in zip(expected, got, strict=True):
