@@ -3,9 +3,11 @@ with every trainer, under 2 CPU replicas, resumed from a checkpoint inside an ep
 epoch end and after a SIGTERM, and a real SIGKILL per trainer, each compared bit for bit with the
 uninterrupted run (or, for the kinds a checkpoint cannot hold, doing what its warning said).
 
-One process trains every kind of a trainer uninterrupted, saving every 4 steps and keeping them all;
-a resume is a fresh process given a copy of those checkpoints up to one step (what a kill right
-after that save leaves), so the kinds of one trainer share each process.
+Two processes a trainer, made once for its 4 tests: the first trains every kind uninterrupted
+(saving every 4 steps and keeping them all), then every kind SIGTERMed, then one kind SIGKILLed
+(which ends it); what the interruptions left is noted before the second resumes, one after the
+other, copies of the uninterrupted checkpoints up to one step (what a kill right after that save
+leaves), the SIGTERMed runs and the SIGKILLed one (the same call again).
 """
 
 from __future__ import annotations
@@ -25,25 +27,60 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_user_data.py"
 CASES = json.loads((CASES_DIR / "user_data.json").read_text())
 KINDS = {kind["id"]: kind for kind in CASES["kinds"]}
 MID_EPOCH, EPOCH_END, PREEMPTED_AT, KILLED_AT = 8, 12, 10, 11  # 6 steps an epoch, a save every 4
+KILLED_KIND = {"distributed_fit": "image-directory", "resume_fit": "interleave-tfrecord", "fit": "guide-cache-prefetch",
+               "custom_fit": "shuffle-reshuffled"}
+STEP_OF = {"mid-epoch": MID_EPOCH, "epoch-end": EPOCH_END}
 
 
 def kinds_of(trainer: str) -> list[str]:
     return list(KINDS) if trainer == "resume_fit" else CASES["all_trainers"]
 
 
-def train(trainer: str, root: Path, kinds: list[str], *flags: str, check: bool = True) -> subprocess.CompletedProcess:
-    run = subprocess.run([sys.executable, str(SCRIPT), trainer, str(root), ",".join(kinds), *flags],
-                         capture_output=True, text=True, timeout=600)
+def train(*jobs: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """`jobs` ([trainer, root, kinds, flag...] each) trained one after the other by one process."""
+    args = [arg for job in jobs for arg in ["--then", *job]][1:]
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=1200)
     if check and run.returncode != 0:
-        raise AssertionError(f"{trainer} {flags} exited {run.returncode}:\n{run.stderr[-4000:]}")
+        raise AssertionError(f"{args} exited {run.returncode}:\n{run.stderr[-4000:]}")
     return run
 
 
+def job(trainer: str, root: Path, kinds: list[str], *flags: str) -> list[str]:
+    return [trainer, str(root), ",".join(kinds), *flags]
+
+
+def saved_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("ckpt-*"))
+
+
+def interrupted_then_resumed(trainer: str, folder: Path) -> Path:
+    """FOLDER/uninterrupted, /mid-epoch, /epoch-end, /preempted, /killed: see the module's doc;
+    FOLDER/left.json: what the SIGTERMed and SIGKILLed runs left, read before the resume."""
+    kinds, killed_kind = kinds_of(trainer), KILLED_KIND[trainer]
+    first = train(job(trainer, folder / "uninterrupted", kinds),
+                  job(trainer, folder / "preempted", kinds, "--sigterm-at", str(PREEMPTED_AT)),
+                  job(trainer, folder / "killed", [killed_kind], "--kill-at", str(KILLED_AT)), check=False)
+    done = [line.removeprefix("done ") for line in first.stdout.splitlines() if line.startswith("done ")]
+    if done[:2] != [str(folder / "uninterrupted"), str(folder / "preempted")]:
+        raise AssertionError(f"{trainer}'s first process ended at {done} ({first.returncode}):\n{first.stderr[-4000:]}")
+    left = {"returncode": first.returncode, "done": done, "stderr": first.stderr[-2000:],
+            "preempted": {kind: (folder / "preempted" / kind / "preempted").read_text() for kind in kinds},
+            "preempted_saved": {kind: saved_steps(folder / "preempted" / kind) for kind in kinds},
+            "killed_saved": saved_steps(folder / "killed" / killed_kind),
+            "killed_input": (folder / "killed" / killed_kind / f"ckpt-{MID_EPOCH}" / "input.bin").exists()}
+    (folder / "left.json").write_text(json.dumps(left))
+    for name, step in STEP_OF.items():
+        copy_up_to(folder / "uninterrupted", folder / name, kinds, step)
+    train(*(job(trainer, folder / name, kinds) for name in [*STEP_OF, "preempted"]),
+          job(trainer, folder / "killed", [killed_kind]))
+    return folder
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(made_once):
-    """Per trainer: every kind trained without interruption, its checkpoints all kept."""
+def runs(made_once):
+    """Per trainer: its runs (interrupted_then_resumed), made by the first test that asks."""
     def of(trainer: str) -> Path:
-        return made_once(f"user-data-{trainer}", lambda folder: (train(trainer, folder, kinds_of(trainer)), folder)[1])
+        return made_once(f"user-data-{trainer}", lambda folder: interrupted_then_resumed(trainer, folder))
     return of
 
 
@@ -73,36 +110,29 @@ def assert_resumed_as_said(reference: Path, resumed: Path, kinds: list[str]) -> 
 
 
 @pytest.mark.parametrize("trainer", CASES["trainers"])
-@pytest.mark.parametrize("step", [MID_EPOCH, EPOCH_END], ids=["mid-epoch", "epoch-end"])
-def test_every_kind_resumes_from_a_checkpoint_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer, step):
-    reference, kinds = uninterrupted(trainer), kinds_of(trainer)
-    copy_up_to(reference, tmp_path, kinds, step)
-    train(trainer, tmp_path, kinds)
-    assert_resumed_as_said(reference, tmp_path, kinds)
+@pytest.mark.parametrize("step", list(STEP_OF))
+def test_every_kind_resumes_from_a_checkpoint_as_the_uninterrupted_run(runs, trainer, step):
+    made = runs(trainer)
+    assert_resumed_as_said(made / "uninterrupted", made / step, kinds_of(trainer))
 
 
 @pytest.mark.parametrize("trainer", CASES["trainers"])
-def test_every_kind_preempted_by_sigterm_resumes_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer):
-    reference, kinds = uninterrupted(trainer), kinds_of(trainer)
-    train(trainer, tmp_path, kinds, "--sigterm-at", str(PREEMPTED_AT))
+def test_every_kind_preempted_by_sigterm_resumes_as_the_uninterrupted_run(runs, trainer):
+    made, kinds = runs(trainer), kinds_of(trainer)
+    left = json.loads((made / "left.json").read_text())
     for kind in kinds:  # each saved the step SIGTERM came at (not one on the save grid) and stopped
-        assert (tmp_path / kind / "preempted").read_text() == "75"
-        assert max(int(p.name.split("-")[1]) for p in (tmp_path / kind).glob("ckpt-*")) == PREEMPTED_AT
-    train(trainer, tmp_path, kinds)
-    assert_resumed_as_said(reference, tmp_path, kinds)
+        assert left["preempted"][kind] == "75"
+        assert max(left["preempted_saved"][kind]) == PREEMPTED_AT
+    assert_resumed_as_said(made / "uninterrupted", made / "preempted", kinds)
 
 
 @pytest.mark.parametrize("trainer", CASES["trainers"])
-def test_sigkill_mid_epoch_then_the_same_call_ends_as_the_uninterrupted_run(uninterrupted, tmp_path, trainer):
-    reference = uninterrupted(trainer)
-    kind = {"distributed_fit": "image-directory", "resume_fit": "interleave-tfrecord", "fit": "guide-cache-prefetch",
-            "custom_fit": "shuffle-reshuffled"}[trainer]
-    killed = train(trainer, tmp_path, [kind], "--kill-at", str(KILLED_AT), check=False)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / kind).glob("ckpt-*"))
-    assert saved[-1] == MID_EPOCH and (tmp_path / kind / f"ckpt-{MID_EPOCH}" / "input.bin").exists()
-    train(trainer, tmp_path, [kind])
-    assert_resumed_as_said(reference, tmp_path, [kind])
+def test_sigkill_mid_epoch_then_the_same_call_ends_as_the_uninterrupted_run(runs, trainer):
+    made = runs(trainer)
+    left = json.loads((made / "left.json").read_text())
+    assert left["returncode"] == -9 and left["done"] == [str(made / "uninterrupted"), str(made / "preempted")], left
+    assert left["killed_saved"][-1] == MID_EPOCH and left["killed_input"], left
+    assert_resumed_as_said(made / "uninterrupted", made / "killed", [KILLED_KIND[trainer]])
 
 
 # -- several workers ----------------------------------------------------------------------------
@@ -146,7 +176,7 @@ def test_a_resume_on_one_worker_re_splits_the_rest_of_the_epoch(two_workers, tmp
     resumed by one process of 2 replicas: the same global batches, split as before, so the run
     ends as the 2 workers' did, within float rounding (another reduction order)."""
     copy_up_to(two_workers, tmp_path, MULTI_WORKER_KINDS, MID_EPOCH)
-    train("distributed_fit", tmp_path, MULTI_WORKER_KINDS)
+    train(job("distributed_fit", tmp_path, MULTI_WORKER_KINDS))
     for kind in MULTI_WORKER_KINDS:
         expected, got = weights(two_workers / kind / "result.npz"), weights(tmp_path / kind / "result.npz")
         for a, b in zip(expected, got, strict=True):

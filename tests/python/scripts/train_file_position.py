@@ -1,10 +1,11 @@
 """resume_fit on make_dataset's own TFRecord files (of unequal lengths), under 2 CPU replicas.
 
-usage: train_file_position.py ROOT [--kill-at STEP]
+usage: train_file_position.py ROOT [--kill-at STEP] [--then ROOT [--kill-at STEP] ...]
 
 Trains 3 epochs of 10 steps, a checkpoint every 3 steps, into ROOT/ckpt;
 writes ROOT/result.npz (the weights and losses). --kill-at SIGKILLs the process once that
-optimizer step's checkpoint is written."""
+optimizer step's checkpoint is written. The roots after --then train one after the other in this
+one process (a process costs TensorFlow's and the strategy's set-up)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ class Interrupt(keras.callbacks.Callback):
 
 
 def main(argv: list[str]) -> None:
+    while "--then" in argv:
+        train(argv[:argv.index("--then")])
+        argv = argv[argv.index("--then") + 1:]
+    train(argv)
+
+
+def train(argv: list[str]) -> None:
     root = Path(argv[0])
     kill_at = int(argv[argv.index("--kill-at") + 1]) if "--kill-at" in argv else None
     if not (root / "files").exists():

@@ -1,15 +1,19 @@
 """Trains on the data users bring (tests/cases/user_data.json's kinds), under 2 CPU replicas, with
 every trainer; test_user_data.py compares uninterrupted and resumed runs.
 
-usage: train_user_data.py TRAINER ROOT KIND[,KIND...] [--kill-at STEP | --sigterm-at STEP]
-       [--per-worker-dir] [--kill-task TASK]
+usage: train_user_data.py JOB [--then JOB ...], a JOB: TRAINER ROOT KIND[,KIND...]
+       [--kill-at STEP | --sigterm-at STEP] [--per-worker-dir] [--kill-task TASK]
+
+The jobs run one after the other in this one process (a process costs TensorFlow's set-up and the
+strategy's), each printing "done ROOT" when it ends.
 
 Each kind trains in ROOT/KIND (its checkpoints, every 4 steps, all kept) and writes
 ROOT/KIND/result.npz (the weights, the loss history) and ROOT/KIND/warnings.json (the messages
 of the InputWarnings raised). --kill-at SIGKILLs the process after that optimizer step's
-checkpoint is written (the first kind's run); --sigterm-at sends it SIGTERM at that step end of
-every kind's run (a preemption: that step saved, fit ends with PreemptedExit, exit status 75,
-which this script notes in ROOT/KIND/preempted and goes on with the next kind).
+checkpoint is written (its job's first kind's run: the job to run last); --sigterm-at sends it
+SIGTERM at that step end of every kind's run of its job (a preemption: that step saved, fit ends
+with PreemptedExit, exit status 75, which this script notes in ROOT/KIND/preempted and goes on
+with the next kind).
 
 Under the launcher (TF_CONFIG set: the strategy is multi-worker, one CPU replica a worker), the
 chief writes result.npz and each other worker result-<task>.npz; --per-worker-dir gives each
@@ -255,6 +259,13 @@ def train(trainer: str, kind: str, folder: Path, root: Path, interrupt: list) ->
 
 
 def main(argv: list[str]) -> None:
+    while "--then" in argv:
+        run_job(argv[:argv.index("--then")])
+        argv = argv[argv.index("--then") + 1:]
+    run_job(argv)
+
+
+def run_job(argv: list[str]) -> None:
     trainer, root, kinds = argv[0], Path(argv[1]), argv[2].split(",")
     interrupt = []
     if "--kill-at" in argv:
@@ -281,6 +292,7 @@ def main(argv: list[str]) -> None:
         name = "result" if kerasdist.run_context().is_chief else f"result-{task().replace(':', '-')}"
         (out / f"{name}.warnings.json" if name != "result" else out / "warnings.json").write_text(json.dumps(said))
         np.savez(out / f"{name}.npz", *history.model.get_weights(), loss=np.array(history.history["loss"]))
+    print("done", root, flush=True)
 
 
 if __name__ == "__main__":
