@@ -216,21 +216,22 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   skip_if_no_kerasdist()
   script <- normalizePath(test_path("scripts", "preempted.R"))
   dir <- withr::local_tempdir()
-  exited <- run_rscript(script, dir)
-  expect_identical(exited$status, 75L, info = paste(exited$console, collapse = "\n"))
-  expect_false(file.exists(file.path(dir, "preempted.rds")))  # it exited inside resume_fit
-  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 3L)  # the step it came in
-  expect_false(any(grepl("SystemExit|Traceback", exited$console)))
+  preempted <- run_rscript(script, dir)  # first as an interactive session, then as the Rscript it is
+  info <- paste(preempted$console, collapse = "\n")
 
-  dir <- withr::local_tempdir()
-  signalled <- run_rscript(script, dir, "PREEMPTED_AS_CONDITION=1")
-  expect_identical(signalled$status, 0L, info = paste(signalled$console, collapse = "\n"))
-  result <- readRDS(file.path(dir, "preempted.rds"))
+  signalled <- file.path(dir, "condition")
+  result <- readRDS(file.path(signalled, "preempted.rds"))
   expect_identical(result$class, c("kerasdist_preempted", "kerasdist_error", "error", "condition"))
   expect_identical(result$status, 75L)
-  expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(dir, "ckpt"))$path))
-  expect_identical(result$global_step, latest_checkpoint(file.path(dir, "ckpt"))$global_step)
+  expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(signalled, "ckpt"))$path))
+  expect_identical(result$global_step, latest_checkpoint(file.path(signalled, "ckpt"))$global_step)
   expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
+
+  exited <- file.path(dir, "exit")
+  expect_identical(preempted$status, 75L, info = info)
+  expect_false(file.exists(file.path(exited, "preempted.rds")))  # it exited inside resume_fit
+  expect_identical(latest_checkpoint(file.path(exited, "ckpt"))$global_step, 3L)  # the step it came in
+  expect_false(any(grepl("SystemExit|Traceback", preempted$console)), info = info)
 })
 
 test_that("a lost peer (PeerLostExit, status 76) is a kerasdist_peer_lost condition naming the peer", {
