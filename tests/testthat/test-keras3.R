@@ -2,26 +2,50 @@
 # pipes, strategies from the tensorflow package, one readable condition for bad input and for a
 # Python without kerasdist, and a quiet console.
 
-run_rscript <- function(script, dir, env = character()) {
+run_rscript <- function(script, dir, env = character()) run_r(shQuote(script), dir, env)
+
+# Rscript's arguments `args` in `dir`, its console in dir/console.txt.
+run_r <- function(args, dir, env = character()) {
   out <- file.path(dir, "console.txt")
   status <- withr::with_dir(dir, system2(
-    file.path(R.home("bin"), "Rscript"), c("--vanilla", shQuote(script)),
+    file.path(R.home("bin"), "Rscript"), c("--vanilla", args),
     stdout = out, stderr = out, env = c(env, "TF_CPP_MIN_LOG_LEVEL=2")
   ))
   list(status = status, console = readLines(out, warn = FALSE))
 }
 
+# The keras3 user's script SIGKILLed (KILL_AT_STEP) in dir/, then rerun unchanged and, in that same
+# Rscript (each R process starting TensorFlow costs about 12 s of CPU), scripts/preempted.R, whose
+# last run ends the process with 75 (its folders condition/ and exit/ apart from the user's ckpt/).
+# Made once for the two tests that read it.
+killed_then_rerun_and_preempted <- local({
+  outcome <- NULL
+  function() {
+    if (is.null(outcome)) {
+      dir <- withr::local_tempdir(.local_envir = testthat::teardown_env())
+      user_script <- normalizePath(test_path("scripts", "keras3_user.R"))
+      killed <- run_rscript(user_script, dir, "KILL_AT_STEP=6")
+      checkpoint_when_killed <- latest_checkpoint(file.path(dir, "ckpt"))$global_step
+      scripts <- c(user_script, normalizePath(test_path("scripts", "preempted.R")))
+      sources <- paste(sprintf("source(%s)", vapply(scripts, deparse, "")), collapse = "; ")
+      rerun <- run_r(c("-e", shQuote(sources)), dir)
+      outcome <<- list(dir = dir, killed = killed, checkpoint_when_killed = checkpoint_when_killed, rerun = rerun)
+    }
+    outcome
+  }
+})
+
 test_that("a keras3 user's script is SIGKILLed mid-epoch, rerun unchanged, and resumes at the next step", {
   skip_if_no_kerasdist()
-  dir <- withr::local_tempdir()
-  script <- normalizePath(test_path("scripts", "keras3_user.R"))
-  killed <- run_rscript(script, dir, "KILL_AT_STEP=6")
+  runs <- killed_then_rerun_and_preempted()
+  dir <- runs$dir
+  killed <- runs$killed
   expect_identical(killed$status, 137L)  # 128 + SIGKILL
-  expect_identical(latest_checkpoint(file.path(dir, "ckpt"))$global_step, 4L)
+  expect_identical(runs$checkpoint_when_killed, 4L)
 
-  rerun <- run_rscript(script, dir)
-  expect_identical(rerun$status, 0L)
-  result <- readRDS(file.path(dir, "result.rds"))
+  rerun <- runs$rerun
+  expect_identical(rerun$status, 75L, info = paste(rerun$console, collapse = "\n"))  # preempted.R's end
+  result <- readRDS(file.path(dir, "result.rds"))  # the user's script ran to its end
   expect_identical(result$steps_at_start, 4L)  # restored from the step-4 checkpoint
   expect_identical(result$steps, 30L)          # 3 epochs of 10 steps, none repeated
   expect_identical(result$latest, list(epoch = 3L, step_in_epoch = 0L, global_step = 30L))
@@ -214,9 +238,9 @@ test_that("the R package carries kerasdist's Python package and pinned versions 
 
 test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively resume_fit signals kerasdist_preempted", {
   skip_if_no_kerasdist()
-  script <- normalizePath(test_path("scripts", "preempted.R"))
-  dir <- withr::local_tempdir()
-  preempted <- run_rscript(script, dir)  # first as an interactive session, then as the Rscript it is
+  runs <- killed_then_rerun_and_preempted()  # after the keras3 user's rerun: interactively, then as the Rscript it is
+  dir <- runs$dir
+  preempted <- runs$rerun
   info <- paste(preempted$console, collapse = "\n")
 
   signalled <- file.path(dir, "condition")
@@ -226,6 +250,7 @@ test_that("an Rscript preempted by SIGTERM saves and exits 75; interactively res
   expect_identical(basename(result$checkpoint), basename(latest_checkpoint(file.path(signalled, "ckpt"))$path))
   expect_identical(result$global_step, latest_checkpoint(file.path(signalled, "ckpt"))$global_step)
   expect_match(result$message, "^Preempted \\(SIGTERM\\): saved checkpoint .*ckpt")
+  expect_true("the session went on after kerasdist_preempted" %in% preempted$console, info = info)
 
   exited <- file.path(dir, "exit")
   expect_identical(preempted$status, 75L, info = info)
