@@ -3,7 +3,8 @@
 # strategy and plain fit()) and a model with named (dict) inputs (keras-team/keras#20329). Both
 # fail in Keras 3.15 as released (tests/python/test_upstream_reports.py holds the canaries);
 # library(kerasdist) is all this script adds.
-# usage: Rscript upstream_reports.R OUT_DIR   (launched as 2 workers, or alone: the reference)
+# usage: Rscript upstream_reports.R OUT_DIR   (launched as 2 workers; test-upstream-reports.R
+# sources it alone, one worker, as their reference)
 library(kerasdist)
 out_dir <- commandArgs(trailingOnly = TRUE)[[1]]
 strategy <- tensorflow::tf$distribute$MultiWorkerMirroredStrategy()  # before library(keras3)
