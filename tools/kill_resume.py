@@ -65,8 +65,8 @@ class Variant:
             return [sys.executable, str(TRAIN_SCRIPT), str(ckpt), str(out)]
         if self.name == "mirrored":
             return [sys.executable, str(ANYWHERE), str(ckpt), str(out), "--strategy", "mirrored", "--devices", "2"]
-        if self.name == "r":
-            return ["Rscript", str(R_SCRIPT), str(ckpt), str(out)]
+        if self.name == "r":  # more runs in one process: the triples after the first (R_SCRIPT's usage)
+            return ["Rscript", str(R_SCRIPT), str(ckpt), str(out), "default"]
         kill = ["--kill-at-step", ",".join(map(str, kill_at)), "--kill-task", ",".join(tasks),
                 "--kill-signal", sig] if kill_at else []
         # SIGTERM: the workers stop together and exit 75 on their own; 5 s for the last one to
@@ -135,9 +135,12 @@ def compare(reference: Path, final: Path) -> tuple[bool, float]:
     return identical, max(diffs)
 
 
-def kill_and_resume(workdir: Path, reference: Path, kill_steps: list[int], rng: random.Random,
+def kill_and_resume(workdir: Path, reference: Path | None, kill_steps: list[int], rng: random.Random,
                     sig=signal.SIGKILL, variant: Variant = VARIANTS["default"]) -> dict:
     """Kill one run at each of `kill_steps` in turn, restart it to the end, compare with reference.
+
+    With `reference` None (the R variant), the process of the run to the end trains the
+    uninterrupted run first, into workdir/reference: one R and TensorFlow start-up fewer.
 
     Under the launcher all kills are one launch with max_restarts = the number of kills: on
     attempt k a random worker signals itself at the k-th step (or at once, when the restart
@@ -156,7 +159,13 @@ def kill_and_resume(workdir: Path, reference: Path, kill_steps: list[int], rng: 
         codes.append(code)
     final_code = 0
     if variant.external:
-        final_code, _, tail = run(variant.command(ckpt, final))
+        command = variant.command(ckpt, final)
+        if reference is None:
+            if variant.name != "r":
+                raise ValueError("only the R script trains several runs in one process")
+            reference = workdir / "reference.npz"
+            command = [*variant.command(workdir / "reference", reference), *command[2:]]
+        final_code, _, tail = run(command)
         if final_code != 0:
             print(tail, file=sys.stderr)
     identical, diff = compare(reference, final)
