@@ -137,9 +137,10 @@ checkpoint_callback <- function(checkpoint_dir, every_epoch = TRUE, every_steps 
 #'   `NULL` outside a cluster) and `settings` (the run's `mixed_precision`, `jit_compile` and
 #'   `gradient_accumulation_steps`, which a resumed run must repeat), and, for `make_dataset` data
 #'   (the dataset itself, or a function of the epoch returning one), `global_batch_size` and
-#'   `epoch_order` (the name of the function that ordered the epochs; a run resumed inside an epoch
-#'   by a kerasdist that orders epochs otherwise warns), `saved_at` (seconds since 1970, UTC) and
-#'   `size` (bytes of its files). Damaged checkpoints are skipped with a warning.
+#'   `epoch_order` (how the epochs were ordered: the order function's name or `"in order"`, and over
+#'   how many workers where each read a share of its own; a run resumed inside an epoch that orders
+#'   it otherwise warns), `saved_at` (seconds since 1970, UTC) and `size` (bytes of its files).
+#'   Damaged checkpoints are skipped with a warning.
 #' @family checkpoint
 #' @seealso Python: `kerasdist.latest_checkpoint()`.
 #' @examplesIf !is.null(kerasdist_python())

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import kerasdist
@@ -338,16 +341,42 @@ def test_file_sharded_and_per_worker_pipelines_split_the_samples_between_real_wo
                 out.write(f"{rows * 0.01:.2f},{1 - rows * 0.01:.2f},{rows}\n")
                 rows += 1
     script = Path(__file__).parent / "scripts" / "shard_probe.py"
-    result = kerasdist.launch([sys.executable, str(script), str(tmp_path), str(tmp_path / "probe")],
+    ckpt = tmp_path / "ckpt"
+    result = kerasdist.launch([sys.executable, str(script), str(tmp_path), str(tmp_path / "probe"), str(ckpt)],
                               num_workers=2, grace_period=2, timeout=240)
     assert result.ok, result.message
     workers = [json.loads((tmp_path / f"probe-{i}.json").read_text()) for i in range(2)]
     for mode, policy in (("files", "FILE"), ("per_worker", "per_worker"), ("files_per_worker", "per_worker")):
         first, second = (set(w[mode]["ids"]) for w in workers)
         assert workers[0][mode]["shard_policy"] == policy
+        assert workers[0][mode]["epoch_order"] == f"{kerasdist.data.order.EPOCH_ORDER}, split over 2 workers"
         assert len(workers[0][mode]["ids"]) == len(workers[1][mode]["ids"]) == 32, mode
         assert not first & second and first | second == set(range(64)), mode  # each sample once
         assert workers[0][mode]["loss"] == workers[1][mode]["loss"]  # one synchronous model
+    resume_on_one_worker_warns_of_the_two_workers_shares(tmp_path, ckpt)
+
+
+def resume_on_one_worker_warns_of_the_two_workers_shares(tmp_path, ckpt):
+    """per_worker data resumed inside an epoch on another number of workers: each worker's share,
+    and so each global batch, differs; the resume says so, then trains on (docs/your-data.md)."""
+    assert [c.global_step for c in kerasdist.list_checkpoints(ckpt)] == [3, 6, 8]  # 64 samples, batches of 8
+    shutil.rmtree(kerasdist.latest_checkpoint(ckpt).path)  # back to step 6, inside epoch 0
+    table = np.concatenate([np.loadtxt(tmp_path / f"part{p}.csv", delimiter=",", skiprows=1) for p in range(4)])
+    data = kerasdist.make_dataset(table[:, :2].astype("float32"), table[:, 2], batch_size=8, seed=1,
+                                  per_worker=True)
+    model = kerasdist.make_or_restore_model(ckpt, build_probe_model)
+    order = kerasdist.data.order.EPOCH_ORDER
+    with pytest.warns(kerasdist.CheckpointWarning, match=re.escape(
+            f"stopped 6 batches into epoch 0, whose order came from '{order}, split over 2 workers'; "
+            f"this run orders epochs with '{order}'")):
+        history = kerasdist.resume_fit(model, data, 1, ckpt, verbose=0)
+    assert history.epoch == [0] and int(model.optimizer.iterations.numpy()) == 8
+
+
+def build_probe_model():  # shard_probe.py's model
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
 
 
 def test_upstream_saving_still_caches_its_skipsets_under_a_key_it_never_reads():

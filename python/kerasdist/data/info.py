@@ -55,7 +55,7 @@ class DatasetInfo:
     validation_samples: int = 0
     role: str = "train"
     form: str = "one_epoch"  # "one_epoch" (the default), "epochs" (epochs=) or "repeat" (repeat=True)
-    epoch_order: str | None = None  # the name of the shuffle's order function (None: in order)
+    epoch_order: str | None = None  # how epochs are ordered, as checkpoints record it (plan._epoch_order)
 
 
 def batch_size_info(

@@ -24,6 +24,9 @@ SHORT_EPOCH_STEPS = 4
 _PLANNED_ATTR = "_kerasdist_planned"  # the PlannedDataset a training dataset was built from
 
 
+IN_ORDER = "in order"  # DatasetInfo.epoch_order of unshuffled data
+
+
 class ShortEpochWarning(UserWarning):
     """A one-epoch dataset short enough that `fit` under several replicas may skip its first epoch."""
 
@@ -119,17 +122,28 @@ def one_epoch_rebuild(dataset: Any) -> Callable[..., Any] | None:
 
 def _dataset_info(options: DatasetOptions, source: Source, context: Any, sizing: BatchSizeInfo,
                   plan: PipelinePlan, n_val: int) -> DatasetInfo:
+    shard_policy = _shard_policy(source, options, context)
     return DatasetInfo(
         source=source.kind, num_samples=source.n - n_val, batch_size=sizing.batch_size,
         per_replica_batch_size=sizing.per_replica_batch_size, num_replicas=sizing.num_replicas,
         sizing=sizing.sizing, steps_per_epoch=sizing.steps_per_epoch,
-        drop_remainder=options.drop_remainder, shard_policy=_shard_policy(source, options, context),
+        drop_remainder=options.drop_remainder, shard_policy=shard_policy,
         per_worker=options.per_worker, shuffle=options.shuffle, seed=options.seed,
         initial_epoch=options.initial_epoch, skip_batches=options.skip_batches, epochs=options.epochs,
         num_batches=sizing.steps_per_epoch if plan.one_epoch else plan.num_batches(),
         validation_samples=n_val, form=options.form,
-        epoch_order=order.EPOCH_ORDER if options.shuffle else None,
+        epoch_order=_epoch_order(options.shuffle, shard_policy, context.num_workers),
     )
+
+
+def _epoch_order(shuffle: bool, shard_policy: str, workers: int) -> str | None:
+    """How each epoch's samples are ordered, as checkpoints record it: the order function's name
+    (or "in order"), and, where each worker reads a share of its own (`per_worker`, FILE
+    auto-shard), over how many workers, since that number decides what each global batch holds."""
+    name = order.EPOCH_ORDER if shuffle else IN_ORDER
+    if workers > 1 and shard_policy in ("per_worker", "FILE"):
+        return f"{name}, split over {workers} workers"
+    return name
 
 
 def _validation_rows(source: Source, validation_split: float | None) -> int:

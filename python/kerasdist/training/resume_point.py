@@ -1,6 +1,6 @@
 """Where a run continues, and how: the resume point and the one resume routine every trainer
-uses (`resume_fit`, `custom_fit`, `ps_fit` through `resume_fit`, `distributed_fit` through
-`resume_fit`).
+uses (`resume_fit` and `distributed_fit` through `fit_resumed`, `ps_fit` under them, `custom_fit`
+through `start_at` and `train_segments`).
 
 A checkpoint records the epoch to run next, the batches of it already trained, the history of the
 epochs done, the running metrics, and (`RunRecord`) the global batch and the order function of
@@ -227,16 +227,17 @@ def batches_to_skip(point: CheckpointInfo, global_batch_size: int | None) -> int
 
 
 def check_epoch_order(point: CheckpointInfo, epoch_order: str | None) -> None:
-    """Warn when `point` stopped inside an epoch whose order came from another order function
-    (an older or newer kerasdist): the batches left of that epoch are then cut from this
-    version's order, so some of its samples are trained twice and others not at all. Epoch
-    boundaries, and orders unknown on either side, pass."""
+    """Warn when `point` stopped inside an epoch ordered otherwise than this run orders it (another
+    kerasdist's order function, or a share per worker over another number of workers: see
+    `DatasetInfo.epoch_order`): the batches left of that epoch are then cut from this run's
+    order, so some of its samples are trained twice and others not at all. Epoch boundaries,
+    and orders unknown on either side, pass."""
     old = point.epoch_order
     if point.step_in_epoch == 0 or old is None or epoch_order is None or old == epoch_order:
         return
     warnings.warn(
         f"The checkpoint {point.path} stopped {point.step_in_epoch} batches into epoch {point.epoch}, "
-        f"whose order came from {old!r}; this kerasdist orders epochs with {epoch_order!r}. The rest "
+        f"whose order came from {old!r}; this run orders epochs with {epoch_order!r}. The rest "
         f"of that epoch is cut from the new order, so some of its samples are trained twice and "
         f"others not at all; later epochs are whole.",
         CheckpointWarning, stacklevel=3,
@@ -246,7 +247,8 @@ def check_epoch_order(point: CheckpointInfo, epoch_order: str | None) -> None:
 def epoch_steps(dataset: tf.data.Dataset, name: str) -> int:
     """The batches of one epoch of `dataset` (`name` is the argument it came in), known to
     tf.data or to `make_dataset`; an error asking for steps_per_epoch otherwise."""
-    count = int(dataset.cardinality())
+    cardinality = dataset.cardinality  # a property of a distributed dataset (per_worker=True)
+    count = int(cardinality() if callable(cardinality) else cardinality)
     if count < 0:  # make_dataset's pipelines know their steps even when tf.data does not
         try:
             count = int(dataset_info(dataset).steps_per_epoch or -1)

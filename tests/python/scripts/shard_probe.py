@@ -1,11 +1,13 @@
 """One worker of a 2-worker run: which samples does each worker's share of make_dataset hold?
 
-usage: shard_probe.py DATA_DIR OUT_PREFIX
+usage: shard_probe.py DATA_DIR OUT_PREFIX CHECKPOINT_DIR
 DATA_DIR holds part0.csv .. part3.csv (columns a, b, label; label = the sample's id). For three
 pipelines, files sharded by file (FILE policy), in-memory arrays and files with per_worker=True, this
 worker iterates one epoch of its own share, then trains one epoch on it with fit (the workers'
 all-reduce runs only if both have the same number of steps). Writes OUT_PREFIX-<index>.json:
-{mode: {"ids": [...], "shard_policy": ..., "steps": ..., "loss": ...}}.
+{mode: {"ids": [...], "shard_policy": ..., "epoch_order": ..., "steps": ..., "loss": ...}}.
+Then a model made by make_or_restore_model(CHECKPOINT_DIR) trains one epoch of the in-memory
+per_worker data with resume_fit, a checkpoint every 3 steps (the chief writes them).
 """
 
 import glob
@@ -46,12 +48,13 @@ def probe(strategy, dataset, model):
     info = kerasdist.dataset_info(dataset)
     ids = local_ids(strategy, dataset, info.steps_per_epoch)
     history = model.fit(dataset, epochs=1, steps_per_epoch=info.steps_per_epoch, verbose=0)
-    return {"ids": ids, "shard_policy": info.shard_policy, "steps": info.steps_per_epoch,
+    return {"ids": ids, "shard_policy": info.shard_policy, "epoch_order": info.epoch_order,
+            "steps": info.steps_per_epoch,
             "loss": float(history.history["loss"][-1])}
 
 
 def main():
-    data_dir, out_prefix = sys.argv[1], sys.argv[2]
+    data_dir, out_prefix, checkpoint_dir = sys.argv[1:4]
     strategy = kerasdist.select_strategy()
     with strategy.scope():
         model = build_model()
@@ -65,6 +68,9 @@ def main():
                                               strategy=strategy, seed=1, per_worker=True)
     result = {"files": probe(strategy, by_file, model), "per_worker": probe(strategy, per_worker, model),
               "files_per_worker": probe(strategy, files_per_worker, model)}
+    checkpointed = kerasdist.make_or_restore_model(checkpoint_dir, build_model, strategy=strategy)
+    kerasdist.resume_fit(checkpointed, per_worker, 1, kerasdist.checkpoint_callback(checkpoint_dir, every_steps=3),
+                         verbose=0)
     index = os.environ["KERASDIST_TASK_INDEX"]
     with open(f"{out_prefix}-{index}.json", "w") as out:
         json.dump(result, out)
