@@ -678,3 +678,17 @@ def test_the_coordination_service_store_is_still_reached_through_the_eager_conte
                           "get_config_key_value": ["self", "key", "timeout_in_ms"],
                           "delete_config_key_value": ["self", "key"]}
     assert compat.coordination_store() is None  # no cluster here: no service, and no store
+
+
+def test_the_keras_methods_kerasdist_replaces_keep_their_signatures():
+    """`import kerasdist` routes `Model.fit` (compat.route_fit) and, on Keras 3.0-3.15, wraps the
+    optimizers' `add_variable`: help(), IDEs and reticulate's completion still see Keras's keywords."""
+    import inspect
+
+    import kerasdist  # noqa: F401  (the import puts both in place)
+
+    fit = inspect.signature(keras.Model.fit).parameters
+    assert list(fit)[:5] == ["self", "x", "y", "batch_size", "epochs"]
+    assert {"callbacks", "validation_data", "initial_epoch", "steps_per_epoch"} <= set(fit)
+    add_variable = inspect.signature(keras.optimizers.SGD.add_variable).parameters
+    assert list(add_variable)[:3] == ["self", "shape", "initializer"]

@@ -20,6 +20,7 @@ kerasdist's resume (Keras's fit method replaced in its trainer class, as `keras_
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -149,6 +150,7 @@ def fit_unrouted() -> Iterator[None]:
         _unrouted.active = before
 
 
+@functools.wraps(_original_fit)  # help(model.fit) and IDEs still show Keras's keywords
 def _routed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
     if _router is not None and not getattr(_unrouted, "active", False):
         bound = _FIT_SIGNATURE.bind(self, *args, **kwargs)

@@ -17,6 +17,7 @@ tests/python/test_compat.py: its layers at every depth (`layers_within`), the fu
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -239,6 +240,7 @@ def remove_optimizer_variables_fix() -> None:
     _optimizer_applied = False
 
 
+@functools.wraps(_original_add_variable)
 def _add_variable(self: Any, *args: Any, **kwargs: Any) -> Any:
     with tf.init_scope():
         return _original_add_variable(self, *args, **kwargs)
