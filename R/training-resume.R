@@ -18,7 +18,9 @@
 #' `model |> resume_fit(data, epochs = 10)`; a model from [make_or_restore_model()] remembers its
 #' checkpoint directory, so `checkpoint` can be left out.
 #'
-#' @param model A compiled Keras model, usually from [make_or_restore_model()].
+#' @param model A compiled Keras model, usually from [make_or_restore_model()]. A model made
+#'   elsewhere takes the newest valid checkpoint of `checkpoint`'s store first (as
+#'   [make_or_restore_model()] would load it), so training goes on from that state.
 #' @param data Batches as keras3's `fit()` takes them: a batched `tf.data.Dataset` (tfdatasets'
 #'   `dataset_batch()`, keras3's `image_dataset_from_directory()`), a Python `keras.utils.PyDataset`
 #'   or generator, read one batch per step with its position kept in each checkpoint

@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from _common import figure, write_result  # noqa: E402
-from kerasdist.checkpoint.manager import save_checkpoint  # noqa: E402
+from kerasdist.checkpoint.manager import as_manager  # noqa: E402
+from kerasdist.checkpoint.record import Progress  # noqa: E402
 from kerasdist.data.resumable import DatasetInput  # noqa: E402
 
 
@@ -100,8 +101,7 @@ def checkpoint_figures(reps: int, buffer: int, strategy) -> list[dict]:
         for with_input in ((True, False) if rep % 2 == 0 else (False, True)):
             started = time.perf_counter()
             position = source.state() if with_input else None
-            info = save_checkpoint(model, folder / str(with_input), epoch=0, step_in_epoch=1,
-                                             input=position)
+            info = as_manager(folder / str(with_input)).save(model, Progress.of(0, 1, input=position))
             timed[with_input] = (time.perf_counter() - started, info.size)
         times.append(timed[True][0] / timed[False][0])
         sizes.append(timed[True][1] / timed[False][1])

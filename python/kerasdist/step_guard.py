@@ -3,9 +3,9 @@
 Under a multi-replica strategy TensorFlow traces the training step once per replica, each on its
 own thread. An R function there (a loss, a metric, a Lambda layer's function, a layer's `call`;
 keras3 wraps all of these for R users) is called off R's main thread and R aborts the whole
-process. Every kerasdist training path checks the model first, and a model made by
-`make_or_restore_model` checks itself when Keras (keras3's own `fit()` included) builds its train
-function.
+process. Every kerasdist training path checks the model first, and so does every other
+`model.fit` once kerasdist is imported (keras3's own `fit()` included: `compat.route_fit` hands
+each to `training.resume.fit_with_checkpoints`).
 """
 
 from __future__ import annotations
@@ -112,16 +112,3 @@ def is_r_function(value: Any, depth: int = 0) -> bool:
         except ValueError:  # an empty cell
             pass
     return any(callable(item) and is_r_function(item, depth + 1) for item in inner if item is not value)
-
-
-def guard_train_function(model: Any) -> None:
-    """Make `model.make_train_function` run `check_step_functions` under the model's strategy
-    first, so a `fit` that kerasdist does not drive (keras3's `fit()`) refuses R code in the step
-    too, before any replica thread could call it."""
-    make_train_function = model.make_train_function
-
-    def checked_make_train_function(*args: Any, **kwargs: Any) -> Any:
-        check_step_functions(model, model.distribute_strategy)
-        return make_train_function(*args, **kwargs)
-
-    object.__setattr__(model, "make_train_function", checked_make_train_function)

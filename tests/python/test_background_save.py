@@ -25,7 +25,7 @@ import tensorflow as tf
 
 import kerasdist
 from kerasdist import compat
-from kerasdist.checkpoint import background, layout, save_checkpoint
+from kerasdist.checkpoint import RunRecord, background, layout, save_checkpoint
 from kerasdist.checkpoint.manager import CheckpointManager
 from kerasdist.checkpoint.pieces import Pieces, address_of
 from kerasdist.checkpoint.snapshot import (
@@ -411,7 +411,7 @@ class SyncCopy(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # the callback knows the batch size from the batched data it was given; the copy is told it
         save_checkpoint(self.model, self.directory, epoch=epoch + 1, history=self.checkpoint._history,
-                        metrics=logs, global_batch_size=16)
+                        metrics=logs, run=RunRecord(global_batch_size=16))
 
 
 def test_background_checkpoints_equal_synchronous_ones(tmp_path):

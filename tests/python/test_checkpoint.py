@@ -274,9 +274,24 @@ def test_keep_last_k_and_best(tmp_path):
     assert [c.epoch for c in kerasdist.list_checkpoints(tmp_path)] == [best_epoch, 4, 5]
 
 
+def test_resume_fit_with_a_model_built_elsewhere_goes_on_from_the_stores_newest_checkpoint(template_dir, tmp_path):
+    """A model not made by make_or_restore_model(dir) takes dir's newest checkpoint first: it ends
+    where the restored model ends, bit for bit, not with its own weights trained from the
+    checkpoint's position."""
+    for name in ("restored", "built"):
+        shutil.copytree(template_dir, tmp_path / name)
+    restored = kerasdist.make_or_restore_model(tmp_path / "restored", build_model)
+    kerasdist.resume_fit(restored, dataset(), 3, tmp_path / "restored", verbose=0)
+    built = build_model()
+    history = kerasdist.resume_fit(built, dataset(), 3, tmp_path / "built", verbose=0)
+    assert history.epoch == [0, 1, 2] and int(built.optimizer.iterations.numpy()) == 3 * BATCHES_PER_EPOCH
+    for ours, reference in zip(built.get_weights(), restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, reference)
+
+
 def test_make_dataset_checkpoints_record_the_global_batch_and_the_epoch_order(tmp_path):
     x = np.linspace(0, 1, 48, dtype="float32").reshape(16, 3)
-    for shuffle, order in ((True, kerasdist.data.order.EPOCH_ORDER), (False, None)):
+    for shuffle, order in ((True, kerasdist.data.order.EPOCH_ORDER), (False, "in order")):
         directory = tmp_path / str(shuffle)
         data = kerasdist.make_dataset(x, x.sum(1, keepdims=True), batch_size=4, seed=1, shuffle=shuffle)
         model = kerasdist.make_or_restore_model(directory, build_model)
@@ -295,7 +310,7 @@ def test_resume_inside_an_epoch_another_order_drew_warns_and_goes_on(tmp_path, m
     monkeypatch.setattr(kerasdist.data.order, "EPOCH_ORDER", "another_order/2")  # a later kerasdist
     model = kerasdist.make_or_restore_model(tmp_path, build_model)
     with pytest.warns(kerasdist.CheckpointWarning, match=r"stopped 2 batches into epoch 0, whose order came from "
-                      r"'stateless_shuffle/1'; this kerasdist orders epochs with 'another_order/2'"):
+                      r"'stateless_shuffle/1'; this run orders epochs with 'another_order/2'"):
         history = kerasdist.resume_fit(model, kerasdist.make_dataset(x, y, batch_size=4, seed=1), 2,
                                        kerasdist.checkpoint_callback(tmp_path, keep=10), verbose=0)
     assert history.epoch == [0, 1] and int(model.optimizer.iterations.numpy()) == 2 * BATCHES_PER_EPOCH

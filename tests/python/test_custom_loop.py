@@ -73,8 +73,8 @@ def test_other_settings_are_refused_before_any_warning_about_the_checkpoint(tmp_
     model = kerasdist.make_or_restore_model(tmp_path, _build)
     model.optimizer.build(model.trainable_variables)
     model.optimizer.iterations.assign(2)
-    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=0, step_in_epoch=2, global_batch_size=16,
-                                         settings={"gradient_accumulation_steps": 2})
+    kerasdist.checkpoint.save_checkpoint(model, tmp_path, epoch=0, step_in_epoch=2, run=kerasdist.checkpoint.RunRecord(
+        {"gradient_accumulation_steps": 2}, global_batch_size=16))
     model = kerasdist.make_or_restore_model(tmp_path, _build)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

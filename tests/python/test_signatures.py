@@ -43,12 +43,17 @@ TAKERS = [
 
 
 def _public_callables():
-    for name in kerasdist.__all__:
-        value = getattr(kerasdist, name)
-        if inspect.isclass(value) and not issubclass(value, BaseException):
-            yield name, value.__init__
-        elif inspect.isfunction(value):
-            yield name, value
+    """The public functions of kerasdist and kerasdist.checkpoint, and their classes' __init__ and
+    public methods (those the classes define themselves)."""
+    for module in (kerasdist, kerasdist.checkpoint):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value) and not issubclass(value, BaseException):
+                yield name, value.__init__
+                yield from ((f"{name}.{method}", function) for method, function in vars(value).items()
+                            if inspect.isfunction(function) and not method.startswith("_"))
+            elif inspect.isfunction(value):
+                yield name, value
 
 
 def test_no_public_function_takes_catch_all_keywords_or_has_its_signature_rewritten():

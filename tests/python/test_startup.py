@@ -13,7 +13,6 @@ import pytest
 
 import kerasdist
 from kerasdist import startup
-from kerasdist.step_guard import guard_train_function
 
 pytestmark = pytest.mark.cold_start  # what the import of TensorFlow itself does
 
@@ -94,18 +93,15 @@ def test_resume_fit_takes_the_checkpoint_dir_the_model_was_made_from(tmp_path):
         kerasdist.resume_fit(_model(), data, 1)
 
 
-def test_a_guarded_model_checks_its_step_when_keras_builds_the_train_function():
+def test_a_users_own_fit_checks_its_step_for_r_functions(monkeypatch):
+    """Any model.fit once kerasdist is imported (keras3's fit() in R), on a model kerasdist did
+    not make, checks its step under the model's strategy before Keras's own fit runs."""
+    import kerasdist.training.resume as resume_module
+
     model = _model()
     checked = []
-    import kerasdist.step_guard as step_guard
-
-    original = step_guard.check_step_functions
-    step_guard.check_step_functions = lambda m, s: checked.append((m, s)) or []
-    try:
-        guard_train_function(model)
-        model.fit(np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32"), verbose=0)
-    finally:
-        step_guard.check_step_functions = original
+    monkeypatch.setattr(resume_module, "check_step_functions", lambda m, s: checked.append((m, s)) or [])
+    model.fit(np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32"), verbose=0)
     assert checked == [(model, model.distribute_strategy)]
 
 

@@ -498,8 +498,8 @@ def test_a_settings_refusal_names_the_checkpoint_the_restore_would_load(case):
     model = build_model()
     model.optimizer.build(model.trainable_variables)
     model.optimizer.iterations.assign(2 * BATCHES_PER_EPOCH)
-    newest = kerasdist.checkpoint.save_checkpoint(
-        model, url, epoch=2, settings={"gradient_accumulation_steps": None if older_differs else 2})
+    run = kerasdist.checkpoint.RunRecord({"gradient_accumulation_steps": None if older_differs else 2})
+    newest = kerasdist.checkpoint.save_checkpoint(model, url, epoch=2, run=run)
     if "damaged" in case:
         damage(memory, f"{root}/ckpt-8/model.keras", {"how": "garble"})
     del model

@@ -111,6 +111,11 @@ test_that("the fits return keras3 training histories covering earlier runs; resu
   expect_identical(latest_checkpoint(dir)$epoch, 4L)
   expect_error(build() |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 1),
                "checkpoint is required", class = "kerasdist_ValueError")
+  # a model built elsewhere takes the directory's newest checkpoint first, then trains epoch 5 only
+  continued <- build() |> resume_fit(make_dataset(x, y, batch_size = 16, epochs = 1), epochs = 5, checkpoint = dir,
+                                     verbose = 0)
+  expect_identical(continued$metrics$loss[1:4], history$metrics$loss)
+  expect_identical(latest_checkpoint(dir)$global_step, 20L)  # 4 batches an epoch
 })
 
 test_that("keras3 callbacks pass through distributed_fit and resume_fit", {

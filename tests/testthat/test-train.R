@@ -139,8 +139,12 @@ test_that("an R loss under 2 replicas stops with a readable error, a built-in lo
     )
     history <- distributed_fit(build("sparse_categorical_crossentropy"), digits$x[1:128, ], digits$y[1:128],
                                epochs = 1, checkpoint_dir = tempfile(), batch_size = 64, verbose = 0)
+    with(select_strategy()$scope(), own <- build(r_loss)())  # made by the user, trained by keras3's fit()
+    own_err <- tryCatch(own |> fit(digits$x[1:128, ], digits$y[1:128], epochs = 1, verbose = 0),
+                        error = function(e) e)
     list(class = class(err), message = conditionMessage(err), replicas = describe_strategy(select_strategy())$num_replicas,
-         checkpoints = nrow(list_checkpoints(dir)), loss = history$metrics$loss)
+         checkpoints = nrow(list_checkpoints(dir)), loss = history$metrics$loss,
+         own_message = conditionMessage(own_err))
   })
   expect_identical(result$replicas, 2L)
   expect_true("kerasdist_error" %in% result$class)
@@ -149,6 +153,7 @@ test_that("an R loss under 2 replicas stops with a readable error, a built-in lo
   expect_match(result$message, "py_run_string", fixed = TRUE)
   expect_identical(result$checkpoints, 0L)
   expect_length(result$loss, 1)
+  expect_match(result$own_message, "loss is an R function, and the strategy has 2 replicas")
 })
 
 test_that("kerasdist_demo() runs end to end from R: killed, resumed, PNG written (fresh R)", {

@@ -45,6 +45,7 @@ from kerasdist.checkpoint.record import (
     CheckpointInfo,
     CheckpointWarning,
     Progress,
+    RunRecord,
     commit,
     read_candidate,
     read_checkpoint,
@@ -53,7 +54,6 @@ from kerasdist.checkpoint.record import (
 )
 from kerasdist.checkpoint.snapshot import SaveMemory, Snapshot, snapshot_now
 from kerasdist.checkpoint.store import open_store
-from kerasdist.step_guard import guard_train_function
 
 
 class Verified(NamedTuple):
@@ -168,6 +168,12 @@ class CheckpointManager:
         the newest valid checkpoint."""
         restored = self._restored_into(model) if model is not None else None
         return restored.info if restored is not None else self.latest()
+
+    def holds(self, model: Any) -> bool:
+        """Whether `model` was made or restored from this store (its state one of the store's,
+        or trained on from one), rather than built elsewhere."""
+        restored = restored_of(model)
+        return restored is not None and (restored.manager is self or restored.manager.store.same_as(self.store))
 
     def _restored_into(self, model: Any) -> Restored | None:
         """What was restored into `model` from this store, while the model has not trained
@@ -295,12 +301,18 @@ class CheckpointManager:
 
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
-             **fields: Any) -> CheckpointInfo:
-        """Write a checkpoint of `model` now, atomically, recording `progress` (or the `fields`
-        `Progress.of` takes: `epoch`, `step_in_epoch`, `history`, ...); its file is built as
-        pieces of the variables' memory (`snapshot_now`), else in `memory` when given (kept from one
-        save to the next); callers decide who writes (the chief)."""
-        return self.commit(snapshot_now(model, memory), progress if progress is not None else Progress.of(**fields))
+             epoch: int | None = None, step_in_epoch: int = 0, history: list[dict[str, float]] | None = None,
+             metrics: dict[str, float] | None = None, run: RunRecord | None = None) -> CheckpointInfo:
+        """Write a checkpoint of `model` now, atomically, recording `progress`, or `epoch` (the
+        epoch to run next), `step_in_epoch`, `history`, `metrics` and `run` (`CheckpointInfo`'s
+        fields of those names); its file is built as pieces of the variables' memory
+        (`snapshot_now`), else in `memory` when given (kept from one save to the next); callers
+        decide who writes (the chief)."""
+        if progress is None:
+            if epoch is None:
+                raise ValueError("save needs progress or epoch (the epoch to run next), got neither.")
+            progress = Progress.of(epoch, step_in_epoch, history, metrics, run=run)
+        return self.commit(snapshot_now(model, memory), progress)
 
     def commit(self, taken: Snapshot, progress: Progress) -> CheckpointInfo:
         """Write a snapshot taken earlier as a checkpoint, its completion record last: the
@@ -480,10 +492,13 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike[str], *,
     return CheckpointManager(checkpoint_dir, storage_options=storage_options, create=False).latest(warn_known=True)
 
 
-def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *,
-                    storage_options: Mapping[str, Any] | None = None, **record: Any) -> CheckpointInfo:
-    """Write one checkpoint atomically and return it (see `CheckpointManager.save`)."""
-    return as_manager(checkpoint_dir, storage_options=storage_options).save(model, **record)
+def save_checkpoint(model: Any, checkpoint_dir: str | os.PathLike[str], *, epoch: int, step_in_epoch: int = 0,
+                    history: list[dict[str, float]] | None = None, metrics: dict[str, float] | None = None,
+                    run: RunRecord | None = None, storage_options: Mapping[str, Any] | None = None) -> CheckpointInfo:
+    """Write one checkpoint atomically and return it (the fields as `CheckpointManager.save`
+    takes them)."""
+    return as_manager(checkpoint_dir, storage_options=storage_options).save(
+        model, epoch=epoch, step_in_epoch=step_in_epoch, history=history, metrics=metrics, run=run)
 
 
 def make_or_restore_model(
@@ -542,8 +557,18 @@ def make_or_restore_model(
             with compat.initializers_deferred(enabled=manager.may_restore()):
                 model = _build(build_fn)
                 manager.restore(model)
-    guard_train_function(model)
     return model
+
+
+def restore_into(manager: CheckpointManager, model: Any, context: Any) -> None:
+    """Load `manager`'s newest valid checkpoint (if any) into `model`, a built model made
+    outside it, in the scope of its strategy: under a multi-worker strategy the chief reads and
+    every worker gets its state (`restore_from_chief`), as in `make_or_restore_model`."""
+    with context.strategy.scope():
+        if compat.is_multi_worker(context.strategy):
+            restore_from_chief(manager, model, context)
+        else:
+            manager.restore(model)
 
 
 def _build(build_fn: Callable[[], Any]) -> Any:

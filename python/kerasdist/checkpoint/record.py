@@ -58,8 +58,10 @@ class CheckpointInfo:
             were recorded.
         global_batch_size: samples per optimizer step of the run that wrote it, when known
             (data from `make_dataset`); a resume under another global batch is told apart by it.
-        epoch_order: the name of the function that ordered its epochs (shuffled `make_dataset`
-            data), when known; a resume whose kerasdist orders them otherwise is told apart by it.
+        epoch_order: how its epochs were ordered (`make_dataset` data): the order function's
+            name or "in order", with ", split over N workers" where each worker read a share
+            of its own (`per_worker`, FILE auto-shard); a resume ordered otherwise is told
+            apart by it.
         steps_per_epoch: batches per epoch of the data that trained it, when the data could not
             tell without a pass over it (a dataset with a filter); a resume reuses it.
         saved_at: when it was saved (seconds since the epoch, UTC), as its record says.
@@ -93,7 +95,7 @@ class RunRecord:
     Attributes:
         settings: the training settings (`speed.TrainingSettings.record()`), or empty.
         global_batch_size: samples per optimizer step, when known.
-        epoch_order: the name of the function that orders the epochs, when known.
+        epoch_order: how the epochs are ordered (`DatasetInfo.epoch_order`), when known.
         steps_per_epoch: batches per epoch, recorded when counting them takes a pass.
     """
 
@@ -131,13 +133,10 @@ class Progress:
     @classmethod
     def of(cls, epoch: int, step_in_epoch: int = 0, history: Any = None, metrics: Any = None,
            writer: str | None = None, run: RunRecord | None = None, callbacks: bytes | None = None,
-           input: bytes | None = None, **run_fields: Any) -> Progress:
-        """The progress to record, copied: `run`, or its fields as keywords (`settings`,
-        `global_batch_size`, `epoch_order`, as `CheckpointManager.save` takes them)."""
-        if run is None:
-            run = RunRecord(dict(run_fields.pop("settings", None) or {}), **run_fields)
-        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer, run,
-                   callbacks, input)
+           input: bytes | None = None) -> Progress:
+        """The progress to record, copied."""
+        return cls(int(epoch), int(step_in_epoch), plain(history or []), plain(metrics or {}), writer,
+                   run or RunRecord(), callbacks, input)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     manager_of,
 )
-from kerasdist.checkpoint.manager import make_or_restore_model
+from kerasdist.checkpoint.manager import make_or_restore_model, restore_into
 from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
 from kerasdist.data.resumable import (
@@ -192,9 +192,8 @@ def custom_fit(
         check_model_precision(model, settings)
         _check_optimizer(model, optimizer)
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
-        if manager_of(model) is not manager:
-            with context.strategy.scope():
-                manager.restore(model)
+        if not manager.holds(model):  # built elsewhere: it takes the store's newest checkpoint first
+            restore_into(manager, model, context)
         resumed = manager.resume_point(model)  # asked once; other settings refused before start_at warns
         if resumed is not None:
             check_resumed_settings(resumed.settings, settings, resumed.path)

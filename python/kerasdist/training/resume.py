@@ -23,6 +23,7 @@ from kerasdist.checkpoint import (
     manager_of,
 )
 from kerasdist.checkpoint.callback import refuse_backup_and_restore
+from kerasdist.checkpoint.manager import restore_into
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
 from kerasdist.data.resumable import (
@@ -97,7 +98,9 @@ def resume_fit(
     workers), and a run stopped mid-epoch by SIGTERM resumes with the steps that epoch had left.
 
     Args:
-        model: a compiled Keras model, usually from `make_or_restore_model`.
+        model: a compiled Keras model, usually from `make_or_restore_model`. A model made
+            elsewhere takes the newest valid checkpoint of `checkpoint`'s store first (as
+            `make_or_restore_model` would load it), so training goes on from that state.
         data: batches as Keras's `fit` takes them: a batched `tf.data.Dataset` (its passes the
             epochs, reshuffled as it says), a `keras.utils.PyDataset` or a Python generator (with
             `steps_per_epoch`), read by kerasdist one batch per step with its position kept in
@@ -135,6 +138,8 @@ def _resume(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallback, 
         refuse_backup_and_restore(callback, index)
     context = context_of(model.distribute_strategy)
     check_step_functions(model, context.strategy)
+    if not checkpoint.manager.holds(model):  # built elsewhere: it takes the store's newest checkpoint first
+        restore_into(checkpoint.manager, model, context)
     return fit_resumed(model, data, epochs, checkpoint, context,
                        FitArgs(callbacks, validation_data, validation_steps, verbose), steps_per_epoch)
 
@@ -240,13 +245,14 @@ _KERAS_ONLY = {"y": None, "batch_size": None, "validation_split": 0.0, "class_we
 def fit_with_checkpoints(model: Any, arguments: dict[str, Any]) -> keras.callbacks.History | None:
     """`model.fit(...)` given a kerasdist checkpoint callback: resumed as `resume_fit` resumes
     (restored at the newest checkpoint, the data at its next unseen batch), the callbacks in the
-    order given; None (Keras's own fit) for data resume_fit does not take (arrays) or arguments it
-    has no counterpart for, which a warning names."""
+    order given; None (Keras's own fit, its step first checked for R functions: `keras_fit`)
+    for any other fit, and for data resume_fit does not take (arrays) or arguments it has no
+    counterpart for, which a warning names."""
     callbacks = arguments.get("callbacks")
     ours = [c for c in callbacks or () if isinstance(c, CheckpointCallback)]
     data = arguments.get("x")
     if len(ours) != 1 or not isinstance(callbacks, (list, tuple)) or not _resumable_kind(data):
-        return None
+        return keras_fit(model)
     given = [name for name, default in _KERAS_ONLY.items() if arguments.get(name) != default]
     if given:
         warnings.warn(
@@ -255,10 +261,18 @@ def fit_with_checkpoints(model: Any, arguments: dict[str, Any]) -> keras.callbac
             "without those arguments (or with kerasdist.resume_fit) it continues at the next unseen batch.",
             CheckpointWarning, stacklevel=4,
         )
-        return None
+        return keras_fit(model)
     check_total_epochs(arguments["epochs"])
     return _resume(model, data, arguments["epochs"], ours[0], list(callbacks), arguments["steps_per_epoch"],
                    arguments["validation_data"], arguments["validation_steps"], arguments["verbose"])
+
+
+def keras_fit(model: Any) -> keras.callbacks.History | None:
+    """None: Keras's own fit runs, once `check_step_functions` found no R function its step
+    would call on replica threads (a fit of keras3's, on any model, refuses R code under several
+    replicas before R could abort)."""
+    check_step_functions(model, model.distribute_strategy)
+    return None
 
 
 def _resumable_kind(data: Any) -> bool:
