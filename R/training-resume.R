@@ -22,10 +22,11 @@
 #'   elsewhere takes the newest valid checkpoint of `checkpoint`'s store first (as
 #'   [make_or_restore_model()] would load it), so training goes on from that state.
 #' @param data Batches as keras3's `fit()` takes them: a batched `tf.data.Dataset` (tfdatasets'
-#'   `dataset_batch()`, keras3's `image_dataset_from_directory()`), a Python `keras.utils.PyDataset`
-#'   or generator, read one batch per step with its position kept in each checkpoint
-#'   ([resume_rule()] says how a resume continues it); a [make_dataset()] dataset; or a function of
-#'   the (0-based) epoch returning that epoch's batches.
+#'   `dataset_batch()`, keras3's `image_dataset_from_directory()`; its passes are the epochs,
+#'   reshuffled as its `dataset_shuffle()` says), a Python `keras.utils.PyDataset`, or a Python
+#'   generator (with `steps_per_epoch`), read one batch per step with its position kept in each
+#'   checkpoint ([resume_rule()] says how a resume continues it); a [make_dataset()] dataset; or a
+#'   function of the (0-based) epoch returning that epoch's batches.
 #' @param epochs Total number of epochs, counting those done by earlier runs.
 #' @param checkpoint A [checkpoint_callback()], or a directory for one with the defaults; `NULL` for
 #'   the directory the model was made or restored from by [make_or_restore_model()].
