@@ -181,3 +181,31 @@ def test_a_resume_on_one_worker_re_splits_the_rest_of_the_epoch(two_workers, tmp
         expected, got = weights(two_workers / kind / "result.npz"), weights(tmp_path / kind / "result.npz")
         for a, b in zip(expected, got, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=kind)
+
+
+def test_a_reshuffled_pipeline_resumes_where_it_is_whenever_its_state_holds_every_shuffle():
+    """A "pass start" pipeline (two shuffles; a shuffle feeding an interleave is the same case)
+    keeps its position where it is when tf.data's state holds every shuffle's random state, else
+    its last one in the pass that did (compat.shuffle_counts_kept), with the batches since. A new
+    pipeline (a new process's: new seed generators) resumed at any batch reads the uninterrupted
+    run's batches, bit for bit, having read again only those."""
+    import tensorflow as tf
+
+    from kerasdist.data.resumable import DatasetInput, _decoded
+
+    def stream():
+        return tf.data.Dataset.range(12).shuffle(12, seed=1).shuffle(4, seed=2).batch(2)
+
+    source = DatasetInput(stream())
+    assert source.rule == "pass start"
+    source.start(None, None, 0, 0)
+    states, batches = [], []
+    for _ in range(18):
+        states.append(source.state())
+        batches.append(source.next_batch().numpy().tolist())
+    for at in range(12):
+        resumed = DatasetInput(stream())
+        resumed.start(None, states[at], 0, 0)
+        assert [resumed.next_batch().numpy().tolist() for _ in range(6)] == batches[at:at + 6], at
+    # read again: none where the state holds both shuffles' counts, the batches since the last one that did
+    assert [_decoded(state)[1] for state in states[:12]] == [0, 0, 0, 0, 1, 2] * 2

@@ -140,7 +140,8 @@ class DatasetInput(ResumableInput):
         self.dataset = dataset
         self.structure = structure or dataset_structure(dataset)
         self.rule = {"nothing": "replayed"}.get(self.structure.saved, self.structure.saved)
-        self._pass_start: bytes | None = None  # "pass start": the iterator's state when its pass began
+        self._anchor: bytes | None = None  # "pass start": the last state kept that restores right
+        self._since_anchor = 0  # batches pulled since that state
         self._into_pass = 0  # batches pulled since the pass began
         self.global_batch_size = self.structure.batch_size
         self.element_spec = dataset.element_spec
@@ -168,14 +169,14 @@ class DatasetInput(ResumableInput):
         options.experimental_symbolic_checkpoint = self.rule == "positions"
         self._iterator = iter(self.dataset.with_options(options).repeat())
         if state is not None and self.rule != "replayed":
-            position, skip = _decoded(state)
-            self._restore(position)
+            position, skip, into_pass = _decoded(state)
+            self._restore(position, into_pass)
         elif skip and self.rule != "replayed":
             _warn_no_position(epoch, skip)
         for _ in range(skip):
             self._next()
 
-    def _restore(self, position: bytes) -> None:
+    def _restore(self, position: bytes, into_pass: int) -> None:
         try:
             compat.restore_iterator_state(self._iterator, position)
         except (tf.errors.OpError, ValueError) as error:
@@ -183,27 +184,37 @@ class DatasetInput(ResumableInput):
                 "data: the checkpoint's input position does not fit this dataset (is it the same "
                 f"pipeline, with the same ops in the same order?): {_first_line(error)}"
             ) from None
-        self._pass_start, self._into_pass = position, 0
+        self._anchor, self._since_anchor, self._into_pass = position, 0, into_pass
 
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
         if self.rule in ("positions", "elements"):
-            return _encoded(self._position(), 0)
-        if self._pass_start is None or self._into_pass >= self.steps_per_epoch:
+            return _encoded(self._position(), 0, 0)
+        if self._anchor is None or self._into_pass >= self.steps_per_epoch:
             self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
-        return _encoded(self._pass_start, self._into_pass)
+        elif self._since_anchor and self._restores_right(position := self._position()):
+            self._anchor, self._since_anchor = position, 0
+        return _encoded(self._anchor, self._since_anchor, self._into_pass - self._since_anchor)
+
+    def _restores_right(self, position: bytes) -> bool:
+        """Whether `position` holds every shuffle's random state (compat.shuffle_counts_kept): a
+        state inside a pass restores right then; other pipelines keep their pass's start."""
+        shuffles = self.structure.shuffles
+        return (self.rule == "pass start" and shuffles is not None
+                and compat.shuffle_counts_kept(position) >= shuffles)
 
     def _position(self) -> bytes:
         return compat.iterator_state(self._iterator, ignore_external_state=self.rule == "without external state")
 
     def _pass_begins(self) -> None:
-        self._pass_start, self._into_pass = self._position(), 0
+        self._anchor, self._since_anchor, self._into_pass = self._position(), 0, 0
 
     def _next(self) -> Any:
-        if self.rule in _FROM_PASS_START and (self._pass_start is None or self._into_pass >= self.steps_per_epoch):
+        if self.rule in _FROM_PASS_START and (self._anchor is None or self._into_pass >= self.steps_per_epoch):
             self._pass_begins()
         self._into_pass += 1
+        self._since_anchor += 1
         return self._iterator.get_next()
 
 
@@ -357,18 +368,26 @@ def _tensors(batch: Any) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, batch)
 
 
-_POSITION = struct.Struct("<4sQ")  # input.bin: a tag and the batches to read again, then tf.data's state
+# input.bin: a tag, the batches to read again and the batches of the pass before that state, then
+# tf.data's state ("kdp1", written before states inside a pass were kept, has no third field: 0).
+_POSITION = struct.Struct("<4sQQ")
+_POSITION_V1 = struct.Struct("<4sQ")
 
 
-def _encoded(position: bytes, read_again: int) -> bytes:
-    return _POSITION.pack(b"kdp1", read_again) + position
+def _encoded(position: bytes, read_again: int, into_pass: int) -> bytes:
+    return _POSITION.pack(b"kdp2", read_again, into_pass) + position
 
 
-def _decoded(state: bytes) -> tuple[bytes, int]:
-    tag, read_again = _POSITION.unpack_from(state)
-    if tag != b"kdp1":
+def _decoded(state: bytes) -> tuple[bytes, int, int]:
+    """(tf.data's state, the batches to read again, the batches of the pass before that state)."""
+    tag = state[:4]
+    if tag == b"kdp1":
+        _, read_again = _POSITION_V1.unpack_from(state)
+        return state[_POSITION_V1.size:], read_again, 0
+    if tag != b"kdp2":
         raise ValueError("data: the checkpoint's input position is of an unknown format (a newer kerasdist?).")
-    return state[_POSITION.size:], read_again
+    _, read_again, into_pass = _POSITION.unpack_from(state)
+    return state[_POSITION.size:], read_again, into_pass
 
 
 def _warn_no_position(epoch: int, skip: int) -> None:
