@@ -16,12 +16,14 @@ batch. What is kept, by kind of data (`resume_rule` says it for given data):
   the
   iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
   random state included). Nothing is read again on resume.
-- any other tf.data pipeline (a shuffle with files read through an interleave, `cache()`, two
-  shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state at the start of the pass, and the
-  batches read since, which a resume reads again and discards. TensorFlow 2.21 restores states
-  taken inside a pass of such pipelines wrongly in cases measured here (a shuffle reshuffled each
-  pass that feeds an interleave; two shuffles near a pass's end; a shuffle behind a prefetch at a
-  pass's end: the family of tensorflow#48178), and states at a pass's start right.
+- any other tf.data pipeline with a shuffle (a shuffle with files read through an interleave,
+  `cache()`, two shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state
+  where it is when that state holds every shuffle's random state, else its last state in the pass
+  that did (or the pass's start) and the batches read since, which a resume reads again and
+  discards. A shuffle's seed generator, which draws each pass's reshuffle, is in TensorFlow
+  2.21's state only while the shuffle has a live iterator; an interleave or a second shuffle drops
+  it once its input is exhausted, near a pass's end, and such a state restores the next pass's
+  order wrongly (the family of tensorflow#48178; compat/tf_data_state.py).
 - a dataset with ops whose state lives outside tf.data (a stateful random op, a `py_function`):
   as above, without that state: their values after a resume differ.
 - a dataset that reads a Python generator (`from_generator`), or a Python generator: nothing can
@@ -110,10 +112,10 @@ RULES = {
                  "where it is (a symbolic tf.data checkpoint), nothing is read again",
     "elements": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
                 "it is, with the elements its ops hold (a prefetch buffer, a cache being filled)",
-    "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position at "
-                  "the start of its pass (TensorFlow restores positions inside a pass of such "
-                  "pipelines wrongly, tensorflow#48178), and a resume reads the pass's batches "
-                  "trained since again",
+    "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
+                  "it is when TensorFlow's state of it holds every shuffle's random state, else at the "
+                  "last batch it did or at the start of its pass (TensorFlow restores the others "
+                  "wrongly, tensorflow#48178), and a resume reads the batches trained since again",
     "without external state": "continues at the next unseen batch (from the start of its pass, its "
                               "batches since read again), but the state of {external} (outside "
                               "tf.data) is not saved: their values after a resume differ",

@@ -44,7 +44,7 @@ _UNSAVEABLE = frozenset({"GeneratorDataset"})  # holds a Python iterator: no sta
 # Ops of pipelines whose iterator state TensorFlow 2.21 restores exactly at every point of a pass
 # (symbolic checkpoints, at most one shuffle): in-memory slices, maps, filters, batches, one
 # shuffle, prefetch; Keras's image_dataset_from_directory is made of them. Checked by
-# tests/python/test_user_data.py's kinds; anything else keeps its pass's start.
+# tests/python/test_user_data.py's kinds; anything else with a shuffle is "pass start".
 DIRECT_OPS = frozenset({
     "TensorSliceDataset", "RangeDataset", "ZipDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2",
     "FilterDataset", "BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
