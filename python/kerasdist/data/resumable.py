@@ -195,16 +195,15 @@ class DatasetInput(ResumableInput):
             return _encoded(self._position(), 0, 0)
         if self._anchor is None or self._into_pass >= self.steps_per_epoch:
             self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
-        elif self._since_anchor and self._restores_right(position := self._position()):
-            self._anchor, self._since_anchor = position, 0
+        elif self._since_anchor and self.rule == "pass start" and self.structure.shuffles is not None:
+            self._keep_if_restorable(self._position(), self.structure.shuffles)
         return _encoded(self._anchor, self._since_anchor, self._into_pass - self._since_anchor)
 
-    def _restores_right(self, position: bytes) -> bool:
-        """Whether `position` holds every shuffle's random state (compat.shuffle_counts_kept): a
-        state inside a pass restores right then; other pipelines keep their pass's start."""
-        shuffles = self.structure.shuffles
-        return (self.rule == "pass start" and shuffles is not None
-                and compat.shuffle_counts_kept(position) >= shuffles)
+    def _keep_if_restorable(self, position: bytes, shuffles: int) -> None:
+        """Keep `position` when it holds every shuffle's random state (a state inside a pass
+        restores right then: compat.shuffle_counts_kept); else the last one kept stays."""
+        if compat.shuffle_counts_kept(position) >= shuffles:
+            self._anchor, self._since_anchor = position, 0
 
     def _position(self) -> bytes:
         return compat.iterator_state(self._iterator, ignore_external_state=self.rule == "without external state")
