@@ -16,9 +16,9 @@ usage: .venv/bin/python bench/history/probes/probe_shuffle_seed_count.py [--coun
        (--count-first: the saving process reads one whole pass of a pipeline before iterating it,
        as kerasdist's count_steps does; the restoring one does not)
 
-Measured 2026-11-30 (TensorFlow 2.21.0, 2 shared cores; about 80 s CPU a run). Of 766 states
+Measured 2026-11-30 (TensorFlow 2.21.0, 2 shared cores; about 80 s CPU a run). Of 731 states
 that held every shuffle's count, all restored exactly; of those that did not (near a pass's end,
-and the two-shuffle pipeline's very first state), 58 of 66 restored wrongly:
+and the two-shuffle pipeline's very first state), 63 of 69 restored wrongly:
 
     count first: False                                 equal files        one long file
     bench pipeline, complete                           98 exact           95 exact
