@@ -12,8 +12,9 @@ checkpoint, and how long a resume takes at the start and at the end of an epoch.
 - resume: a file set of TFRecord files (1 GB by default), read through list_files, an interleave
   and a batch: the time from a new reader to its first batch when resuming at the first and at
   the last batch of an epoch, with the files in order (the position kept where it is: a symbolic
-  checkpoint) and reshuffled each pass (the position at the pass's start, the batches since read
-  again: data/resumable.py says why). Each resume is a fresh dataset and reader in this process,
+  checkpoint) and reshuffled each pass (the position where it is when its state holds the
+  shuffle's random state, else the last one that did, the batches since read again:
+  data/resumable.py says why). Each resume is a fresh dataset and reader in this process,
   the files in the page cache (read once before).
 Prints one JSON line and writes bench/results/user_data.json.
 
@@ -137,7 +138,7 @@ def resume_figures(reps: int, gigabytes: float) -> list[dict]:
         for _ in range(reps):
             at_first.append(resume_seconds(pipeline, first, steps))
             at_last.append(resume_seconds(pipeline, last, steps))
-        name, kept = (("reshuffled", "list_files reshuffled each pass: kept at its pass start") if shuffled
+        name, kept = (("reshuffled", "list_files reshuffled each pass: kept where it holds its seeds") if shuffled
                       else ("in_order", "files in order: kept where it is"))
         ratios = [b / a for a, b in zip(at_first, at_last, strict=True)]
         figures.append(figure(

@@ -575,6 +575,32 @@ def test_canary_the_ops_listed_as_refusing_symbolic_checkpoints_still_do_and_bat
     assert compat.iterator_state(iterator)
 
 
+def test_canary_a_state_without_a_shuffles_seed_generator_count_restores_another_next_pass():
+    """Why "pass start" pipelines keep a state inside a pass only when it holds every shuffle's
+    seed-generator count (compat/tf_data_state.py): near a pass's end the second shuffle has
+    dropped the first one's iterator, the state keeps no count of its generator, and a new
+    pipeline (a new process) restored there shuffles the next pass otherwise. The day this test
+    fails, TensorFlow restores such states right and `shuffle_counts_kept` can go."""
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False  # no thread reading ahead: the same states each run
+
+    def stream():
+        return tf.data.Dataset.range(12).shuffle(12, seed=1).shuffle(4, seed=2).batch(2).repeat().with_options(options)
+
+    iterator, states, batches = iter(stream()), [], []
+    for _ in range(12):
+        states.append(compat.iterator_state(iterator))
+        batches.append(next(iterator).numpy().tolist())
+    kept, right = [], []
+    for at in range(6):
+        resumed = iter(stream())
+        compat.restore_iterator_state(resumed, states[at])
+        kept.append(compat.shuffle_counts_kept(states[at]))
+        right.append([next(resumed).numpy().tolist() for _ in range(6)] == batches[at:at + 6])
+    assert kept == [1, 2, 2, 2, 2, 1]  # the first shuffle opened at the first batch, dropped for the last
+    assert right == [True, True, True, True, True, False]  # at 0 the new pipeline's count happens to agree
+
+
 def test_canary_a_datasets_graph_ends_in_the_node_dataset_output_names():
     graph = compat.dataset_graph(tf.data.Dataset.range(6).batch(2).prefetch(1))
     nodes = {node.name: node.op for node in graph.node}

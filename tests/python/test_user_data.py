@@ -236,3 +236,38 @@ def test_the_input_position_resumes_through_sync_saves_and_object_stores(tmp_pat
     assert int(resumed.optimizer.iterations.numpy()) == 24
     for ours, theirs in zip(resumed.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_reshuffled_pipeline_resumes_where_it_is_whenever_its_state_holds_every_shuffle():
+    """A "pass start" pipeline (two shuffles; a shuffle feeding an interleave is the same case)
+    keeps its position where it is when tf.data's state holds every shuffle's random state, else
+    its last one in the pass that did (compat.shuffle_counts_kept), with the batches since. A new
+    pipeline (a new process's: new seed generators) resumed at any batch reads the uninterrupted
+    run's batches, bit for bit, having read again only those."""
+    import struct
+
+    from kerasdist.data.resumable import DatasetInput, _decoded
+
+    def stream():
+        return tf.data.Dataset.range(12).shuffle(12, seed=1).shuffle(4, seed=2).batch(2)
+
+    source = DatasetInput(stream())
+    assert source.rule == "pass start"
+    source.start(None, None, 0, 0)
+    states, batches = [], []
+    for _ in range(18):
+        states.append(source.state())
+        batches.append(source.next_batch().numpy().tolist())
+    for at in range(12):
+        resumed = DatasetInput(stream())
+        resumed.start(None, states[at], 0, 0)
+        assert [resumed.next_batch().numpy().tolist() for _ in range(6)] == batches[at:at + 6], at
+    # read again: none where the state holds both shuffles' counts (at a pass's start and inside it), the
+    # batches since the last one that did once the second shuffle dropped the first (tf.data reads ahead)
+    read_again = [_decoded(state)[1] for state in states[:12]]
+    assert read_again[0] == read_again[6] == 0 and min(read_again[1:5]) == min(read_again[7:11]) == 0, read_again
+    assert read_again[5] > 0 and read_again[11] > 0, read_again
+    # a position written before (b"kdp1": a pass's start and the batches read since) still resumes
+    older = DatasetInput(stream())
+    older.start(None, struct.pack("<4sQ", b"kdp1", 2) + _decoded(states[6])[0], 0, 0)
+    assert [older.next_batch().numpy().tolist() for _ in range(6)] == batches[8:14]

@@ -31,7 +31,8 @@ Keras and TensorFlow (tools/upstream_check.py).
   SlurmClusterResolver on CPU-only nodes (`slurm_resolver`, `slurm_tasks_per_host`);
 - `tf_data`: tf.data's Grappler pass per iterator (`map_on_cpu`, `flat_map_on_cpu`);
 - `tf_data_state`: a dataset's graph (`dataset_graph`) and an iterator's position as bytes
-  (`iterator_state`, `restore_iterator_state`; `SYMBOLIC_REFUSED`);
+  (`iterator_state`, `restore_iterator_state`; `SYMBOLIC_REFUSED`), and whether a state holds
+  every shuffle's random state (`shuffle_counts_kept`);
 - `keras_data`: Keras's fit fed one batch per step from kerasdist's stream (`keras_stream`), and
   `model.fit` with a kerasdist checkpoint callback resumed by kerasdist (`route_fit`).
 
@@ -104,6 +105,7 @@ from kerasdist.compat.tf_data_state import (
     dataset_output,
     iterator_state,
     restore_iterator_state,
+    shuffle_counts_kept,
 )
 from kerasdist.compat.tf_distribute import (
     LATE_COLLECTIVES_VERSIONS,
@@ -134,5 +136,5 @@ __all__ = [
     "warm_saving_skipsets", "wrapped_function", "write_keras_zip", "zip_crc_later_supported",
     # the data users bring, resumable (data/resumable.py)
     "SYMBOLIC_REFUSED", "dataset_graph", "dataset_output", "fit_unrouted", "iterator_state", "keras_stream",
-    "restore_iterator_state", "route_fit",
+    "restore_iterator_state", "route_fit", "shuffle_counts_kept",
 ]

@@ -12,6 +12,18 @@ TensorFlow 2.21 by tests/python/test_compat.py). Symbolic checkpoints do not che
 external state (a stateful `tf.random.uniform` in a `map` is not saved and resumes otherwise
 without a word), so kerasdist asks for them only where the pipeline has none
 (`dataset_graph(..., external_state="fail")` passes).
+
+A shuffle's random state is in two places: each of its iterators keeps its own seeds, and the
+dataset keeps a seed generator, shared by every iterator made from it, that draws the seeds of
+its next iterator (of the next pass, when reshuffled each pass). An iterator's state holds that
+generator's count (`epoch_num_random_samples`) only while the shuffle has a live iterator. An
+op drops its input's iterator once that input is exhausted (a parallel interleave once every
+file of the pass is open; a shuffle once its buffer holds the rest of its input) and opens its
+input lazily (a shuffle at its first element). A state taken then keeps no count, and a restore
+leaves the generator where the new process's own iterators left it, so the next pass is
+shuffled otherwise (measured on TensorFlow 2.21 across processes: every state that held every
+shuffle's count restored exactly; most of the others did not). `shuffle_counts_kept` tells them
+apart.
 """
 
 from __future__ import annotations
@@ -70,6 +82,15 @@ def iterator_state(iterator: Any, ignore_external_state: bool = False) -> bytes:
     policy = _EXTERNAL_STATE["ignore" if ignore_external_state else "fail"]
     state = gen_dataset_ops.serialize_iterator(iterator._iterator_resource, external_state_policy=policy)
     return tf.io.serialize_tensor(state).numpy()
+
+
+def shuffle_counts_kept(state: bytes) -> int:
+    """How many shuffles' seed-generator counts an `iterator_state` holds (see the module's
+    docstring: a state restores exactly where it holds one for every shuffle of the pipeline)."""
+    return state.count(_SEED_GENERATOR_COUNT)
+
+
+_SEED_GENERATOR_COUNT = b"epoch_num_random_samples"  # the key shuffle_dataset_op.cc saves it under
 
 
 def restore_iterator_state(iterator: Any, state: bytes) -> None:

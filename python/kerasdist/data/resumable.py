@@ -16,12 +16,14 @@ batch. What is kept, by kind of data (`resume_rule` says it for given data):
   the
   iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
   random state included). Nothing is read again on resume.
-- any other tf.data pipeline (a shuffle with files read through an interleave, `cache()`, two
-  shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state at the start of the pass, and the
-  batches read since, which a resume reads again and discards. TensorFlow 2.21 restores states
-  taken inside a pass of such pipelines wrongly in cases measured here (a shuffle reshuffled each
-  pass that feeds an interleave; two shuffles near a pass's end; a shuffle behind a prefetch at a
-  pass's end: the family of tensorflow#48178), and states at a pass's start right.
+- any other tf.data pipeline with a shuffle (a shuffle with files read through an interleave,
+  `cache()`, two shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state
+  where it is when that state holds every shuffle's random state, else its last state in the pass
+  that did (or the pass's start) and the batches read since, which a resume reads again and
+  discards. A shuffle's seed generator, which draws each pass's reshuffle, is in TensorFlow
+  2.21's state only while the shuffle has a live iterator; an interleave or a second shuffle drops
+  it once its input is exhausted, near a pass's end, and such a state restores the next pass's
+  order wrongly (the family of tensorflow#48178; compat/tf_data_state.py).
 - a dataset with ops whose state lives outside tf.data (a stateful random op, a `py_function`):
   as above, without that state: their values after a resume differ.
 - a dataset that reads a Python generator (`from_generator`), or a Python generator: nothing can
@@ -110,10 +112,10 @@ RULES = {
                  "where it is (a symbolic tf.data checkpoint), nothing is read again",
     "elements": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
                 "it is, with the elements its ops hold (a prefetch buffer, a cache being filled)",
-    "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position at "
-                  "the start of its pass (TensorFlow restores positions inside a pass of such "
-                  "pipelines wrongly, tensorflow#48178), and a resume reads the pass's batches "
-                  "trained since again",
+    "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
+                  "it is when TensorFlow's state of it holds every shuffle's random state, else at the "
+                  "last batch it did or at the start of its pass (TensorFlow restores the others "
+                  "wrongly, tensorflow#48178), and a resume reads the batches trained since again",
     "without external state": "continues at the next unseen batch (from the start of its pass, its "
                               "batches since read again), but the state of {external} (outside "
                               "tf.data) is not saved: their values after a resume differ",
@@ -140,7 +142,8 @@ class DatasetInput(ResumableInput):
         self.dataset = dataset
         self.structure = structure or dataset_structure(dataset)
         self.rule = {"nothing": "replayed"}.get(self.structure.saved, self.structure.saved)
-        self._pass_start: bytes | None = None  # "pass start": the iterator's state when its pass began
+        self._anchor: bytes | None = None  # "pass start": the last state kept that restores right
+        self._since_anchor = 0  # batches pulled since that state
         self._into_pass = 0  # batches pulled since the pass began
         self.global_batch_size = self.structure.batch_size
         self.element_spec = dataset.element_spec
@@ -168,14 +171,14 @@ class DatasetInput(ResumableInput):
         options.experimental_symbolic_checkpoint = self.rule == "positions"
         self._iterator = iter(self.dataset.with_options(options).repeat())
         if state is not None and self.rule != "replayed":
-            position, skip = _decoded(state)
-            self._restore(position)
+            position, skip, into_pass = _decoded(state)
+            self._restore(position, into_pass)
         elif skip and self.rule != "replayed":
             _warn_no_position(epoch, skip)
         for _ in range(skip):
             self._next()
 
-    def _restore(self, position: bytes) -> None:
+    def _restore(self, position: bytes, into_pass: int) -> None:
         try:
             compat.restore_iterator_state(self._iterator, position)
         except (tf.errors.OpError, ValueError) as error:
@@ -183,27 +186,36 @@ class DatasetInput(ResumableInput):
                 "data: the checkpoint's input position does not fit this dataset (is it the same "
                 f"pipeline, with the same ops in the same order?): {_first_line(error)}"
             ) from None
-        self._pass_start, self._into_pass = position, 0
+        self._anchor, self._since_anchor, self._into_pass = position, 0, into_pass
 
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
         if self.rule in ("positions", "elements"):
-            return _encoded(self._position(), 0)
-        if self._pass_start is None or self._into_pass >= self.steps_per_epoch:
+            return _encoded(self._position(), 0, 0)
+        if self._anchor is None or self._into_pass >= self.steps_per_epoch:
             self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
-        return _encoded(self._pass_start, self._into_pass)
+        elif self._since_anchor and self.rule == "pass start" and self.structure.shuffles is not None:
+            self._keep_if_restorable(self._position(), self.structure.shuffles)
+        return _encoded(self._anchor, self._since_anchor, self._into_pass - self._since_anchor)
+
+    def _keep_if_restorable(self, position: bytes, shuffles: int) -> None:
+        """Keep `position` when it holds every shuffle's random state (a state inside a pass
+        restores right then: compat.shuffle_counts_kept); else the last one kept stays."""
+        if compat.shuffle_counts_kept(position) >= shuffles:
+            self._anchor, self._since_anchor = position, 0
 
     def _position(self) -> bytes:
         return compat.iterator_state(self._iterator, ignore_external_state=self.rule == "without external state")
 
     def _pass_begins(self) -> None:
-        self._pass_start, self._into_pass = self._position(), 0
+        self._anchor, self._since_anchor, self._into_pass = self._position(), 0, 0
 
     def _next(self) -> Any:
-        if self.rule in _FROM_PASS_START and (self._pass_start is None or self._into_pass >= self.steps_per_epoch):
+        if self.rule in _FROM_PASS_START and (self._anchor is None or self._into_pass >= self.steps_per_epoch):
             self._pass_begins()
         self._into_pass += 1
+        self._since_anchor += 1
         return self._iterator.get_next()
 
 
@@ -357,18 +369,26 @@ def _tensors(batch: Any) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, batch)
 
 
-_POSITION = struct.Struct("<4sQ")  # input.bin: a tag and the batches to read again, then tf.data's state
+# input.bin: a tag, the batches to read again and the batches of the pass before that state, then
+# tf.data's state ("kdp1", written before states inside a pass were kept, has no third field: 0).
+_POSITION = struct.Struct("<4sQQ")
+_POSITION_V1 = struct.Struct("<4sQ")
 
 
-def _encoded(position: bytes, read_again: int) -> bytes:
-    return _POSITION.pack(b"kdp1", read_again) + position
+def _encoded(position: bytes, read_again: int, into_pass: int) -> bytes:
+    return _POSITION.pack(b"kdp2", read_again, into_pass) + position
 
 
-def _decoded(state: bytes) -> tuple[bytes, int]:
-    tag, read_again = _POSITION.unpack_from(state)
-    if tag != b"kdp1":
+def _decoded(state: bytes) -> tuple[bytes, int, int]:
+    """(tf.data's state, the batches to read again, the batches of the pass before that state)."""
+    tag = state[:4]
+    if tag == b"kdp1":
+        _, read_again = _POSITION_V1.unpack_from(state)
+        return state[_POSITION_V1.size:], read_again, 0
+    if tag != b"kdp2":
         raise ValueError("data: the checkpoint's input position is of an unknown format (a newer kerasdist?).")
-    return state[_POSITION.size:], read_again
+    _, read_again, into_pass = _POSITION.unpack_from(state)
+    return state[_POSITION.size:], read_again, into_pass
 
 
 def _warn_no_position(epoch: int, skip: int) -> None:

@@ -44,7 +44,7 @@ _UNSAVEABLE = frozenset({"GeneratorDataset"})  # holds a Python iterator: no sta
 # Ops of pipelines whose iterator state TensorFlow 2.21 restores exactly at every point of a pass
 # (symbolic checkpoints, at most one shuffle): in-memory slices, maps, filters, batches, one
 # shuffle, prefetch; Keras's image_dataset_from_directory is made of them. Checked by
-# tests/python/test_user_data.py's kinds; anything else keeps its pass's start.
+# tests/python/test_user_data.py's kinds; anything else with a shuffle is "pass start".
 DIRECT_OPS = frozenset({
     "TensorSliceDataset", "RangeDataset", "ZipDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2",
     "FilterDataset", "BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
@@ -67,14 +67,17 @@ class DatasetStructure:
             a pass), "elements" (the iterator's state where it is, with the elements its ops hold:
             for any other pipeline without a shuffle; a symbolic restore of a parallel interleave
             hangs on TensorFlow 2.21),
-            "pass start" (the iterator's state at the start of the pass and the batches read
-            since, read again on resume: for any other pipeline, as TensorFlow 2.21 restores
-            states inside a pass of such pipelines wrongly in cases measured here, the family of
-            tensorflow#48178, and states at a pass's start right), "without external state" (a
+            "pass start" (for any other pipeline: the iterator's state where it is when it holds
+            every shuffle's random state, else its last state in the pass that did, or the
+            pass's start, and the batches read since, read again on resume: TensorFlow 2.21
+            restores a state that lacks a shuffle's seed-generator count wrongly, the family of
+            tensorflow#48178, see compat/tf_data_state.py), "without external state" (a
             pass start without the state of the ops that live outside the pipeline, `external`),
             or "nothing" (a generator: it is replayed instead).
         external: the ops whose state tf.data cannot save (a stateful random op, a py_function,
             a generator), as tf.data names them; empty when there are none.
+        shuffles: how many shuffles the pipeline has (None when one is inside a function, as
+            in an interleave's: its iterators come and go with the elements).
     """
 
     batched: bool
@@ -82,6 +85,7 @@ class DatasetStructure:
     drop_remainder: bool | None = None
     saved: str = "elements"
     external: tuple[str, ...] = ()
+    shuffles: int | None = 0
 
 
 def dataset_structure(dataset: Any) -> DatasetStructure:
@@ -89,7 +93,7 @@ def dataset_structure(dataset: Any) -> DatasetStructure:
     graph = compat.dataset_graph(dataset)
     batched, size, drop = _batching(graph)
     saved, external = _saved(dataset, graph)
-    return DatasetStructure(batched, size, drop, saved, external)
+    return DatasetStructure(batched, size, drop, saved, external, _shuffles(graph))
 
 
 def _batching(graph: Any) -> Batching:
@@ -151,6 +155,13 @@ def _constant_input(node: Any, index: int, nodes: dict[str, Any], kind: type = i
 
 _SHUFFLES = frozenset({"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
                        "ShuffleAndRepeatDatasetV2"})
+
+
+def _shuffles(graph: Any) -> int | None:
+    """The number of shuffles in `graph`, None when a function holds one."""
+    if any(node.op in _SHUFFLES for function in graph.library.function for node in function.node_def):
+        return None
+    return sum(1 for node in graph.node if node.op in _SHUFFLES)
 
 
 def _saved(dataset: Any, graph: Any) -> tuple[str, tuple[str, ...]]:
