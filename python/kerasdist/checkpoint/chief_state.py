@@ -60,13 +60,31 @@ def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo
             f"The chief could not restore checkpoint_dir {str(manager.directory)!r}, so no worker "
             f"starts: {header['error']}"
         )
-    if header["checkpoint"] is None or context.is_chief:
+    if context.is_chief:
         return info
+    if header["checkpoint"] is None:  # a fresh start: noted as the chief's restore noted it, so every
+        manager.note_restored(model, None)  # worker's later `manager.holds(model)` answers alike
+        return None
     _assign_state(state_variables(model), state, manager)
     info = CheckpointInfo(**header["checkpoint"])
     manager.note_restored(model, info, callbacks if header["callbacks"] else None,
                           position if header.get("input") else None)
     return info
+
+
+def chief_resume_point(manager: Any, model: Any, context: Any) -> tuple[CheckpointInfo | None, bytes | None]:
+    """On every worker of a multi-worker `context`: the checkpoint `model` continues from and the
+    data position kept there (`manager.resume_point`, `input_state`), as the chief finds them. A
+    worker's own listing may not show the chief's last save yet (still being written after the
+    previous fit), or may be of a disk it does not share."""
+    parts = [b"", b""]
+    if context.is_chief:
+        point = manager.resume_point(model)
+        position = _restored(manager.input_state(model)) if point is not None else None
+        parts = [_json({"checkpoint": None if point is None else dataclasses.asdict(point)}), position or b""]
+    text, position = _broadcast_parts(context.strategy, context.is_chief, parts)
+    header = json.loads(text.decode())
+    return (None if header["checkpoint"] is None else CheckpointInfo(**header["checkpoint"])), position or None
 
 
 def _chief_restore(manager: Any, model: Any) -> tuple[CheckpointInfo | None, list[bytes]]:

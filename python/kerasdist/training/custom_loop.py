@@ -43,6 +43,7 @@ from kerasdist.training.resume_point import (
     check_total_epochs,
     count_steps,
     epoch_steps,
+    resume_point_of,
     start_at,
     train_segments,
 )
@@ -194,13 +195,13 @@ def custom_fit(
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
         if not manager.holds(model):  # built elsewhere: it takes the store's newest checkpoint first
             restore_into(manager, model, context)
-        resumed = manager.resume_point(model)  # asked once; other settings refused before start_at warns
+        resumed, position = resume_point_of(manager, model, context)  # once; settings checked before start_at warns
         if resumed is not None:
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)
         checkpoint = CheckpointCallback(manager, options)
         pipeline.count_steps(resumed)
-        start = start_at(resumed, checkpoint, model, pipeline.source or data, settings.record())
+        start = start_at(resumed, checkpoint, pipeline.source or data, settings.record(), position)
         callbacks = monitored(callbacks, context, checkpoint)
         pipeline.start(context, start, checkpoint)
         with context.strategy.scope():

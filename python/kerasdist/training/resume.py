@@ -152,7 +152,7 @@ def fit_resumed(model: Any, data: Any, epochs: int, checkpoint: CheckpointCallba
     (`train_from`), and the run trained from it."""
     trainer = _trainer_for(model, data, checkpoint, context, fit_args, steps_per_epoch)
     with exit_on_lost_peer(context.num_workers, context.task, checkpoint.stopped_by_lost_peer):
-        return train_from(trainer, epochs, checkpoint, model)
+        return train_from(trainer, epochs, checkpoint, model, context)
 
 
 def _trainer_for(model: Any, data: Any, checkpoint: CheckpointCallback, context: Any, fit_args: FitArgs,

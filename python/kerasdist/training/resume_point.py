@@ -23,7 +23,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerasdist import compat
 from kerasdist.checkpoint import CheckpointCallback, CheckpointInfo, CheckpointWarning, RunRecord
+from kerasdist.checkpoint.chief_state import chief_resume_point
 from kerasdist.data import dataset_info
 from kerasdist.data.resumable import DatasetInput, ResumableInput
 from kerasdist.validation import integer
@@ -79,22 +81,32 @@ class EpochRange:
         return self.make(epoch, epoch + 1, 0)
 
 
-def start_at(point: CheckpointInfo | None, checkpoint: CheckpointCallback, model: Any, data: Any = None,
-             settings: dict[str, Any] | None = None) -> ResumePoint:
+def resume_point_of(manager: Any, model: Any, context: Any) -> tuple[CheckpointInfo | None, bytes | None]:
+    """The checkpoint `model` continues from (`CheckpointManager.resume_point`) and the position of
+    the data's reader kept there (`input_state`), asked once per run; under a multi-worker
+    strategy the chief's answer, sent to every worker (`chief_resume_point`)."""
+    if compat.is_multi_worker(context.strategy):
+        return chief_resume_point(manager, model, context)
+    point = manager.resume_point(model)
+    kept = manager.input_state(model) if point is not None else None
+    return point, kept[1] if kept is not None else None
+
+
+def start_at(point: CheckpointInfo | None, checkpoint: CheckpointCallback, data: Any = None,
+             settings: dict[str, Any] | None = None, position: bytes | None = None) -> ResumePoint:
     """Where a run on `data` with `settings` starts, in its own terms, given the checkpoint `point`
-    that `model` continues from (`CheckpointManager.resume_point`, asked once per run; None: a
-    fresh start). The callback is told where the run starts (its history) and what such a run
-    records (`run_record_of`; None data, as under parameter servers: nothing of the data), so
-    that its checkpoints record it."""
+    the model continues from and the data position kept there (`resume_point_of`; None: a fresh
+    start). The callback is told where the run starts (its history) and what such a run records
+    (`run_record_of`; None data, as under parameter servers: nothing of the data), so that its
+    checkpoints record it."""
     run = run_record_of(data, settings) if data is not None else RunRecord(dict(settings or {}))
     checkpoint.use_run(run)
     checkpoint.begin_run(point)
     if point is None:
         return ResumePoint()
     check_epoch_order(point, run.epoch_order)
-    kept = checkpoint.manager.input_state(model) if isinstance(data, ResumableInput) else None
     return ResumePoint(point.epoch, batches_to_skip(point, run.global_batch_size), list(point.history),
-                       dict(point.metrics), point, kept[1] if kept is not None else None)
+                       dict(point.metrics), point, position if isinstance(data, ResumableInput) else None)
 
 
 def count_steps(data: Any, point: CheckpointInfo | None) -> None:
@@ -143,12 +155,13 @@ class Trainer:
     steps: Callable[[], int | None] = lambda: None
 
 
-def train_from(trainer: Trainer, epochs: int, checkpoint: CheckpointCallback, model: Any) -> keras.callbacks.History:
-    """The checkpoint `model` continues from asked once, the run's start worked out from it
-    (`start_at`), then `trainer` run from there."""
-    point = checkpoint.manager.resume_point(model)
+def train_from(trainer: Trainer, epochs: int, checkpoint: CheckpointCallback, model: Any,
+               context: Any) -> keras.callbacks.History:
+    """The checkpoint `model` continues from asked once (`resume_point_of`), the run's start
+    worked out from it (`start_at`), then `trainer` run from there."""
+    point, position = resume_point_of(checkpoint.manager, model, context)
     count_steps(trainer.data, point)
-    start = start_at(point, checkpoint, model, trainer.data)
+    start = start_at(point, checkpoint, trainer.data, position=position)
     if trainer.begin is not None:
         trainer.begin(start)
     return train_segments(start, epochs, checkpoint, model, trainer.run, steps=trainer.steps())

@@ -6,8 +6,10 @@ pipelines, files sharded by file (FILE policy), in-memory arrays and files with 
 worker iterates one epoch of its own share, then trains one epoch on it with fit (the workers'
 all-reduce runs only if both have the same number of steps). Writes OUT_PREFIX-<index>.json:
 {mode: {"ids": [...], "shard_policy": ..., "epoch_order": ..., "steps": ..., "loss": ...}}.
-Then a model made by make_or_restore_model(CHECKPOINT_DIR) trains one epoch of the in-memory
-per_worker data with resume_fit, a checkpoint every 3 steps (the chief writes them).
+Then a model built in the strategy's scope (not by make_or_restore_model: resume_fit restores it
+from CHECKPOINT_DIR, the chief reading) trains one epoch of the in-memory per_worker data with
+resume_fit, a checkpoint every 3 steps (the chief writes them), and resume_fit is called once more
+(every worker must then agree that the model holds the store's state: no restore, nothing to train).
 """
 
 import glob
@@ -68,9 +70,11 @@ def main():
                                               strategy=strategy, seed=1, per_worker=True)
     result = {"files": probe(strategy, by_file, model), "per_worker": probe(strategy, per_worker, model),
               "files_per_worker": probe(strategy, files_per_worker, model)}
-    checkpointed = kerasdist.make_or_restore_model(checkpoint_dir, build_model, strategy=strategy)
-    kerasdist.resume_fit(checkpointed, per_worker, 1, kerasdist.checkpoint_callback(checkpoint_dir, every_steps=3),
-                         verbose=0)
+    with strategy.scope():
+        checkpointed = build_model()
+    for _ in range(2):
+        kerasdist.resume_fit(checkpointed, per_worker, 1,
+                             kerasdist.checkpoint_callback(checkpoint_dir, every_steps=3), verbose=0)
     index = os.environ["KERASDIST_TASK_INDEX"]
     with open(f"{out_prefix}-{index}.json", "w") as out:
         json.dump(result, out)
