@@ -30,12 +30,24 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from kerasdist import compat
 from kerasdist.checkpoint.record import CheckpointInfo, read_record
 
 SHARED_STORAGE_HINT = (
     "put checkpoint_dir on storage every worker reads (a shared filesystem, or an object store URL "
     "such as s3://bucket/run)"
 )
+
+
+def restore_into(manager: Any, model: Any, context: Any) -> None:
+    """Load `manager`'s newest valid checkpoint (if any) into `model`, a built model made
+    outside it, in the scope of its strategy: under a multi-worker strategy the chief reads and
+    every worker gets its state (`restore_from_chief`), as in `make_or_restore_model`."""
+    with context.strategy.scope():
+        if compat.is_multi_worker(context.strategy):
+            restore_from_chief(manager, model, context)
+        else:
+            manager.restore(model)
 
 
 def restore_from_chief(manager: Any, model: Any, context: Any) -> CheckpointInfo | None:

@@ -25,7 +25,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,6 +51,7 @@ from kerasdist.checkpoint.record import (
     read_record,
     verified_files,
 )
+from kerasdist.checkpoint.restored import Restored, manager_of, note_restored, restored_of
 from kerasdist.checkpoint.snapshot import SaveMemory, Snapshot, snapshot_now
 from kerasdist.checkpoint.store import open_store
 
@@ -297,7 +297,7 @@ class CheckpointManager:
         `callbacks`, its data's position `position`, kept beside the model (`restored_of`), so
         `resume_fit(model, data, epochs)` needs no `checkpoint` argument
         (`model |> resume_fit(data, epochs = 5)` in R)."""
-        _RESTORED[model] = Restored(self, info, callbacks, position)
+        note_restored(model, Restored(self, info, callbacks, position))
 
     # -- writing -------------------------------------------------------------------------------
     def save(self, model: Any, progress: Progress | None = None, *, memory: SaveMemory | None = None,
@@ -442,33 +442,6 @@ def as_manager(checkpoint_dir: Any, model: Any = None,
     return CheckpointManager(store, create=create)
 
 
-@dataclass(frozen=True)
-class Restored:
-    """What a model was restored with: through which manager, from which checkpoint (None:
-    there was none), with which callbacks' state (`callbacks.npz`'s bytes, None if none) and
-    which position of the data (`input.bin`'s bytes, None if none)."""
-
-    manager: CheckpointManager
-    info: CheckpointInfo | None
-    callbacks: bytes | None = None
-    input: bytes | None = None
-
-
-# model -> what was restored into it, for as long as the model lives (nothing set on the model itself)
-_RESTORED: weakref.WeakKeyDictionary[Any, Restored] = weakref.WeakKeyDictionary()
-
-
-def restored_of(model: Any) -> Restored | None:
-    """What `model` was restored with (`make_or_restore_model`, `CheckpointManager.restore`)."""
-    return _RESTORED.get(model)
-
-
-def manager_of(model: Any) -> CheckpointManager | None:
-    """The manager `model` was made or restored by, or None."""
-    restored = restored_of(model)
-    return restored.manager if restored is not None else None
-
-
 # --------------------------------------------------------------------------------------------
 # Public functions
 
@@ -558,17 +531,6 @@ def make_or_restore_model(
                 model = _build(build_fn)
                 manager.restore(model)
     return model
-
-
-def restore_into(manager: CheckpointManager, model: Any, context: Any) -> None:
-    """Load `manager`'s newest valid checkpoint (if any) into `model`, a built model made
-    outside it, in the scope of its strategy: under a multi-worker strategy the chief reads and
-    every worker gets its state (`restore_from_chief`), as in `make_or_restore_model`."""
-    with context.strategy.scope():
-        if compat.is_multi_worker(context.strategy):
-            restore_from_chief(manager, model, context)
-        else:
-            manager.restore(model)
 
 
 def _build(build_fn: Callable[[], Any]) -> Any:

@@ -26,7 +26,8 @@ from kerasdist.checkpoint import (
     check_trainer_callbacks,
     manager_of,
 )
-from kerasdist.checkpoint.manager import make_or_restore_model, restore_into
+from kerasdist.checkpoint.chief_state import restore_into
+from kerasdist.checkpoint.manager import make_or_restore_model
 from kerasdist.context import context_of
 from kerasdist.data import dataset_info, one_epoch_rebuild
 from kerasdist.data.resumable import (

@@ -23,7 +23,7 @@ from kerasdist.checkpoint import (
     manager_of,
 )
 from kerasdist.checkpoint.callback import refuse_backup_and_restore
-from kerasdist.checkpoint.manager import restore_into
+from kerasdist.checkpoint.chief_state import restore_into
 from kerasdist.context import context_of
 from kerasdist.data import one_epoch_rebuild
 from kerasdist.data.resumable import (
