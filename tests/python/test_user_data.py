@@ -271,3 +271,38 @@ def test_a_reshuffled_pipeline_resumes_where_it_is_whenever_its_state_holds_ever
     older = DatasetInput(stream())
     older.start(None, struct.pack("<4sQ", b"kdp1", 2) + _decoded(states[6])[0], 0, 0)
     assert [older.next_batch().numpy().tolist() for _ in range(6)] == batches[8:14]
+
+
+def test_a_read_ahead_pipeline_whose_steps_were_counted_resumes_exactly_at_every_step(tmp_path):
+    """The resume_fit kind "interleave-tfrecord" as the trainers read it: its steps counted by a
+    pass first (which draws from the shuffles' seed generators), files through a parallel
+    interleave, a shuffle, a prefetch. tf.data reads ahead, so whether a state holds every
+    shuffle's count depends on timing, a pass's start included, and the run's first states lack
+    them: a state at every step, each resumed by a new pipeline, reads the uninterrupted run's
+    batches bit for bit (before, a run resumed in its first epoch, and often one resumed at a
+    pass's start, read another order)."""
+    from kerasdist.data.resumable import DatasetInput, _decoded
+
+    for part in range(3):
+        with tf.io.TFRecordWriter(str(tmp_path / f"part-{part}.tfrecord")) as writer:
+            for record in range(32):
+                writer.write(f"{part}-{record:02d}".encode())
+
+    def pipeline():
+        names = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=True, seed=5)
+        records = names.interleave(tf.data.TFRecordDataset, cycle_length=2, num_parallel_calls=2, deterministic=True)
+        return records.shuffle(40, seed=6).batch(16).prefetch(2)
+
+    source = DatasetInput(pipeline())
+    assert source.rule == "pass start" and source.count_steps() == 6
+    source.start(None, None, 0, 0)
+    states, batches = [], []
+    for _ in range(24):
+        batches.append(source.next_batch().numpy().tolist())
+        states.append(source.state())
+    for at, state in enumerate(states[:18], start=1):
+        resumed = DatasetInput(pipeline())
+        resumed.count_steps(6)  # recorded by the checkpoint: no pass read
+        resumed.start(None, state, at // 6, at % 6)
+        read = [resumed.next_batch().numpy().tolist() for _ in range(6)]
+        assert read == batches[at:at + 6], (at, _decoded(state)[1:])

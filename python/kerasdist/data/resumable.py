@@ -18,12 +18,13 @@ batch. What is kept, by kind of data (`resume_rule` says it for given data):
   random state included). Nothing is read again on resume.
 - any other tf.data pipeline with a shuffle (a shuffle with files read through an interleave,
   `cache()`, two shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state
-  where it is when that state holds every shuffle's random state, else its last state in the pass
-  that did (or the pass's start) and the batches read since, which a resume reads again and
-  discards. A shuffle's seed generator, which draws each pass's reshuffle, is in TensorFlow
-  2.21's state only while the shuffle has a live iterator; an interleave or a second shuffle drops
-  it once its input is exhausted, near a pass's end, and such a state restores the next pass's
-  order wrongly (the family of tensorflow#48178; compat/tf_data_state.py).
+  where it is when that state holds every shuffle's random state, else its last state that did
+  (a pass's start, or at worst the run's first iterator) and the batches read since, which a
+  resume reads again and discards. A shuffle's seed generator, which draws each pass's
+  reshuffle, is in TensorFlow 2.21's state only while the shuffle has a live iterator; an
+  interleave or a second shuffle drops it once its input is exhausted, near a pass's end (and,
+  as tf.data reads ahead, at a pass's start), and such a state restores the next pass's order
+  wrongly (the family of tensorflow#48178; compat/tf_data_state.py).
 - a dataset with ops whose state lives outside tf.data (a stateful random op, a `py_function`):
   as above, without that state: their values after a resume differ.
 - a dataset that reads a Python generator (`from_generator`), or a Python generator: nothing can
@@ -114,9 +115,9 @@ RULES = {
                 "it is, with the elements its ops hold (a prefetch buffer, a cache being filled)",
     "pass start": "continues at the next unseen batch; the checkpoint keeps the reader's position where "
                   "it is when TensorFlow's state of it holds every shuffle's random state, else at the "
-                  "last batch it did or at the start of its pass (TensorFlow restores the others "
-                  "wrongly, tensorflow#48178), and a resume reads the batches trained since again",
-    "without external state": "continues at the next unseen batch (from the start of its pass, its "
+                  "last batch it did (TensorFlow restores the others wrongly, tensorflow#48178), and a "
+                  "resume reads the batches trained since again",
+    "without external state": "continues at the next unseen batch (from a pass's start, its "
                               "batches since read again), but the state of {external} (outside "
                               "tf.data) is not saved: their values after a resume differ",
     "replayed": "cannot be saved: a resume starts it again and discards the batches the "
@@ -142,9 +143,15 @@ class DatasetInput(ResumableInput):
         self.dataset = dataset
         self.structure = structure or dataset_structure(dataset)
         self.rule = {"nothing": "replayed"}.get(self.structure.saved, self.structure.saved)
-        self._anchor: bytes | None = None  # "pass start": the last state kept that restores right
-        self._since_anchor = 0  # batches pulled since that state
+        # "pass start" and "without external state": the last state that restores right (None: the
+        # run's first iterator, before any batch), the batches pulled since (over passes too) and
+        # the batches of its pass before it; whether a whole pass was counted before that iterator
+        # (which drew from the shuffles' seed generators: a replay from there counts one too)
+        self._anchor: bytes | None = None
+        self._since_anchor = self._anchor_into_pass = 0
+        self._counted_first = False
         self._into_pass = 0  # batches pulled since the pass began
+        self._offered = False  # the iterator's current state was offered as the anchor
         self.global_batch_size = self.structure.batch_size
         self.element_spec = dataset.element_spec
         count = int(dataset.cardinality())
@@ -159,26 +166,39 @@ class DatasetInput(ResumableInput):
         a read of one whole pass (recorded in checkpoints from then on)."""
         if self.steps_per_epoch is None:
             self.counted = True
-            self.steps_per_epoch = recorded or int(
-                self.dataset.reduce(tf.constant(0, tf.int64), lambda count, *_: count + 1))
+            self.steps_per_epoch = recorded or self._count_pass()
             if self.steps_per_epoch == 0:
                 raise ValueError("data is an empty tf.data.Dataset: it has no batch to train on.")
         return self.steps_per_epoch
 
+    def _count_pass(self) -> int:
+        self._counted_first = self._iterator is None
+        return int(self.dataset.reduce(tf.constant(0, tf.int64), lambda count, *_: count + 1))
+
     def start(self, context: Any, state: bytes | None, epoch: int, skip: int) -> None:
         self._context = context
-        options = tf.data.Options()
-        options.experimental_symbolic_checkpoint = self.rule == "positions"
-        self._iterator = iter(self.dataset.with_options(options).repeat())
-        if state is not None and self.rule != "replayed":
-            position, skip, into_pass = _decoded(state)
-            self._restore(position, into_pass)
-        elif skip and self.rule != "replayed":
-            _warn_no_position(epoch, skip)
+        if state is None or self.rule == "replayed":
+            if skip and self.rule != "replayed":
+                _warn_no_position(epoch, skip)
+            self._open()
+        else:
+            position, skip, into_pass, counted_first = _decoded(state)
+            if position is None and counted_first and not self._counted_first:
+                self._count_pass()  # as the run did before its first iterator: the same seeds drawn
+            self._open()
+            self._counted_first = counted_first
+            if position is not None:
+                self._restore(position)
+            self._anchor, self._anchor_into_pass, self._into_pass = position, into_pass, into_pass
         for _ in range(skip):
             self._next()
 
-    def _restore(self, position: bytes, into_pass: int) -> None:
+    def _open(self) -> None:
+        options = tf.data.Options()
+        options.experimental_symbolic_checkpoint = self.rule == "positions"
+        self._iterator = iter(self.dataset.with_options(options).repeat())
+
+    def _restore(self, position: bytes) -> None:
         try:
             compat.restore_iterator_state(self._iterator, position)
         except (tf.errors.OpError, ValueError) as error:
@@ -186,36 +206,45 @@ class DatasetInput(ResumableInput):
                 "data: the checkpoint's input position does not fit this dataset (is it the same "
                 f"pipeline, with the same ops in the same order?): {_first_line(error)}"
             ) from None
-        self._anchor, self._since_anchor, self._into_pass = position, 0, into_pass
+        self._offered = True
 
     def state(self) -> bytes | None:
         if self.rule == "replayed" or self._iterator is None:
             return None
         if self.rule in ("positions", "elements"):
-            return _encoded(self._position(), 0, 0)
-        if self._anchor is None or self._into_pass >= self.steps_per_epoch:
-            self._pass_begins()  # at a pass's end: the next one's start (a state that restores right)
-        elif self._since_anchor and self.rule == "pass start" and self.structure.shuffles is not None:
-            self._keep_if_restorable(self._position(), self.structure.shuffles)
-        return _encoded(self._anchor, self._since_anchor, self._into_pass - self._since_anchor)
+            return _encoded(self._position(), 0, 0, False)
+        self._begin_pass_if_ended()
+        if self.rule == "pass start" and self.structure.shuffles is not None:
+            self._offer_anchor()
+        return _encoded(self._anchor, self._since_anchor, self._anchor_into_pass, self._counted_first)
 
-    def _keep_if_restorable(self, position: bytes, shuffles: int) -> None:
-        """Keep `position` when it holds every shuffle's random state (a state inside a pass
-        restores right then: compat.shuffle_counts_kept); else the last one kept stays."""
-        if compat.shuffle_counts_kept(position) >= shuffles:
-            self._anchor, self._since_anchor = position, 0
+    def _begin_pass_if_ended(self) -> None:
+        """At a pass's start (its end passed), the iterator's state is offered as the anchor."""
+        if self._into_pass >= self.steps_per_epoch:
+            self._into_pass = 0
+        if self._into_pass == 0 and self.rule in _FROM_PASS_START:
+            self._offer_anchor()
+
+    def _offer_anchor(self) -> None:
+        """Keep the iterator's state as the anchor when it restores right: it holds every shuffle's
+        random state (compat.shuffle_counts_kept; near a pass's end, or a pipeline's very start,
+        TensorFlow's state may not), else the anchor kept stays."""
+        if self._offered:
+            return
+        self._offered = True
+        position = self._position()
+        shuffles = self.structure.shuffles
+        if shuffles is None or compat.shuffle_counts_kept(position) >= shuffles:
+            self._anchor, self._since_anchor, self._anchor_into_pass = position, 0, self._into_pass
 
     def _position(self) -> bytes:
         return compat.iterator_state(self._iterator, ignore_external_state=self.rule == "without external state")
 
-    def _pass_begins(self) -> None:
-        self._anchor, self._since_anchor, self._into_pass = self._position(), 0, 0
-
     def _next(self) -> Any:
-        if self.rule in _FROM_PASS_START and (self._anchor is None or self._into_pass >= self.steps_per_epoch):
-            self._pass_begins()
+        self._begin_pass_if_ended()
         self._into_pass += 1
         self._since_anchor += 1
+        self._offered = False
         return self._iterator.get_next()
 
 
@@ -369,26 +398,32 @@ def _tensors(batch: Any) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, batch)
 
 
-# input.bin: a tag, the batches to read again and the batches of the pass before that state, then
-# tf.data's state ("kdp1", written before states inside a pass were kept, has no third field: 0).
-_POSITION = struct.Struct("<4sQQ")
+# input.bin: a tag, the batches to read again, the batches of the pass before that state, whether
+# a pass was counted before the run's first iterator, then tf.data's state (none: the run's first
+# iterator). Written before: "kdp2" (no count field) and "kdp1" (no pass field either).
+_POSITION = struct.Struct("<4sQQB")
+_POSITION_V2 = struct.Struct("<4sQQ")
 _POSITION_V1 = struct.Struct("<4sQ")
 
 
-def _encoded(position: bytes, read_again: int, into_pass: int) -> bytes:
-    return _POSITION.pack(b"kdp2", read_again, into_pass) + position
+def _encoded(position: bytes | None, read_again: int, into_pass: int, counted_first: bool) -> bytes:
+    return _POSITION.pack(b"kdp3", read_again, into_pass, counted_first) + (position or b"")
 
 
-def _decoded(state: bytes) -> tuple[bytes, int, int]:
-    """(tf.data's state, the batches to read again, the batches of the pass before that state)."""
+def _decoded(state: bytes) -> tuple[bytes | None, int, int, bool]:
+    """(tf.data's state or None for the run's first iterator, the batches to read again, the
+    batches of the pass before that state, whether a pass was counted before the first iterator)."""
     tag = state[:4]
     if tag == b"kdp1":
         _, read_again = _POSITION_V1.unpack_from(state)
-        return state[_POSITION_V1.size:], read_again, 0
-    if tag != b"kdp2":
+        return state[_POSITION_V1.size:], read_again, 0, False
+    if tag == b"kdp2":
+        _, read_again, into_pass = _POSITION_V2.unpack_from(state)
+        return state[_POSITION_V2.size:], read_again, into_pass, False
+    if tag != b"kdp3":
         raise ValueError("data: the checkpoint's input position is of an unknown format (a newer kerasdist?).")
-    _, read_again, into_pass = _POSITION.unpack_from(state)
-    return state[_POSITION.size:], read_again, into_pass
+    _, read_again, into_pass, counted_first = _POSITION.unpack_from(state)
+    return state[_POSITION.size:] or None, read_again, into_pass, bool(counted_first)
 
 
 def _warn_no_position(epoch: int, skip: int) -> None:

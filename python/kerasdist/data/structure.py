@@ -68,8 +68,8 @@ class DatasetStructure:
             for any other pipeline without a shuffle; a symbolic restore of a parallel interleave
             hangs on TensorFlow 2.21),
             "pass start" (for any other pipeline: the iterator's state where it is when it holds
-            every shuffle's random state, else its last state in the pass that did, or the
-            pass's start, and the batches read since, read again on resume: TensorFlow 2.21
+            every shuffle's random state, else its last state that did (at worst the run's
+            first), and the batches read since, read again on resume: TensorFlow 2.21
             restores a state that lacks a shuffle's seed-generator count wrongly, the family of
             tensorflow#48178, see compat/tf_data_state.py), "without external state" (a
             pass start without the state of the ops that live outside the pipeline, `external`),
