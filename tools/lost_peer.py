@@ -40,10 +40,12 @@ ANYWHERE = ROOT / "tests" / "python" / "scripts" / "train_anywhere.py"
 KILL_AT = 13
 
 
-def seen(work: Path) -> tuple[int, float, str, float | None]:
+def seen(work: Path) -> tuple[int, float, str, float | None, float]:
     """(worker 0's exit status, seconds from worker 1's death to worker 0's exit, worker 0's stderr,
     seconds from that death to worker 0's line saying the peer was lost, or None without one: the
-    exit also counts the interpreter's end after it, which a loaded machine can stretch)."""
+    exit also counts the interpreter's end after it, which a loaded machine can stretch; seconds
+    from the end of worker 1's last step to worker 0's exit: the death waits for the chief's save
+    of that step, and worker 0 counts its wait from the step's end)."""
     workers = [f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
     processes = []
     for index in (0, 1):
@@ -60,7 +62,9 @@ def seen(work: Path) -> tuple[int, float, str, float | None]:
             if said is None and "of this multi-worker cluster was lost" in line:
                 said = time.monotonic() - died
         processes[0].wait()
-        return processes[0].returncode, time.monotonic() - died, "".join(lines), said
+        waited = time.monotonic() - died
+        after_step_end = float((work / "weights-killed-after-step-end").read_text())
+        return processes[0].returncode, waited, "".join(lines), said, waited + after_step_end
     finally:
         timer.cancel()
         for process in processes:
@@ -189,7 +193,7 @@ def main() -> int:
     seen_seconds, shrink_seconds, redone = [], [], []
     for trial in range(args.trials):
         with tempfile.TemporaryDirectory(prefix="kerasdist-lost-peer-") as work:
-            status, seconds, _, _ = seen(Path(work) / "seen")
+            status, seconds, *_ = seen(Path(work) / "seen")
             if status != 76:
                 raise RuntimeError(f"trial {trial}: worker 0 exited with {status}, not 76")
             continued, steps = shrink(Path(work) / "shrink")

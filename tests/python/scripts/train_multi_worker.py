@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -54,17 +55,22 @@ def data():
 
 
 class AtStep(keras.callbacks.Callback):
-    """Runs `action` once, at the start of the first batch after optimizer step `step` (the
-    checkpoint callback, after this one, has taken that step by then)."""
+    """Runs `action(step_ended)` once, at the start of the first batch after optimizer step `step`
+    (the checkpoint callback, after this one, has taken that step by then); `step_ended` is the
+    `time.monotonic()` at which that step ended."""
 
     def __init__(self, step, action):
         super().__init__()
-        self.step, self.action, self.done = step, action, False
+        self.step, self.action, self.done, self.step_ended = step, action, False, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.step_ended is None and int(self.model.optimizer.iterations.numpy()) >= self.step:
+            self.step_ended = time.monotonic()
 
     def on_train_batch_begin(self, batch, logs=None):  # the step before done, its checkpoint taken
         if not self.done and int(self.model.optimizer.iterations.numpy()) >= self.step:
             self.done = True
-            self.action()
+            self.action(self.step_ended if self.step_ended is not None else time.monotonic())
 
 
 class Counter(keras.callbacks.Callback):
@@ -99,11 +105,12 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def die_once_saved(chief_dir, step):
+def die_once_saved(chief_dir, step, step_ended, note):
     """SIGKILL this worker once the chief's checkpoint of `step` is committed: the chief writes it
     in the background, and a peer lost while that write is in flight may lose it (one step redone,
     RELIABILITY.md), which would move the resume point the test expects. Same machine, so the chief's
-    folder is readable here even when the workers share no disk."""
+    folder is readable here even when the workers share no disk. Writes to `note` the seconds from
+    the step's end to the kill (the chief counts its wait for the lost peer from that step's end)."""
     import warnings
 
     deadline = time.monotonic() + (60 if chief_dir else 0)
@@ -114,6 +121,7 @@ def die_once_saved(chief_dir, step):
         if latest is not None and latest.global_step >= step:
             break
         time.sleep(0.05)
+    Path(note).write_text(f"{time.monotonic() - step_ended:.4f}")
     die()
 
 
@@ -165,12 +173,13 @@ def main():
         first_attempt = os.environ.get("KERASDIST_RESTART", "0") == "0"
         if first_attempt and description.task == "worker:1":
             if args.die_at_step:
-                callbacks.append(AtStep(args.die_at_step, lambda: die_once_saved(chief_dir, args.die_at_step)))
+                callbacks.append(AtStep(args.die_at_step, lambda ended: die_once_saved(
+                    chief_dir, args.die_at_step, ended, f"{args.out_prefix}-killed-after-step-end")))
             if args.link_down_at_step:
-                callbacks.append(AtStep(args.link_down_at_step, lambda: link_down(args.link)))
+                callbacks.append(AtStep(args.link_down_at_step, lambda ended: link_down(args.link)))
         for task, step, seconds in (item.rsplit(":", 2) for item in args.stall):
             if task == description.task:
-                callbacks.append(AtStep(int(step), lambda seconds=float(seconds): stall(seconds)))
+                callbacks.append(AtStep(int(step), lambda ended, seconds=float(seconds): stall(seconds)))
         if args.monitor:
             callbacks += [keras.callbacks.CSVLogger(os.path.join(args.monitor, "log.csv")),
                           keras.callbacks.TensorBoard(os.path.join(args.monitor, "tb"))]
