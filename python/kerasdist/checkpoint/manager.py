@@ -31,7 +31,11 @@ from typing import Any, NamedTuple
 import keras
 
 from kerasdist import compat
-from kerasdist.checkpoint.chief_state import check_chief_checkpoint_is_seen, restore_from_chief
+from kerasdist.checkpoint.chief_state import (
+    check_chief_checkpoint_is_seen,
+    chief_resume_point,
+    restore_from_chief,
+)
 from kerasdist.checkpoint.layout import (
     CALLBACKS_FILE,
     INPUT_FILE,
@@ -168,6 +172,15 @@ class CheckpointManager:
         the newest valid checkpoint."""
         restored = self._restored_into(model) if model is not None else None
         return restored.info if restored is not None else self.latest()
+
+    def run_start(self, model: Any, context: Any) -> tuple[CheckpointInfo | None, bytes | None]:
+        """The resume point of a run on `model` and the data position kept there (`input_state`),
+        asked once per run; under a multi-worker strategy the chief's, sent to every worker."""
+        if compat.is_multi_worker(context.strategy):
+            return chief_resume_point(self, model, context)
+        point = self.resume_point(model)
+        kept = self.input_state(model) if point is not None else None
+        return point, kept[1] if kept is not None else None
 
     def holds(self, model: Any) -> bool:
         """Whether `model` was made or restored from this store (its state one of the store's,

@@ -44,7 +44,6 @@ from kerasdist.training.resume_point import (
     check_total_epochs,
     count_steps,
     epoch_steps,
-    resume_point_of,
     start_at,
     train_segments,
 )
@@ -196,7 +195,7 @@ def custom_fit(
         manager = as_manager(checkpoint_dir if checkpoint_dir is not None else manager_of(model), model)
         if not manager.holds(model):  # built elsewhere: it takes the store's newest checkpoint first
             restore_into(manager, model, context)
-        resumed, position = resume_point_of(manager, model, context)  # once; settings checked before start_at warns
+        resumed, position = manager.run_start(model, context)  # once; settings checked before start_at warns
         if resumed is not None:
             check_resumed_settings(resumed.settings, settings, resumed.path)
         optimizer = _optimizer_of(model, optimizer, context)

@@ -23,9 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerasdist import compat
 from kerasdist.checkpoint import CheckpointCallback, CheckpointInfo, CheckpointWarning, RunRecord
-from kerasdist.checkpoint.chief_state import chief_resume_point
 from kerasdist.data import dataset_info
 from kerasdist.data.resumable import DatasetInput, ResumableInput
 from kerasdist.validation import integer
@@ -81,21 +79,10 @@ class EpochRange:
         return self.make(epoch, epoch + 1, 0)
 
 
-def resume_point_of(manager: Any, model: Any, context: Any) -> tuple[CheckpointInfo | None, bytes | None]:
-    """The checkpoint `model` continues from (`CheckpointManager.resume_point`) and the position of
-    the data's reader kept there (`input_state`), asked once per run; under a multi-worker
-    strategy the chief's answer, sent to every worker (`chief_resume_point`)."""
-    if compat.is_multi_worker(context.strategy):
-        return chief_resume_point(manager, model, context)
-    point = manager.resume_point(model)
-    kept = manager.input_state(model) if point is not None else None
-    return point, kept[1] if kept is not None else None
-
-
 def start_at(point: CheckpointInfo | None, checkpoint: CheckpointCallback, data: Any = None,
              settings: dict[str, Any] | None = None, position: bytes | None = None) -> ResumePoint:
     """Where a run on `data` with `settings` starts, in its own terms, given the checkpoint `point`
-    the model continues from and the data position kept there (`resume_point_of`; None: a fresh
+    the model continues from and the data position kept there (`CheckpointManager.run_start`; None: a fresh
     start). The callback is told where the run starts (its history) and what such a run records
     (`run_record_of`; None data, as under parameter servers: nothing of the data), so that its
     checkpoints record it."""
@@ -157,9 +144,9 @@ class Trainer:
 
 def train_from(trainer: Trainer, epochs: int, checkpoint: CheckpointCallback, model: Any,
                context: Any) -> keras.callbacks.History:
-    """The checkpoint `model` continues from asked once (`resume_point_of`), the run's start
+    """The checkpoint `model` continues from asked once (`CheckpointManager.run_start`), the run's start
     worked out from it (`start_at`), then `trainer` run from there."""
-    point, position = resume_point_of(checkpoint.manager, model, context)
+    point, position = checkpoint.manager.run_start(model, context)
     count_steps(trainer.data, point)
     start = start_at(point, checkpoint, trainer.data, position=position)
     if trainer.begin is not None:
