@@ -9,15 +9,13 @@ position (`ResumableInput.state`), and a restarted run puts a new reader there b
 batch. What is kept, by kind of data (`resume_rule` says it for given data):
 
 - a `tf.data.Dataset` without a shuffle: the iterator's state where it is (positions only where
-  every op allows a symbolic checkpoint, else with the elements its ops hold: a prefetch buffer,
-  a cache being filled). Nothing is read again on resume.
-- a `tf.data.Dataset` made of in-memory slices, maps, filters, batches, one shuffle and
-  prefetches (`data/structure.py`'s `DIRECT_OPS`; Keras's `image_dataset_from_directory` is one):
-  the
-  iterator's state where it is, positions only (a symbolic checkpoint, the shuffle's buffer and
-  random state included). Nothing is read again on resume.
-- any other tf.data pipeline with a shuffle (a shuffle with files read through an interleave,
-  `cache()`, two shuffles, Keras's `timeseries_dataset_from_array`, ...): the iterator's state
+  every op allows a symbolic checkpoint, `data/structure.py`'s `DIRECT_OPS`, else with the
+  elements its ops hold: a prefetch buffer, a cache being filled). Nothing is read again on
+  resume.
+- a tf.data pipeline with a shuffle (the Keras guide's `shuffle -> batch`, Keras's
+  `image_dataset_from_directory`, files through an interleave, `cache()`, two shuffles, ...),
+  read without symbolic checkpoints (which save a shuffle's buffer all the same, and whose
+  shuffle costs time in proportion to its buffer on every element): the iterator's state
   where it is when that state holds every shuffle's random state, else its last state that did
   (a pass's start, or at worst the run's first iterator) and the batches read since, which a
   resume reads again and discards. A shuffle's seed generator, which draws each pass's
@@ -125,7 +123,6 @@ RULES = {
     "index": "continues at the next batch index; its on_epoch_begin/on_epoch_end are called for "
              "the epochs before",
 }
-_FROM_PASS_START = ("pass start", "without external state")  # rules keeping the pass's start
 # How to make data with each inexact rule resume exactly.
 _EXACT_HINTS = {
     "without external state": "use stateless ops (tf.random.stateless_*, or keras.random with a "
@@ -214,15 +211,21 @@ class DatasetInput(ResumableInput):
         if self.rule in ("positions", "elements"):
             return _encoded(self._position(), 0, 0, False)
         self._begin_pass_if_ended()
-        if self.rule == "pass start" and self.structure.shuffles is not None:
+        if not self._anchors_at_pass_starts():
             self._offer_anchor()
         return _encoded(self._anchor, self._since_anchor, self._anchor_into_pass, self._counted_first)
 
+    def _anchors_at_pass_starts(self) -> bool:
+        """Whether anchors are taken only at a pass's start (and at each one, as a checkpoint may
+        come any time): for ops outside tf.data, or shuffles whose states cannot be checked.
+        Otherwise a checkpoint offers its state, and a pass's start costs no extra state (which
+        holds a shuffle's whole buffer)."""
+        return self.rule == "without external state" or self.structure.shuffles is None
+
     def _begin_pass_if_ended(self) -> None:
-        """At a pass's start (its end passed), the iterator's state is offered as the anchor."""
         if self._into_pass >= self.steps_per_epoch:
             self._into_pass = 0
-        if self._into_pass == 0 and self.rule in _FROM_PASS_START:
+        if self._into_pass == 0 and self._anchors_at_pass_starts():
             self._offer_anchor()
 
     def _offer_anchor(self) -> None:

@@ -42,13 +42,14 @@ _DATA_INPUT = {"DirectedInterleaveDataset": 1, "ExperimentalDirectedInterleaveDa
 Batching = tuple[bool, "int | None", "bool | None"]  # (batched, batch size, drop_remainder)
 _UNSAVEABLE = frozenset({"GeneratorDataset"})  # holds a Python iterator: no state to save at all
 # Ops of pipelines whose iterator state TensorFlow 2.21 restores exactly at every point of a pass
-# (symbolic checkpoints, at most one shuffle): in-memory slices, maps, filters, batches, one
-# shuffle, prefetch; Keras's image_dataset_from_directory is made of them. Checked by
-# tests/python/test_user_data.py's kinds; anything else with a shuffle is "pass start".
+# as a symbolic checkpoint: in-memory slices, maps, filters, batches, prefetch. Checked by
+# tests/python/test_user_data.py's kinds. No shuffle: tf.data saves a shuffle's buffer in a
+# symbolic checkpoint too, and a symbolic shuffle spends time in proportion to its buffer on every
+# element (bench/history/probes/probe_symbolic_shuffle.py); a pipeline with one is "pass start".
 DIRECT_OPS = frozenset({
     "TensorSliceDataset", "RangeDataset", "ZipDataset", "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2",
     "FilterDataset", "BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
-    "ParallelBatchDataset", "ShuffleDatasetV3", "PrefetchDataset", "OptionsDataset", "ModelDataset",
+    "ParallelBatchDataset", "PrefetchDataset", "OptionsDataset", "ModelDataset",
     "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset", "TakeDataset", "SkipDataset",
 })
 
@@ -63,8 +64,8 @@ class DatasetStructure:
         drop_remainder: whether that op drops a last, short batch (None when not known).
         saved: what a checkpoint keeps of its reader's position: "positions" (the iterator's
             state where it is, as a symbolic checkpoint: for a pipeline made only of
-            `DIRECT_OPS`, with at most one shuffle, whose restore was checked exact everywhere in
-            a pass), "elements" (the iterator's state where it is, with the elements its ops hold:
+            `DIRECT_OPS`, without a shuffle, whose restore was checked exact everywhere in a
+            pass), "elements" (the iterator's state where it is, with the elements its ops hold:
             for any other pipeline without a shuffle; a symbolic restore of a parallel interleave
             hangs on TensorFlow 2.21),
             "pass start" (for any other pipeline: the iterator's state where it is when it holds
@@ -176,7 +177,6 @@ def _saved(dataset: Any, graph: Any) -> tuple[str, tuple[str, ...]]:
         return "without external state", tuple(re.findall(r"(\w+) is stateful", str(error))) or ("?",)
     pipeline = {node.op for node in graph.node if node.op.endswith("Dataset") or "Dataset" in node.op}
     shuffles = sum(1 for node in graph.node if node.op in _SHUFFLES)
-    symbolic = pipeline <= DIRECT_OPS and not ops & compat.SYMBOLIC_REFUSED
-    if symbolic and shuffles <= 1:
-        return "positions", ()
-    return ("elements" if shuffles == 0 else "pass start"), ()
+    if shuffles:
+        return "pass start", ()
+    return ("positions" if pipeline <= DIRECT_OPS and not ops & compat.SYMBOLIC_REFUSED else "elements"), ()
