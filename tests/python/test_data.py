@@ -550,12 +550,13 @@ def unequal_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("source", ["csv", "tfrecord", "dataset"])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(unequal_files, source, shuffle):
+@pytest.mark.parametrize(("shuffle", "cache"), [(True, False), (False, False), (True, True)])
+def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(unequal_files, source, shuffle, cache):
     """Every (epoch, batch) a resume can start at, files of unequal lengths (the interleave's
-    files then end at different times, so the position is not a whole number of files). The
-    data is planned once and each resume moved there as a resumed run does (`rebuild`: the
-    source is not read again); make_dataset itself resumes one of them the same."""
+    files then end at different times, so the position is not a whole number of files), and a
+    cached source (its first pass, read whole, fills the cache). The data is planned once and
+    each resume moved there as a resumed run does (`rebuild`: the source is not read again);
+    make_dataset itself resumes one of them the same."""
     from kerasdist.data import planned_dataset
 
     if source == "dataset":
@@ -564,7 +565,7 @@ def test_a_stream_resumed_at_any_batch_is_the_tail_of_the_uninterrupted_one(uneq
     else:
         x = str(unequal_files / f"*.{source}")
         spec = {"label_column": "label"} if source == "csv" else {"label_column": "y", "features": {"x": [1], "y": []}}
-    options = dict(batch_size=4, seed=3, shuffle=shuffle, **spec)
+    options = dict(batch_size=4, seed=3, shuffle=shuffle, cache=cache, **spec)
     planned = planned_dataset(x, epochs=4, **options)
     whole = [int(v) for v in labels(planned.build())]
     steps = planned.info.steps_per_epoch  # a stream's batches run on over epoch ends
@@ -633,6 +634,42 @@ def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(tmp_p
     out = json.loads(result.stdout.strip().splitlines()[-1])
     # measured: 3 or 4 files more (the open ones read again); from the stream's start: 60 more
     assert out["resumed"] < out["fresh"] + 20 * out["file"], out
+
+
+def test_a_resumed_cached_stream_reads_one_pass_not_the_passes_before(tmp_path):
+    """Bytes this process reads (rchar, as above) to hand out the first batch of a stream of 24
+    files of 50 records cached in a file, resumed 2.5 epochs in: the pass it resumes in, read
+    whole to fill the cache (and the next, read ahead from the cache file), not the two passes
+    before it as well."""
+    code = """
+        import json, sys
+        from pathlib import Path
+        import tensorflow as tf, kerasdist
+
+        root = Path(sys.argv[1])
+        for part in range(24):
+            with tf.io.TFRecordWriter(str(root / f"part{part}.tfrecord")) as writer:
+                for i in range(50):
+                    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+        def rchar():
+            return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+
+        ds = kerasdist.make_dataset(str(root / "*.tfrecord"), features={"x": [500]}, batch_size=50, seed=1,
+                                    epochs=3, initial_epoch=2, skip_batches=12, cache=str(root / "cache"))
+        iterator = iter(ds)
+        before = rchar()
+        next(iterator)
+        print(json.dumps({"resumed": rchar() - before, "file": (root / "part0.tfrecord").stat().st_size}))
+    """
+    result = run_python(code, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    # a pass is 24 files (the cache file holds about as much); measured 45 files' worth, against
+    # 83 when a cached stream was read from its start (the first pass from the files, then the
+    # cache file's)
+    assert 20 * out["file"] < out["resumed"] < 60 * out["file"], out
 
 
 def test_record_counts_are_read_once_and_again_only_for_files_changed(tmp_path):

@@ -392,10 +392,11 @@ def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
     """An existing dataset, or cached file records: blocks of shuffle_buffer records, each
     permuted with a seed folded from (seed, block number) along the repeated stream.
 
-    Without a cache, a stream that starts after its first batch starts at its record in the
-    source's pass (`position.stream_position`): the passes before are not read, and the records
-    of the pass before the start only as the source reads them to skip them (its own `skip`; a
-    block being permuted is read whole)."""
+    A stream that starts after its first batch starts at its record in the source's pass
+    (`position.stream_position`): the passes before are not read, and the records of the pass
+    before the start only as the source reads them to skip them (its own `skip`; a block being
+    permuted is read whole). With a cache, that first pass is read whole, as it fills the cache
+    the later passes read."""
     import tensorflow as tf
 
     if source.kind == "files":
@@ -412,7 +413,7 @@ def _stream_pipeline(source: Source, plan: PipelinePlan, batch, share=None):
         records = records.shard(share[1], share[0])
         n_mine = len(range(share[0], source.n, share[1]))
     start = _start_batch(plan)
-    at = None if cached or not isinstance(start, int) or not start else stream_position(n_mine, start * batch)
+    at = None if not isinstance(start, int) or not start else stream_position(n_mine, start * batch)
     buffer = plan.options.shuffle_buffer
     if plan.options.shuffle:
         first_block = 0 if at is None else at.within // buffer
