@@ -597,79 +597,65 @@ def test_each_worker_share_resumes_at_its_own_position(unequal_files, pipeline):
                 assert labels(resumed.take(30 - start)) == whole[start * 2:], (workers, worker, start)
 
 
-def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(tmp_path):
-    """Bytes this process reads (/proc/self/io's rchar) to hand out the first batch of a stream of
-    24 files of 50 records: resumed 2.5 epochs in, about what a stream read from its start reads
-    (the files the interleave has open, and those it and the prefetch read ahead), not the 60
-    files before its position as well."""
-    code = """
-        import json, sys
-        from pathlib import Path
-        import tensorflow as tf, kerasdist
+FIRST_BATCH_READS = """
+    import json, sys
+    from pathlib import Path
+    import tensorflow as tf, kerasdist
 
-        root = Path(sys.argv[1])
-        for part in range(24):
-            with tf.io.TFRecordWriter(str(root / f"part{part}.tfrecord")) as writer:
-                for i in range(50):
-                    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
-                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    root = Path(sys.argv[1])
+    for part in range(24):
+        with tf.io.TFRecordWriter(str(root / f"part{part}.tfrecord")) as writer:
+            for i in range(50):
+                feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
-        def rchar():
-            return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+    def rchar():
+        return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
 
-        def first_batch_read(**epochs):
-            ds = kerasdist.make_dataset(str(root / "*.tfrecord"), features={"x": [500]}, batch_size=50, seed=1,
-                                        epochs=3, **epochs)
-            iterator = iter(ds)
-            before = rchar()
-            next(iterator)
-            return rchar() - before
+    def first_batch_read(**options):
+        ds = kerasdist.make_dataset(str(root / "*.tfrecord"), features={"x": [500]}, batch_size=50, seed=1,
+                                    epochs=3, **options)
+        iterator = iter(ds)
+        before = rchar()
+        next(iterator)
+        return rchar() - before
 
-        first_batch_read()  # warm: what a first iterator loads once
-        read = {"fresh": first_batch_read(), "resumed": first_batch_read(initial_epoch=2, skip_batches=12)}
-        print(json.dumps({**read, "file": (root / "part0.tfrecord").stat().st_size}))
-    """
-    result = run_python(code, str(tmp_path))
+    first_batch_read()  # warm: what a first iterator loads once
+    resumed = {"initial_epoch": 2, "skip_batches": 12}
+    read = {"fresh": first_batch_read(), "resumed": first_batch_read(**resumed),
+            "cached": first_batch_read(**resumed, cache=str(root / "cache"))}
+    print(json.dumps({**read, "file": (root / "part0.tfrecord").stat().st_size}))
+"""
+
+
+@pytest.fixture(scope="module")
+def first_batch_reads(tmp_path_factory):
+    """Bytes a process reads (/proc/self/io's rchar) to hand out the first batch of a stream of 24
+    files of 50 records: from its start ("fresh"), resumed 2.5 epochs in ("resumed"), and resumed
+    so with the source cached in a file ("cached"); "file": one file's bytes."""
+    result = run_python(FIRST_BATCH_READS, str(tmp_path_factory.mktemp("first-batch")))
     assert result.returncode == 0, result.stderr[-2000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_resumed_file_stream_does_not_read_the_files_before_its_position(first_batch_reads):
+    """Resumed 2.5 epochs in, a stream reads about what one read from its start reads (the files
+    the interleave has open, and those it and the prefetch read ahead), not the 60 files before
+    its position as well."""
+    out = first_batch_reads
     # measured: 3 or 4 files more (the open ones read again); from the stream's start: 60 more
     assert out["resumed"] < out["fresh"] + 20 * out["file"], out
 
 
-def test_a_resumed_cached_stream_reads_one_pass_not_the_passes_before(tmp_path):
-    """Bytes this process reads (rchar, as above) to hand out the first batch of a stream of 24
-    files of 50 records cached in a file, resumed 2.5 epochs in: the pass it resumes in, read
-    whole to fill the cache (and the next, read ahead from the cache file), not the two passes
-    before it as well."""
-    code = """
-        import json, sys
-        from pathlib import Path
-        import tensorflow as tf, kerasdist
-
-        root = Path(sys.argv[1])
-        for part in range(24):
-            with tf.io.TFRecordWriter(str(root / f"part{part}.tfrecord")) as writer:
-                for i in range(50):
-                    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i] * 500))}
-                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-
-        def rchar():
-            return int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
-
-        ds = kerasdist.make_dataset(str(root / "*.tfrecord"), features={"x": [500]}, batch_size=50, seed=1,
-                                    epochs=3, initial_epoch=2, skip_batches=12, cache=str(root / "cache"))
-        iterator = iter(ds)
-        before = rchar()
-        next(iterator)
-        print(json.dumps({"resumed": rchar() - before, "file": (root / "part0.tfrecord").stat().st_size}))
-    """
-    result = run_python(code, str(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+def test_a_resumed_cached_stream_reads_one_pass_not_the_passes_before(first_batch_reads):
+    """Resumed 2.5 epochs in, a stream cached in a file reads the pass it resumes in whole, to
+    fill the cache (and the next, read ahead from the cache file), not the two passes before it
+    as well."""
+    out = first_batch_reads
     # a pass is 24 files (the cache file holds about as much); measured 45 files' worth, against
     # 83 when a cached stream was read from its start (the first pass from the files, then the
     # cache file's)
-    assert 20 * out["file"] < out["resumed"] < 60 * out["file"], out
+    assert 20 * out["file"] < out["cached"] < 60 * out["file"], out
 
 
 def test_record_counts_are_read_once_and_again_only_for_files_changed(tmp_path):
