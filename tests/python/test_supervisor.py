@@ -224,12 +224,13 @@ def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_i
         supervised = f"{shlex.quote(sys.executable)} {shlex.quote(str(SUPERVISOR))} --in-place --max-restarts 1 -- "
         os.execv("/bin/sh", ["sh", "-c", supervised + shlex.quote(str(script)) + "; code=$?; read done; exit $code"])
     try:
-        said = read_terminal_until(terminal, b"forked the training process")
+        shown = TerminalReader(terminal)
+        shown.until(b"forked the training process")
         os.write(terminal, b"one\n")
-        said += read_terminal_until(terminal, b"restart 1 of 1, in place")
-        said += read_terminal_until(terminal, b"forked the training process")
+        shown.until(b"restart 1 of 1, in place")
+        shown.until(b"forked the training process")
         os.write(terminal, b"two\n")
-        said += read_terminal_until(terminal, b"got two")
+        said = shown.until(b"got two")
         assert b"got one" in said
         os.write(terminal, b"done\n")
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, said.decode(errors="replace")
@@ -239,17 +240,26 @@ def test_a_supervised_script_in_a_terminal_reads_it_before_and_after_a_restart_i
         os.close(terminal)
 
 
-def read_terminal_until(terminal: int, expected: bytes, timeout: float = 90) -> bytes:
-    said, deadline = b"", time.monotonic() + timeout
-    while expected not in said:
-        if time.monotonic() > deadline or not select.select([terminal], [], [], deadline - time.monotonic())[0]:
-            raise TimeoutError(f"{expected!r} not seen on the terminal; it showed:\n{said.decode(errors='replace')}")
-        try:
-            said += os.read(terminal, 4096)
-        except OSError as err:  # EIO: every process of the terminal's session has closed it
-            raise AssertionError(f"{expected!r} not seen before the terminal closed ({err}); it showed:\n"
-                                 f"{said.decode(errors='replace')}") from err
-    return said
+class TerminalReader:
+    """What a pty's other end shows, read on demand: `until(expected)` reads until `expected`
+    appears after the previous match (two lines can come in one read) and returns all shown."""
+
+    def __init__(self, terminal: int):
+        self.terminal, self.said, self.checked = terminal, b"", 0
+
+    def until(self, expected: bytes, timeout: float = 90) -> bytes:
+        deadline = time.monotonic() + timeout
+        while (found := self.said.find(expected, self.checked)) < 0:
+            shown = self.said.decode(errors="replace")
+            if not select.select([self.terminal], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(f"{expected!r} not seen on the terminal; it showed:\n{shown}")
+            try:
+                self.said += os.read(self.terminal, 4096)
+            except OSError as err:  # EIO: every process of the terminal's session has closed it
+                raise AssertionError(f"{expected!r} not seen before the terminal closed ({err}); it showed:\n"
+                                     f"{shown}") from err
+        self.checked = found + len(expected)
+        return self.said
 
 
 def test_the_pipe_to_the_supervisor_is_named_only_to_the_training_process_not_to_what_it_starts():

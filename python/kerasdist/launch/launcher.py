@@ -242,8 +242,10 @@ def _task_list(num_workers: int, num_ps: int) -> list[tuple[str, int]]:
 
 
 def _say(message: str) -> None:
+    """One line on stderr, in one write, so that the workers' output sharing it cannot split it."""
     sys.stdout.flush()
-    print(f"kerasdist launch: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"kerasdist launch: {message}\n")
+    sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------------------------

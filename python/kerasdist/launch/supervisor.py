@@ -347,8 +347,11 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _say(text: str) -> None:
+    """One line on stderr, in one write: the training process shares the terminal, and a line
+    written in two parts (print's text, then its end) can take a part of its output between."""
     task = os.environ.get("SLURM_PROCID")
-    print(f"kerasdist supervise{f' (task {task})' if task else ''}: {text}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"kerasdist supervise{f' (task {task})' if task else ''}: {text}\n")
+    sys.stderr.flush()
 
 
 def supervise(argv: list[str], settings: Settings) -> NoReturn:
